@@ -1,0 +1,289 @@
+"""The job spec: the wire format users write into ``ROOT/jobs/active/<name>``.
+
+Schema version 1 is AXLearn's ``serialize_jobspec`` JSON. We keep fields we do not know
+(so a newer client's spec round-trips through an older daemon) and reject wrong types with
+an error that names the field, instead of skipping the spec silently as AXLearn does.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+MAX_NAME_LENGTH = 63
+# First character alphanumeric: names starting with "." or "_" are reserved for Bastion's own
+# objects (temporary files, the daemon log), so they can never collide with a job.
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# Cleanup output lives at logs/<name>.cleanup, so no job may own that name.
+_RESERVED_SUFFIX = ".cleanup"
+_AXLEARN_TIME_FORMAT = "%Y-%m-%d %H:%M:%S.%f"
+MIN_PRIORITY, MAX_PRIORITY, DEFAULT_PRIORITY = 1, 5, 5
+
+
+class SpecError(ValueError):
+    """A spec that cannot be accepted; the message names the field and the fix."""
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` is not a safe job name, or None when it is."""
+    if not isinstance(name, str) or not name:
+        return "job name must be a non-empty string"
+    if len(name) > MAX_NAME_LENGTH:
+        return f"job name {name!r} is {len(name)} characters long; the limit is {MAX_NAME_LENGTH}"
+    if not _NAME_RE.fullmatch(name):
+        return (
+            f"job name {name!r} is not a safe identifier: use letters, digits, '-', '_' and '.', "
+            "starting with a letter or digit"
+        )
+    if name.endswith(_RESERVED_SUFFIX):
+        return f"job name {name!r} ends with the reserved suffix {_RESERVED_SUFFIX!r}"
+    return None
+
+
+def check_name(name: str) -> str:
+    """Return ``name`` or raise SpecError saying why it is unsafe."""
+    problem = name_problem(name)
+    if problem:
+        raise SpecError(problem)
+    return name
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
+
+
+def parse_time(value: Any, field_name: str) -> dt.datetime:
+    """Parse AXLearn's "%Y-%m-%d %H:%M:%S.%f" or any ISO-8601 time; naive means UTC."""
+    if not isinstance(value, str):
+        raise SpecError(f"field {field_name}: expected a time string, got {type(value).__name__}")
+    try:
+        parsed = dt.datetime.strptime(value, _AXLEARN_TIME_FORMAT)
+    except ValueError:
+        try:
+            parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise SpecError(
+                f"field {field_name}: {value!r} is not a time; "
+                "write e.g. '2026-01-01 12:00:00.000000'"
+            ) from None
+    if parsed.tzinfo is not None:
+        parsed = parsed.astimezone(dt.UTC).replace(tzinfo=None)
+    return parsed
+
+
+def format_time(value: dt.datetime) -> str:
+    return value.strftime(_AXLEARN_TIME_FORMAT)
+
+
+def parse_resources(text: str) -> dict[str, int]:
+    """Parse the CLI form ``v4=8,cpu=4`` into a resources mapping."""
+    resources: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, count = item.partition("=")
+        if not sep or not key.strip():
+            raise SpecError(f"resources: {item!r} is not TYPE=COUNT (e.g. v4=8,cpu=4)")
+        try:
+            resources[key.strip()] = int(count)
+        except ValueError:
+            raise SpecError(f"resources: {key.strip()}={count!r} is not an integer count") from None
+    return _check_resources(resources, "metadata.resources")
+
+
+def _check_resources(value: Any, field_name: str) -> dict[str, int]:
+    if not isinstance(value, Mapping):
+        raise SpecError(
+            f"field {field_name}: expected an object of type -> count, e.g. {{'v4': 8}}"
+        )
+    for key, count in value.items():
+        if not isinstance(count, int) or isinstance(count, bool):
+            raise SpecError(f"field {field_name}.{key}: expected an integer count, got {count!r}")
+        if count < 0:
+            raise SpecError(f"field {field_name}.{key}: count {count} must not be negative")
+    return {str(k): int(v) for k, v in value.items() if v}
+
+
+def _require(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], prefix: str) -> Any:
+    if key not in data:
+        raise SpecError(f"field {prefix}{key} is missing")
+    value = data[key]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        expected = (
+            kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        )
+        raise SpecError(
+            f"field {prefix}{key}: expected {expected}, got {type(value).__name__} {value!r}"
+        )
+    return value
+
+
+def _optional(data: Mapping[str, Any], key: str, kind: type, prefix: str) -> Any:
+    if data.get(key) is None:
+        return None
+    return _require(data, key, kind, prefix)
+
+
+@dataclass
+class JobMetadata:
+    user_id: str
+    project_id: str
+    creation_time: dt.datetime
+    resources: dict[str, int] = field(default_factory=dict)
+    priority: int = DEFAULT_PRIORITY
+    job_id: str | None = None
+    version: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # fields we do not interpret, kept
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "user_id": self.user_id,
+            "project_id": self.project_id,
+            "creation_time": format_time(self.creation_time),
+            "resources": dict(self.resources),
+            "priority": self.priority,
+            "job_id": self.job_id,
+            "version": self.version,
+            **self.extra,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> JobMetadata:
+        if not isinstance(data, Mapping):
+            raise SpecError("field metadata: expected an object")
+        p = "metadata."
+        priority = _optional(data, "priority", int, p)
+        priority = DEFAULT_PRIORITY if priority is None else priority
+        if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+            raise SpecError(
+                f"field metadata.priority: {priority} is out of range; "
+                f"use {MIN_PRIORITY} (highest) to {MAX_PRIORITY} (lowest)"
+            )
+        known = {
+            "user_id",
+            "project_id",
+            "creation_time",
+            "resources",
+            "priority",
+            "job_id",
+            "version",
+        }
+        return cls(
+            user_id=_require(data, "user_id", str, p),
+            project_id=_require(data, "project_id", str, p),
+            creation_time=parse_time(_require(data, "creation_time", str, p), p + "creation_time"),
+            resources=_check_resources(data.get("resources") or {}, p + "resources"),
+            priority=priority,
+            job_id=_optional(data, "job_id", str, p),
+            version=_optional(data, "version", int, p),
+            extra={k: v for k, v in data.items() if k not in known},
+        )
+
+
+@dataclass
+class JobSpec:
+    name: str
+    command: str
+    metadata: JobMetadata
+    cleanup_command: str | None = None
+    env_vars: dict[str, str] | None = None
+    version: int = SCHEMA_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> JobSpec:
+        """Raise SpecError if the spec could not be serialized and loaded back."""
+        JobSpec.from_json(self.to_json())
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "name": self.name,
+            "command": self.command,
+            "cleanup_command": self.cleanup_command,
+            "env_vars": dict(self.env_vars) if self.env_vars is not None else None,
+            "metadata": self.metadata.to_json(),
+            **self.extra,
+        }
+
+    def dumps(self) -> bytes:
+        return json.dumps(self.to_json(), indent=1, sort_keys=False).encode()
+
+    def digest(self) -> str:
+        """Identity of what would run: changes when the user updates the job."""
+        canonical = json.dumps(self.to_json(), sort_keys=True, default=str)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    @property
+    def identity(self) -> str:
+        """Distinguishes this submission from an earlier job of the same name."""
+        return self.metadata.job_id or format_time(self.metadata.creation_time)
+
+    @classmethod
+    def from_json(cls, data: Any) -> JobSpec:
+        if not isinstance(data, Mapping):
+            raise SpecError("spec: expected a JSON object at the top level")
+        version = _require(data, "version", int, "")
+        if version != SCHEMA_VERSION:
+            raise SpecError(
+                f"field version: schema version {version} is not supported; this Bastion reads "
+                f"version {SCHEMA_VERSION}"
+            )
+        env = _optional(data, "env_vars", dict, "")
+        if env is not None:
+            for key, value in env.items():
+                if not isinstance(value, str):
+                    raise SpecError(f"field env_vars.{key}: expected a string value, got {value!r}")
+        known = {"version", "name", "command", "cleanup_command", "env_vars", "metadata"}
+        return cls(
+            name=check_name(_require(data, "name", str, "")),
+            command=_require(data, "command", str, ""),
+            metadata=JobMetadata.from_json(_require(data, "metadata", dict, "")),
+            cleanup_command=_optional(data, "cleanup_command", str, ""),
+            env_vars=env,
+            version=version,
+            extra={k: v for k, v in data.items() if k not in known},
+        )
+
+    @classmethod
+    def loads(cls, raw: bytes | str) -> JobSpec:
+        try:
+            data = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise SpecError(f"spec is not valid JSON: {e}") from None
+        return cls.from_json(data)
+
+
+def new_jobspec(
+    *,
+    name: str,
+    command: str,
+    user_id: str,
+    project_id: str,
+    resources: Mapping[str, int] | None = None,
+    priority: int = DEFAULT_PRIORITY,
+    cleanup_command: str | None = None,
+    env_vars: Mapping[str, str] | None = None,
+    creation_time: dt.datetime | None = None,
+) -> JobSpec:
+    """Build and validate a spec; raises SpecError naming the bad field."""
+    spec = JobSpec(
+        name=name,
+        command=command,
+        cleanup_command=cleanup_command,
+        env_vars=dict(env_vars) if env_vars else None,
+        metadata=JobMetadata(
+            user_id=user_id,
+            project_id=project_id,
+            creation_time=creation_time or utcnow(),
+            resources=dict(resources or {}),
+            priority=priority,
+            job_id=str(uuid.uuid4()),
+        ),
+    )
+    return spec.validate()

@@ -1,0 +1,95 @@
+"""The job state: written only by the daemon to ``ROOT/jobs/states/<name>``.
+
+The JSON keeps AXLearn's shape (``{"status": ..., "metadata": {"tier": ...}}``) and adds what a
+user needs to see why a job is where it is: attempt, times, exit code, outcome and the reason of
+the last transition, plus the runner's handle so a restarted daemon adopts instead of restarting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Status(enum.StrEnum):
+    PENDING = "PENDING"
+    ACTIVE = "ACTIVE"
+    CANCELLING = "CANCELLING"
+    CLEANING = "CLEANING"
+    COMPLETED = "COMPLETED"
+
+
+class Outcome(enum.StrEnum):
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    REJECTED = "REJECTED"
+
+
+class StopKind(enum.StrEnum):
+    """Why a running attempt is being stopped; decides where the job goes once it is gone."""
+
+    CANCEL = "cancel"  # -> CLEANING -> COMPLETED(CANCELLED)
+    PREEMPT = "preempt"  # -> PENDING, new attempt later
+    UPDATE = "update"  # -> PENDING, new attempt with the new spec
+
+
+@dataclass
+class JobState:
+    status: Status = Status.PENDING
+    outcome: Outcome | None = None
+    reason: str = ""
+    attempt: int = 0
+    job_identity: str = ""  # JobSpec.identity of the submission this state belongs to
+    spec_digest: str = ""  # JobSpec.digest() the current attempt runs
+    submit_time: float | None = None  # when the daemon first saw the spec
+    start_time: float | None = None  # start of the current/last attempt
+    end_time: float | None = None
+    exit_code: int | None = None
+    tier: int | None = None
+    runner: dict[str, Any] | None = None  # handle of the running attempt (pid, pgid, ...)
+    cleanup_runner: dict[str, Any] | None = None
+    stop: dict[str, Any] | None = None  # {"kind": StopKind, "since": t, "by": ..., "killed": bool}
+    log_start: int = 0  # offset in logs/<name> where this submission's output begins
+    preemptions: int = 0
+    metadata: dict[str, Any] = field(default_factory=dict)  # AXLearn-compatible extras (tier)
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["status"] = self.status.value
+        data["outcome"] = self.outcome.value if self.outcome else None
+        if self.tier is not None:
+            data["metadata"] = {**self.metadata, "tier": self.tier}
+        return data
+
+    def dumps(self) -> bytes:
+        return json.dumps(self.to_json(), sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobState:
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        kwargs["status"] = Status(str(data.get("status", "PENDING")).upper())
+        if data.get("outcome"):
+            kwargs["outcome"] = Outcome(data["outcome"])
+        return cls(**kwargs)
+
+    @classmethod
+    def loads(cls, raw: bytes) -> JobState:
+        text = raw.decode().strip()
+        if not text.startswith("{"):  # AXLearn's legacy plain-text status, e.g. "active\n"
+            return cls(status=Status(text.upper()))
+        return cls.from_json(json.loads(text))
+
+    def copy(self) -> JobState:
+        return JobState.from_json(json.loads(self.dumps()))
+
+    @property
+    def display_status(self) -> str:
+        """What users read: COMPLETED jobs show their outcome."""
+        if self.status is Status.COMPLETED and self.outcome:
+            return self.outcome.value
+        return self.status.value

@@ -1,0 +1,90 @@
+"""Incremental log upload: local mirror files -> ``ROOT/logs/<log>``, new bytes only.
+
+A process writes its output to a local mirror file; each sync appends the bytes written since
+the last sync to the bucket object. The remote object is ``base + mirror``, where ``base`` is
+the remote size when the mirror was created (kept beside the mirror, so a restarted daemon
+knows which mirror bytes are already uploaded from one size query, without re-uploading).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from bastion.store import Store
+
+_MAX_CHUNK = 8 << 20  # bound memory per log per sync; the rest goes next cycle
+
+log = logging.getLogger(__name__)
+
+
+class LogSync:
+    def __init__(self, store: Store, directory: str) -> None:
+        self.store = store
+        self.directory = directory
+        self._uploaded: dict[str, int] = {}  # log -> mirror bytes known to be in the bucket
+        os.makedirs(directory, exist_ok=True)
+
+    def path(self, log_name: str) -> str:
+        """The mirror file for ``log_name``; created (with its base) on first use."""
+        path = os.path.join(self.directory, log_name)
+        if not os.path.exists(path + ".base"):
+            base = self.store.log_size(log_name)
+            open(path, "ab").close()
+            with open(path + ".base", "w") as f:
+                f.write(str(base))
+            self._uploaded[log_name] = 0
+        return path
+
+    def base(self, log_name: str) -> int:
+        """Remote offset where the mirror's first byte lands."""
+        self.path(log_name)
+        with open(os.path.join(self.directory, log_name + ".base")) as f:
+            return int(f.read().strip() or 0)
+
+    def write(self, log_name: str, text: str) -> None:
+        """Append a line of our own (attempt markers) to the mirror."""
+        with open(self.path(log_name), "a") as f:
+            f.write(text if text.endswith("\n") else text + "\n")
+
+    def sync(self, log_name: str) -> int:
+        """Upload what the mirror gained since the last sync; returns the bytes uploaded."""
+        path = self.path(log_name)
+        size = os.path.getsize(path)
+        done = self._uploaded.get(log_name)
+        if done is None:  # after a restart or an uncertain upload: ask the bucket
+            done = max(0, self.store.log_size(log_name) - self.base(log_name))
+            self._uploaded[log_name] = done
+        if size <= done:
+            return 0
+        with open(path, "rb") as f:
+            f.seek(done)
+            chunk = f.read(min(size - done, _MAX_CHUNK))
+        try:
+            self.store.append_log(log_name, chunk)
+        except Exception:
+            self._uploaded.pop(log_name, None)  # we may or may not have appended: re-ask
+            raise
+        self._uploaded[log_name] = done + len(chunk)
+        return len(chunk)
+
+    def flush(self, log_name: str) -> None:
+        """Upload everything the mirror holds."""
+        path = self.path(log_name)
+        while self._uploaded.get(log_name, -1) < os.path.getsize(path):
+            if not self.sync(log_name):
+                break
+
+    def close(self, log_name: str) -> None:
+        """Final upload, then forget the mirror (the bucket holds the whole log now)."""
+        path = os.path.join(self.directory, log_name)
+        if not os.path.exists(path + ".base"):
+            return
+        self.flush(log_name)
+        for leftover in (path, path + ".base"):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
+        self._uploaded.pop(log_name, None)
+
+    def mirrors(self) -> list[str]:
+        return [n[: -len(".base")] for n in os.listdir(self.directory) if n.endswith(".base")]

@@ -1,0 +1,83 @@
+"""The daemon's view of the quota file: re-read only when it changed, last good kept.
+
+With no quota file at all the daemon runs one project, ``default``, whose pool is this machine
+(CPUs, memory in GiB, GPUs), so the embedded default works with no set-up. A file that turns
+invalid is reported in the daemon log and ignored: the daemon never crash-loops on it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+
+import psutil
+from quota.config import QuotaConfig, QuotaError, default_quota, parse_quota
+from quota.policy import JobRequest, Phase
+from quota.usage import UsageLedger
+
+from bastion.store import Store
+
+log = logging.getLogger("bastion.quota")
+
+
+def machine_pool(gpus: Sequence[int]) -> dict[str, int]:
+    pool = {"cpu": os.cpu_count() or 1, "memory": psutil.virtual_memory().total >> 30}
+    if gpus:
+        pool["gpu"] = len(gpus)
+    return pool
+
+
+class QuotaSource:
+    def __init__(self, store: Store, url: str | None, pool: Mapping[str, int]) -> None:
+        self.store = store
+        self.url = url or store.default_quota_url()
+        self.machine_pool = dict(pool)
+        self.config: QuotaConfig | None = None
+        self.error = ""
+        self._token: str | None = "<never read>"
+        self._usage: UsageLedger | None = None
+
+    def refresh(self) -> None:
+        """One metadata call; a download only when the file changed."""
+        token = self.store.url_token(self.url)
+        if token == self._token:
+            return
+        self._token = token
+        if token is None:
+            self.config = default_quota(self.machine_pool)
+            self.error = ""
+            log.info(
+                "no quota file at %s: one project 'default' with this machine's pool %s",
+                self.url,
+                self.machine_pool,
+            )
+            return
+        try:
+            config = parse_quota(self.store.read_url(self.url).decode(), source=self.url)
+        except QuotaError as e:
+            self.error = "; ".join(e.problems) or str(e)
+            kept = "keeping the last good quota" if self.config else "no job will start"
+            log.error("quota file %s is invalid (%s): %s", self.url, kept, self.error)
+            return
+        except (OSError, UnicodeDecodeError) as e:
+            self._token = "<unreadable>"  # try again next cycle
+            log.error("could not read quota file %s: %s", self.url, e)
+            return
+        self.config, self.error = config, ""
+        log.info(
+            "loaded quota file %s: pool %s, projects %s",
+            self.url,
+            config.pool,
+            sorted(config.shares),
+        )
+
+    def usage_for(self, jobs: Sequence[JobRequest], now: float) -> Mapping[str, float]:
+        """Decayed per-user usage, advanced with the jobs running now."""
+        assert self.config is not None
+        half_life = self.config.scheduling.usage_half_life_seconds
+        if self._usage is None or self._usage.half_life_seconds != half_life:
+            self._usage = UsageLedger(half_life_seconds=half_life, as_of=now, by_user={})
+        running = [j for j in jobs if j.phase is not Phase.PENDING]
+        self._usage = self._usage.advance(running, now)
+        return self._usage.by_user

@@ -1,0 +1,180 @@
+"""The local runner: a job is ``bash -c COMMAND`` in its own session on the daemon's machine.
+
+Each attempt runs under a tiny ``sh`` wrapper that writes the command's exit status to a file,
+so a daemon restarted after ``kill -9`` (no longer the parent, so unable to ``wait``) still
+learns how an adopted attempt ended. Processes are identified by (pid, create time), so a
+recycled pid is never mistaken for our job. Runners know nothing of quotas: they are told what
+to start and which GPUs the job may use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+# `trap : TERM INT` makes the wrapper wait for the command before exiting on a signal (the
+# trap resets to the default in the child on exec), so a group-wide SIGTERM still records 143.
+_WRAPPER = (
+    'trap : TERM INT; bash -c "$1"; status=$?; '
+    'printf "%s" "$status" > "$2.tmp" && mv "$2.tmp" "$2"; exit "$status"'
+)
+_CREATE_TIME_TOLERANCE = 0.05
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Everything needed to start one attempt (or one cleanup) of a job."""
+
+    key: str  # unique per (job, attempt, kind): names the attempt's work directory
+    command: str
+    env: Mapping[str, str]
+    log_path: str
+    gpus: int = 0
+
+
+def detect_gpus() -> list[int]:
+    """GPU indices reported by nvidia-smi, or [] on a machine without one."""
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
+    except (subprocess.SubprocessError, OSError):
+        return []
+    return [int(line) for line in out.split() if line.strip().isdigit()]
+
+
+class LocalRunner:
+    kind = "local"
+
+    def __init__(self, work_dir: str, gpus: Sequence[int] | None = None) -> None:
+        self.work_dir = work_dir
+        self.host = socket.gethostname()
+        self.gpus = list(detect_gpus() if gpus is None else gpus)
+        self._children: dict[int, subprocess.Popen[bytes]] = {}  # reaped by poll()
+        self._gpus_in_use: dict[str, list[int]] = {}  # handle key -> GPU indices
+        os.makedirs(os.path.join(work_dir, "attempts"), exist_ok=True)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self, launch: Launch) -> dict[str, Any]:
+        """Start an attempt; returns the handle to persist in the job state."""
+        attempt_dir = os.path.join(self.work_dir, "attempts", launch.key)
+        os.makedirs(attempt_dir, exist_ok=True)
+        exit_file = os.path.join(attempt_dir, "exit_status")
+        for stale in (exit_file, exit_file + ".tmp"):
+            if os.path.exists(stale):
+                os.unlink(stale)
+        gpus = self._allocate_gpus(launch.key, launch.gpus)
+        env = {**os.environ, **launch.env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
+        os.makedirs(os.path.dirname(launch.log_path), exist_ok=True)
+        with open(launch.log_path, "ab") as log, open(os.devnull, "rb") as stdin:
+            try:
+                proc = subprocess.Popen(
+                    ["/bin/sh", "-c", _WRAPPER, "bastion-job", launch.command, exit_file],
+                    stdin=stdin,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                    cwd=attempt_dir,
+                    close_fds=True,
+                )
+            except OSError:
+                self._gpus_in_use.pop(launch.key, None)
+                raise
+        self._children[proc.pid] = proc
+        return {
+            "kind": self.kind,
+            "key": launch.key,
+            "host": self.host,
+            "pid": proc.pid,
+            "pgid": proc.pid,
+            "create_time": psutil.Process(proc.pid).create_time(),
+            "exit_file": exit_file,
+            "gpus": gpus,
+        }
+
+    def adopt(self, handle: Mapping[str, Any]) -> bool:
+        """Take over an attempt started by an earlier daemon; False if it is not ours/alive."""
+        if handle.get("host") != self.host:
+            return False
+        self._gpus_in_use[handle["key"]] = list(handle.get("gpus") or [])
+        return True
+
+    def poll(self, handle: Mapping[str, Any]) -> tuple[bool, int | None]:
+        """(finished, exit status); status is None when the attempt died without reporting."""
+        if self._alive(handle):
+            return False, None
+        self._finish(handle)
+        return True, self._read_exit_status(handle)
+
+    def signal(self, handle: Mapping[str, Any], sig: int) -> None:
+        """Send ``sig`` to the attempt's whole process group (its grandchildren too)."""
+        if not self._alive(handle):
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(int(handle["pgid"]), sig)
+
+    def terminate(self, handle: Mapping[str, Any]) -> None:
+        self.signal(handle, signal.SIGTERM)
+
+    def kill(self, handle: Mapping[str, Any]) -> None:
+        self.signal(handle, signal.SIGKILL)
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _alive(self, handle: Mapping[str, Any]) -> bool:
+        pid = int(handle["pid"])
+        child = self._children.get(pid)
+        if child is not None and child.poll() is not None:
+            return False  # our child, now reaped
+        try:
+            proc = psutil.Process(pid)
+            if abs(proc.create_time() - float(handle["create_time"])) > _CREATE_TIME_TOLERANCE:
+                return False  # the pid was recycled by another process
+            return proc.status() != psutil.STATUS_ZOMBIE
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return False
+
+    def _finish(self, handle: Mapping[str, Any]) -> None:
+        """The leader is gone: kill what it left behind in its group and free its GPUs."""
+        self._children.pop(int(handle["pid"]), None)
+        self._gpus_in_use.pop(handle.get("key", ""), None)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(int(handle["pgid"]), signal.SIGKILL)
+
+    @staticmethod
+    def _read_exit_status(handle: Mapping[str, Any]) -> int | None:
+        try:
+            with open(handle["exit_file"]) as f:
+                return int(f.read().strip())
+        except (OSError, ValueError):
+            return None
+
+    def _allocate_gpus(self, key: str, count: int) -> list[int]:
+        if count <= 0:
+            return []
+        busy = {gpu for gpus in self._gpus_in_use.values() for gpu in gpus}
+        free = [gpu for gpu in self.gpus if gpu not in busy]
+        if len(free) < count:
+            raise RuntimeError(
+                f"job needs {count} GPUs but only {len(free)} of {len(self.gpus)} are free on "
+                f"{self.host}"
+            )
+        self._gpus_in_use[key] = free[:count]
+        return free[:count]

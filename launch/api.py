@@ -1,0 +1,264 @@
+"""The Python API users call: build, submit, cancel, list, inspect and tail jobs.
+
+Everything here needs nothing but access to the bucket, so it works from any machine::
+
+    from launch import Client, new_jobspec
+    client = Client("gs://my-bucket/bastion")          # or a local directory
+    spec = new_jobspec(name="hello", command="echo hi", user_id="me", project_id="default")
+    client.submit(spec)
+    for chunk in client.follow_log("hello"):
+        print(chunk, end="")
+    print(client.get("hello").status)                   # SUCCEEDED
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime as dt
+import getpass
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from bastion.jobspec import JobSpec, SpecError, check_name, new_jobspec
+from bastion.jobstate import JobState, Outcome, Status
+from bastion.store import Store, resolve_root
+
+__all__ = [
+    "Client",
+    "JobExists",
+    "JobInfo",
+    "SpecError",
+    "UnknownJob",
+    "default_user",
+    "new_jobspec",
+]
+
+
+class UnknownJob(LookupError):
+    """No active or completed job of that name."""
+
+
+class JobExists(FileExistsError):
+    """A job of that name is still active; names are keys."""
+
+
+def default_user() -> str:
+    return os.environ.get("BASTION_USER") or getpass.getuser()
+
+
+def default_job_name(user: str | None = None) -> str:
+    prefix = "".join(c for c in (user or default_user()) if c.isalnum() or c in "-.") or "job"
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass
+class JobInfo:
+    """A job as a user sees it: its spec (None if unreadable) and its state."""
+
+    name: str
+    spec: JobSpec | None
+    state: JobState | None  # None: the daemon has not seen the spec yet
+    finished: bool = False  # True once the daemon moved it to jobs/complete/
+
+    @property
+    def status(self) -> str:
+        return self.state.display_status if self.state else "SUBMITTED"
+
+    @property
+    def reason(self) -> str:
+        if self.state is None:
+            return "waiting for the daemon to pick it up"
+        return self.state.reason
+
+    def to_json(self) -> dict[str, Any]:
+        """One object per job, fields named as in the spec and the state."""
+        data: dict[str, Any] = {"name": self.name, "status": self.status}
+        if self.spec:
+            meta = self.spec.metadata
+            data.update(
+                command=self.spec.command,
+                user_id=meta.user_id,
+                project_id=meta.project_id,
+                resources=meta.resources,
+                priority=meta.priority,
+                job_id=meta.job_id,
+                creation_time=meta.creation_time.isoformat() + "Z",
+            )
+        data["state"] = self.state.to_json() if self.state else None
+        return data
+
+
+class Client:
+    def __init__(self, root: str | None = None, store: Store | None = None) -> None:
+        self.store = store or Store(resolve_root(root))
+
+    # -- submit, update, cancel ------------------------------------------------------------
+
+    def submit(self, spec: JobSpec) -> JobSpec:
+        spec.validate()
+        if not self.store.submit_spec(spec.name, spec.dumps()):
+            raise JobExists(
+                f"a job named {spec.name!r} is already active in "
+                f"{self.store.url('jobs', 'active')}; pick another --name, or "
+                f"`bastion update {spec.name}` to change it"
+            )
+        return spec
+
+    def update(self, name: str, command: str) -> JobSpec:
+        """Give an active job a new command; a running attempt restarts with it."""
+        spec = self._active_spec(name)
+        spec.command = command
+        spec.metadata.version = (spec.metadata.version or 0) + 1
+        self.store.replace_spec(name, spec.validate().dumps())
+        return spec
+
+    def cancel(self, name: str, user_id: str | None = None) -> None:
+        spec = self._active_spec(name)
+        request = {
+            "status": "CANCELLING",
+            "job_identity": spec.identity,
+            "user_id": user_id or default_user(),
+            "time": time.time(),
+        }
+        self.store.write_request(name, json.dumps(request).encode())
+
+    def _active_spec(self, name: str) -> JobSpec:
+        check_name(name)
+        raw = self.store.read_spec(name)
+        if raw is None:
+            record = self.store.read_complete(name)
+            if record:
+                status = JobState.from_json(record["state"]).display_status
+                raise UnknownJob(f"job {name!r} has already finished ({status})")
+            raise UnknownJob(self._unknown(name))
+        return JobSpec.loads(raw)
+
+    def _unknown(self, name: str) -> str:
+        return (
+            f"no job named {name!r} in {self.store.root_url} (`bastion list --all` shows every job)"
+        )
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def get(self, name: str) -> JobInfo:
+        check_name(name)
+        raw_spec = self.store.read_spec(name)
+        if raw_spec is not None:
+            raw_state = self.store.read_state(name)
+            return JobInfo(
+                name, _spec_or_none(raw_spec), JobState.loads(raw_state) if raw_state else None
+            )
+        record = self.store.read_complete(name)
+        if record is None:
+            raise UnknownJob(self._unknown(name))
+        return _from_record(name, record)
+
+    def list_jobs(self, include_completed: bool = False) -> list[JobInfo]:
+        names = sorted(self.store.list_specs())
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            specs = list(pool.map(self.store.read_spec, names))
+            states = list(pool.map(self.store.read_state, names))
+            jobs = [
+                JobInfo(n, _spec_or_none(s), JobState.loads(st) if st else None)
+                for n, s, st in zip(names, specs, states, strict=True)
+                if s is not None
+            ]
+            if include_completed:
+                done = sorted(set(self.store.list_complete()) - set(names))
+                records = pool.map(self.store.read_complete, done)
+                jobs += [_from_record(n, r) for n, r in zip(done, records, strict=True) if r]
+        return sorted(jobs, key=lambda j: j.name)
+
+    def history(self, name: str) -> list[dict[str, Any]]:
+        check_name(name)
+        events = list(self.store.read_history(name))
+        if not events:
+            self.get(name)  # raises UnknownJob for a name that never existed
+        return events
+
+    def read_log(self, name: str, start: int | None = None) -> bytes:
+        """This submission's log so far (earlier jobs of the same name are skipped)."""
+        if start is None:
+            info = self.get(name)
+            start = info.state.log_start if info.state else 0
+        return self.store.read_log(name, start)
+
+    def follow_log(
+        self, name: str, poll_seconds: float = 1.0, timeout: float | None = None
+    ) -> Iterator[str]:
+        """Yield log text as it is written; returns once the job is finished."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        info = self.get(name)
+        offset: int | None = None
+        decoder = _Utf8Decoder()
+        while True:
+            if offset is None and info.state is not None and info.state.attempt > 0:
+                offset = info.state.log_start
+            if offset is not None:
+                data = self.store.read_log(name, offset)
+                offset += len(data)
+                if data:
+                    yield decoder.decode(data)
+            if info.finished:
+                if offset is None and info.state and info.state.outcome is Outcome.REJECTED:
+                    yield f"[bastion] job {name} was rejected: {info.state.reason}\n"
+                tail = decoder.decode(b"", final=True)
+                if tail:
+                    yield tail
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {name!r} still {info.status} after {timeout}s")
+            time.sleep(poll_seconds)
+            info = self.get(name)
+
+    def wait(self, name: str, poll_seconds: float = 1.0, timeout: float | None = None) -> JobInfo:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            info = self.get(name)
+            if info.finished:
+                return info
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {name!r} still {info.status} after {timeout}s")
+            time.sleep(poll_seconds)
+
+
+class _Utf8Decoder:
+    """Decode a byte stream that may split multi-byte characters across reads."""
+
+    def __init__(self) -> None:
+        import codecs
+
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def decode(self, data: bytes, final: bool = False) -> str:
+        return self._decoder.decode(data, final)
+
+
+def _spec_or_none(raw: bytes) -> JobSpec | None:
+    try:
+        return JobSpec.loads(raw)
+    except SpecError:
+        return None
+
+
+def _from_record(name: str, record: dict[str, Any]) -> JobInfo:
+    spec = None
+    if record.get("spec"):
+        try:
+            spec = JobSpec.from_json(record["spec"])
+        except SpecError:
+            spec = None
+    state = JobState.from_json(record["state"])
+    return JobInfo(name, spec, state, finished=state.status is Status.COMPLETED)
+
+
+def age_seconds(info: JobInfo, now: dt.datetime | None = None) -> float:
+    if info.spec is None:
+        return 0.0
+    now = now or dt.datetime.now(dt.UTC).replace(tzinfo=None)
+    return (now - info.spec.metadata.creation_time).total_seconds()
