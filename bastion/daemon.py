@@ -20,18 +20,19 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from quota.policy import JobRequest, Phase, Verdict, schedule
-
 from bastion.jobspec import JobSpec, SpecError, name_problem
 from bastion.jobstate import JobState, Outcome, Status, StopKind
 from bastion.logsync import LogSync
 from bastion.quotas import QuotaSource
 from bastion.runners.local import Launch, LocalRunner
+from bastion.scheduling import job_request
 from bastion.store import DAEMON_LOG, ObjectInfo, Store
+from quota.policy import Decision, Verdict, schedule
 
 log = logging.getLogger("bastion.daemon")
 
 DEFAULT_GRACE_SECONDS = 30.0
+DECISION_RECORDS_KEPT = 1000
 
 
 @dataclass
@@ -60,6 +61,18 @@ def _attempt_key(name: str, state: JobState, kind: str) -> str:
     return f"{name}.{ident}.{state.attempt}.{kind}"
 
 
+def _quietly(call: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """For pool.map: return the exception instead of raising it, so one failure stays local."""
+
+    def wrapped(arg: Any) -> Any:
+        try:
+            return call(arg)
+        except Exception as e:
+            return e
+
+    return wrapped
+
+
 def _fmt_time(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) + "Z"
 
@@ -82,6 +95,7 @@ class Daemon:
         self.jobs: dict[str, Job] = {}
         self.request_tokens: dict[str, str] = {}
         self.cycles = 0
+        self._decision_records = 0
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers)
         self._stop = threading.Event()
 
@@ -183,7 +197,7 @@ class Daemon:
         raws = dict(
             zip(
                 changed,
-                self._pool.map(self._read_quietly(self.store.read_spec), changed),
+                self._pool.map(_quietly(self.store.read_spec), changed),
                 strict=True,
             )
         )
@@ -200,16 +214,6 @@ class Daemon:
         for name, job in self.jobs.items():
             if name not in specs and job.token and not job.finalized:
                 job.gone_from_bucket = True
-
-    @staticmethod
-    def _read_quietly(read: Callable[[str], bytes | None]) -> Callable[[str], Any]:
-        def wrapped(name: str) -> Any:
-            try:
-                return read(name)
-            except Exception as e:
-                return e
-
-        return wrapped
 
     def _absorb_spec(self, name: str, raw: bytes, token: str, now: float) -> None:
         job = self.jobs.get(name)
@@ -330,13 +334,26 @@ class Daemon:
             self._stop_attempt(job, StopKind.CANCEL, reason, now)
 
     def _stop_attempt(
-        self, job: Job, kind: StopKind, reason: str, now: float, by: str | None = None
+        self,
+        job: Job,
+        kind: StopKind,
+        reason: str,
+        now: float,
+        by: str | None = None,
+        grace: float | None = None,
     ) -> None:
+        """SIGTERM now; SIGKILL to the whole group once ``grace`` seconds have passed."""
         state = job.state
         if state.stop and state.stop["kind"] == StopKind.CANCEL.value:
             return  # a cancel already in progress wins
         since = state.stop["since"] if state.stop else now
-        state.stop = {"kind": kind.value, "since": since, "by": by, "killed": False}
+        state.stop = {
+            "kind": kind.value,
+            "since": since,
+            "by": by,
+            "killed": False,
+            "grace": self.grace_seconds if grace is None else grace,
+        }
         if state.runner and not state.runner.get("lost"):
             self.runner.terminate(state.runner)
         self._event(job, kind.value.upper(), reason)
@@ -362,14 +379,14 @@ class Daemon:
             finished, code = self.runner.poll(handle)
         if not finished:
             stop = state.stop
-            if stop and not stop["killed"] and now - stop["since"] >= self.grace_seconds:
+            grace = stop.get("grace", self.grace_seconds) if stop else 0.0
+            if stop and not stop["killed"] and now - stop["since"] >= grace:
                 self.runner.kill(handle)
                 stop["killed"] = True
                 self._event(
                     job,
                     "KILLED",
-                    f"still running {self.grace_seconds:g}s after "
-                    "SIGTERM; sent SIGKILL to its process group",
+                    f"still running {grace:g}s after SIGTERM; sent SIGKILL to its process group",
                 )
             return
         state.exit_code = code
@@ -462,51 +479,57 @@ class Daemon:
 
     def _schedule(self, now: float) -> None:
         config = self.quota.config
-        requests: list[JobRequest] = []
-        for job in self.jobs.values():
-            phase = self._phase(job)
-            if phase is None or job.spec is None:
-                continue
-            meta = job.spec.metadata
-            requests.append(
-                JobRequest(
-                    name=job.name,
-                    project_id=meta.project_id,
-                    user_id=meta.user_id,
-                    resources=meta.resources,
-                    priority=meta.priority,
-                    submit_time=job.state.submit_time or now,
-                    phase=phase,
-                    start_time=job.state.start_time,
-                    tier=job.state.tier,
-                )
-            )
+        requests = [
+            request
+            for job in self.jobs.values()
+            if (request := job_request(job.name, job.spec, job.state, now)) is not None
+        ]
         if config is None:
             for job in self.jobs.values():
                 if job.state.status is Status.PENDING:
                     job.state.reason = f"waiting for a valid quota file: {self.quota.error}"
             return
         plan = schedule(config, requests, self.quota.usage_for(requests, now), now)
+        changed = []
         for name, decision in sorted(plan.decisions.items()):
             job = self.jobs[name]
+            before = (job.state.status, job.state.reason)
             try:
-                self._act(job, decision, now)
+                self._act(job, decision, now, config.scheduling.preemption_grace_seconds)
             except Exception as e:
                 log.exception("%s: acting on %s failed", name, decision.verdict)
                 job.state.reason = f"could not {decision.verdict.value.lower()}: {e}"
+            if (job.state.status, job.state.reason) != before:
+                changed.append(decision)
+        self._record_decisions(changed, now)
 
-    @staticmethod
-    def _phase(job: Job) -> Phase | None:
-        status = job.state.status
-        if status is Status.PENDING:
-            return Phase.PENDING
-        if status is Status.ACTIVE and not job.state.stop:
-            return Phase.RUNNING
-        if status in (Status.ACTIVE, Status.CANCELLING, Status.CLEANING):
-            return Phase.RELEASING
-        return None
+    def _record_decisions(self, changed: list[Decision], now: float) -> None:
+        """One bounded decision-log record per cycle in which a decision changed."""
+        if not changed:
+            return
+        record = {
+            "time": now,
+            "cycle": self.cycles,
+            "decisions": [
+                {
+                    "name": d.name,
+                    "verdict": d.verdict.value,
+                    "reason": d.reason,
+                    "tier": d.tier,
+                    "preempted_by": d.preempted_by,
+                }
+                for d in changed
+            ],
+        }
+        try:
+            self.store.write_decisions(now, record)
+            self._decision_records += 1
+            if self._decision_records % 100 == 0:
+                self.store.prune_decisions(keep=DECISION_RECORDS_KEPT)
+        except Exception:
+            log.exception("could not write the decision log")
 
-    def _act(self, job: Job, decision: Any, now: float) -> None:
+    def _act(self, job: Job, decision: Decision, now: float, grace: float) -> None:
         state = job.state
         verdict = decision.verdict
         if verdict is Verdict.START and state.status is Status.PENDING:
@@ -514,7 +537,7 @@ class Daemon:
         elif verdict is Verdict.PREEMPT and state.status is Status.ACTIVE and not state.stop:
             state.preemptions += 1
             self._stop_attempt(
-                job, StopKind.PREEMPT, decision.reason, now, by=decision.preempted_by
+                job, StopKind.PREEMPT, decision.reason, now, decision.preempted_by, grace
             )
         elif verdict is Verdict.REJECT and state.status is Status.PENDING:
             self._complete(job, Outcome.REJECTED, decision.reason, now)
@@ -593,19 +616,24 @@ class Daemon:
             print(f"bastion: daemon log upload failed: {e}", flush=True)
 
     def _write_states(self) -> None:
+        """Write the states whose bytes changed, concurrently; the rest cost nothing."""
         dirty = [(job, job.state.dumps()) for job in self.jobs.values()]
         dirty = [(job, raw) for job, raw in dirty if raw != job.written]
+        if not dirty:
+            return
 
         def write(item: tuple[Job, bytes]) -> None:
             job, raw = item
             self.store.write_state(job.name, raw)
             job.written = raw
 
-        for (job, _), result in zip(
-            dirty, self._pool.map(self._read_quietly(write), dirty), strict=True
-        ):
+        for (job, _), result in zip(dirty, self._pool.map(_quietly(write), dirty), strict=True):
             if isinstance(result, Exception):
                 log.error("%s: could not write state (will retry): %s", job.name, result)
+        try:
+            self.quota.save_usage()  # only needed when something changed (see QuotaSource)
+        except Exception:
+            log.exception("could not save the usage ledger")
 
     def daemon_log_path(self) -> str:
         return self.logs.path(DAEMON_LOG)

@@ -12,11 +12,11 @@ import os
 from collections.abc import Mapping, Sequence
 
 import psutil
+
+from bastion.store import Store
 from quota.config import QuotaConfig, QuotaError, default_quota, parse_quota
 from quota.policy import JobRequest, Phase
 from quota.usage import UsageLedger
-
-from bastion.store import Store
 
 log = logging.getLogger("bastion.quota")
 
@@ -54,9 +54,12 @@ class QuotaSource:
             )
             return
         try:
-            config = parse_quota(self.store.read_url(self.url).decode(), source=self.url)
+            text = self.store.read_url(self.url).decode()
+            config = parse_quota(text, source=self.url)
         except QuotaError as e:
             self.error = "; ".join(e.problems) or str(e)
+            if self.config is None:
+                self.config = self._last_good()
             kept = "keeping the last good quota" if self.config else "no job will start"
             log.error("quota file %s is invalid (%s): %s", self.url, kept, self.error)
             return
@@ -65,6 +68,10 @@ class QuotaSource:
             log.error("could not read quota file %s: %s", self.url, e)
             return
         self.config, self.error = config, ""
+        try:
+            self.store.write_last_good_quota(text)
+        except OSError as e:
+            log.warning("could not save the last good quota: %s", e)
         log.info(
             "loaded quota file %s: pool %s, projects %s",
             self.url,
@@ -72,12 +79,38 @@ class QuotaSource:
             sorted(config.shares),
         )
 
+    def _last_good(self) -> QuotaConfig | None:
+        """The last file that parsed, saved in the bucket so a restart survives a bad edit."""
+        try:
+            text = self.store.read_last_good_quota()
+            return parse_quota(text, source="last good quota") if text else None
+        except (OSError, QuotaError) as e:
+            log.error("no usable last good quota: %s", e)
+            return None
+
     def usage_for(self, jobs: Sequence[JobRequest], now: float) -> Mapping[str, float]:
         """Decayed per-user usage, advanced with the jobs running now."""
         assert self.config is not None
         half_life = self.config.scheduling.usage_half_life_seconds
-        if self._usage is None or self._usage.half_life_seconds != half_life:
-            self._usage = UsageLedger(half_life_seconds=half_life, as_of=now, by_user={})
+        if self._usage is None:
+            self._usage = self._load_usage(half_life, now)
+        if self._usage.half_life_seconds != half_life:
+            self._usage = UsageLedger(half_life, self._usage.as_of, self._usage.by_user)
         running = [j for j in jobs if j.phase is not Phase.PENDING]
         self._usage = self._usage.advance(running, now)
         return self._usage.by_user
+
+    def _load_usage(self, half_life: float, now: float) -> UsageLedger:
+        """The ledger saved by the last daemon; advancing it from its as_of with the jobs running
+        now re-creates the usage accrued since, so it only needs saving when something changed."""
+        try:
+            data = self.store.read_usage()
+            if data:
+                return UsageLedger.from_json(data)
+        except (OSError, ValueError) as e:
+            log.warning("usage ledger unreadable, starting from zero: %s", e)
+        return UsageLedger(half_life_seconds=half_life, as_of=now, by_user={})
+
+    def save_usage(self) -> None:
+        if self._usage is not None:
+            self.store.write_usage(self._usage.to_json())

@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import sys
+import time
 
 from bastion.daemon import Daemon
 from bastion.quotas import QuotaSource, machine_pool
@@ -88,6 +89,17 @@ def start_daemon(
         work_dir,
         daemon.quota.url,
         poll_seconds,
+    )
+    daemon.store.write_daemon_info(
+        {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started": time.time(),
+            "pool": daemon.quota.machine_pool,
+            "quota_file": daemon.quota.url,
+            "poll_seconds": poll_seconds,
+            "work_dir": work_dir,
+        }
     )
     try:
         daemon.run(poll_seconds, once=once)

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -69,6 +70,7 @@ class Store:
                 f"jobs/{COMPLETE}",
                 "logs",
                 "history/jobs",
+                "history/decisions",
             ):
                 os.makedirs(self._path(sub), exist_ok=True)
 
@@ -260,6 +262,45 @@ class Store:
         for line in raw.decode(errors="replace").splitlines():
             if line.strip():
                 yield json.loads(line)
+
+    # -- scheduler decision log and usage ledger ------------------------------------------
+
+    def write_decisions(self, now: float, record: dict[str, Any]) -> None:
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + f".{int(now * 1e6) % 10**6:06d}"
+        self._write(json.dumps(record, sort_keys=True).encode(), "history", "decisions", stamp)
+
+    def list_decisions(self) -> list[str]:
+        return sorted(self._list("history/decisions"))
+
+    def read_decisions(self, stamp: str) -> dict[str, Any] | None:
+        raw = self._read("history", "decisions", stamp)
+        return json.loads(raw) if raw else None
+
+    def prune_decisions(self, keep: int) -> None:
+        """Keep the newest ``keep`` records (names sort by time)."""
+        for stamp in self.list_decisions()[:-keep]:
+            self._delete("history", "decisions", stamp)
+
+    def write_daemon_info(self, info: dict[str, Any]) -> None:
+        self._write(json.dumps(info, sort_keys=True).encode(), "history", "daemon")
+
+    def read_daemon_info(self) -> dict[str, Any] | None:
+        raw = self._read("history", "daemon")
+        return json.loads(raw) if raw else None
+
+    def write_last_good_quota(self, text: str) -> None:
+        self._write(text.encode(), "history", "quota-last-good")
+
+    def read_last_good_quota(self) -> str | None:
+        raw = self._read("history", "quota-last-good")
+        return raw.decode() if raw else None
+
+    def read_usage(self) -> dict[str, Any] | None:
+        raw = self._read("history", "usage")
+        return json.loads(raw) if raw else None
+
+    def write_usage(self, data: dict[str, Any]) -> None:
+        self._write(json.dumps(data, sort_keys=True).encode(), "history", "usage")
 
     # -- quota file ------------------------------------------------------------------------
 

@@ -229,7 +229,7 @@ def cmd_update(args: Sequence[str]) -> int:
 
 
 def cmd_why(args: Sequence[str]) -> int:
-    from bastion.explain import explain_job
+    from launch.why import explain_job
 
     name = _one_name(args, "why")
     print(explain_job(_client(), name, FLAGS.quota_file))

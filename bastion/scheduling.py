@@ -1,0 +1,40 @@
+"""The bridge from bucket objects to the pure policy: a job's spec and state as a JobRequest.
+
+The daemon and `bastion why` both build the policy's input here, so the explanation a user
+reads is computed from exactly what the daemon decides on.
+"""
+
+from __future__ import annotations
+
+from bastion.jobspec import JobSpec
+from bastion.jobstate import JobState, Status
+from quota.policy import JobRequest, Phase
+
+
+def phase_of(state: JobState) -> Phase | None:
+    """How the policy sees a job's capacity; None for jobs that hold and want nothing."""
+    if state.status is Status.PENDING:
+        return Phase.PENDING
+    if state.status is Status.ACTIVE and not state.stop:
+        return Phase.RUNNING
+    if state.status in (Status.ACTIVE, Status.CANCELLING, Status.CLEANING):
+        return Phase.RELEASING  # still holds its resources until it is gone
+    return None
+
+
+def job_request(name: str, spec: JobSpec | None, state: JobState, now: float) -> JobRequest | None:
+    phase = phase_of(state)
+    if phase is None or spec is None:
+        return None
+    meta = spec.metadata
+    return JobRequest(
+        name=name,
+        project_id=meta.project_id,
+        user_id=meta.user_id,
+        resources=meta.resources,
+        priority=meta.priority,
+        submit_time=state.submit_time or now,
+        phase=phase,
+        start_time=state.start_time,
+        tier=state.tier,
+    )

@@ -1,0 +1,107 @@
+"""Quota through the real daemon: a borrower is preempted when the owner's job needs its room."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.harness import wait_for
+
+QUOTA = """\
+[toml-schema]
+version = "1"
+[total_resources]
+cpu = 4
+[project_membership]
+research = ["alice"]
+prod = ["bob"]
+[project_resources.research]
+cpu = 0.5
+[project_resources.prod]
+cpu = 0.5
+[scheduling]
+min_runtime_seconds = 0
+preemption_grace_seconds = 1
+"""
+
+
+def _write_quota(bastion, text: str = QUOTA) -> None:
+    path = Path(bastion.root, "project-quotas", "project-quotas.config")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def _status(bastion, name):
+    return (bastion.state(name) or {}).get("status")
+
+
+def test_owner_reclaims_borrowed_capacity(bastion, tmp_path):
+    _write_quota(bastion)
+    bastion.start()
+    for name in ("b1", "b2"):  # prod borrows research's idle half
+        bastion.cli("launch", f"--name={name}", "--project_id=prod", "--user_id=bob",
+                    "--resources=cpu=2", "--",
+                    f"echo {name} attempt $BASTION_ATTEMPT; sleep 4; echo {name} done")
+        wait_for(lambda n=name: _status(bastion, n) == "ACTIVE", what=f"{name} running")
+    bastion.cli("launch", "--name=a1", "--project_id=research", "--user_id=alice",
+                "--resources=cpu=2", "--", "echo a1 runs; sleep 1")
+    a1 = bastion.wait_complete("a1", timeout=30)
+    assert a1["state"]["outcome"] == "SUCCEEDED"
+
+    b2 = bastion.wait_complete("b2", timeout=40)  # requeued, restarted, finished
+    b1 = bastion.wait_complete("b1", timeout=40)
+    assert b1["state"]["attempt"] == 1 and b1["state"]["preemptions"] == 0
+    assert b2["state"]["outcome"] == "SUCCEEDED"
+    assert b2["state"]["attempt"] == 2 and b2["state"]["preemptions"] == 1
+    log = bastion.log("b2")
+    assert log.index("b2 attempt 1") < log.index("attempt 2 of b2") < log.index("b2 attempt 2")
+    assert log.count("b2 done") == 1
+    history = bastion.cli("history", "b2").stdout
+    assert "PREEMPT" in history and "a1" in history and "REQUEUED" in history
+    decisions = sorted(Path(bastion.root, "history", "decisions").iterdir())
+    verdicts = [d for p in decisions for d in json.loads(p.read_text())["decisions"]]
+    assert any(d["verdict"] == "PREEMPT" and d["name"] == "b2" and d["preempted_by"] == "a1"
+               for d in verdicts)
+
+
+def test_non_member_and_oversized_jobs_are_rejected(bastion):
+    _write_quota(bastion)
+    bastion.cli("launch", "--name=intruder", "--project_id=research", "--user_id=bob",
+                "--", "true")
+    bastion.cli("launch", "--name=huge", "--project_id=prod", "--user_id=bob",
+                "--resources=cpu=64", "--", "true")
+    bastion.cli("launch", "--name=tpu", "--project_id=prod", "--user_id=bob",
+                "--resources=v4=8", "--", "true")
+    bastion.once()
+    intruder = bastion.complete("intruder")["state"]
+    assert intruder["outcome"] == "REJECTED" and "prod" in intruder["reason"]
+    assert bastion.complete("huge")["state"]["outcome"] == "REJECTED"
+    assert "v4" in bastion.complete("tpu")["state"]["reason"]
+
+
+def test_pending_reason_list_and_why(bastion):
+    _write_quota(bastion)
+    bastion.cli("launch", "--name=big", "--project_id=prod", "--user_id=bob",
+                "--resources=cpu=4", "--", "sleep 30")
+    bastion.once()
+    bastion.cli("launch", "--name=next", "--project_id=prod", "--user_id=bob",
+                "--resources=cpu=2", "--", "true")
+    bastion.once()
+    assert _status(bastion, "next") == "PENDING"
+    reason = bastion.state("next")["reason"]
+    assert reason and "cpu" in reason
+    assert reason[:40] in bastion.cli("list").stdout
+    why = bastion.cli("why", "next").stdout
+    assert "next" in why and "prod" in why and "cpu" in why
+
+
+def test_invalid_quota_file_keeps_last_good(bastion):
+    _write_quota(bastion)
+    bastion.once()
+    _write_quota(bastion, QUOTA.replace("cpu = 0.5\n[project_resources.prod]", "cpu = -1\n"
+                                        "[project_resources.prod]"))
+    bastion.cli("launch", "--name=still", "--project_id=prod", "--user_id=bob",
+                "--resources=cpu=1", "--", "echo ok")
+    bastion.start()
+    assert bastion.wait_complete("still")["state"]["outcome"] == "SUCCEEDED"
+    assert "invalid" in bastion.daemon_output()
