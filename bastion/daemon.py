@@ -22,11 +22,13 @@ from typing import Any
 
 from bastion.jobspec import JobSpec, SpecError, name_problem
 from bastion.jobstate import JobState, Outcome, Status, StopKind
+from bastion.lease import Lease
 from bastion.logsync import LogSync
+from bastion.objects import ObjectInfo, PreconditionFailed
 from bastion.quotas import QuotaSource
 from bastion.runners.local import Launch, LocalRunner
 from bastion.scheduling import job_request
-from bastion.store import DAEMON_LOG, ObjectInfo, Store
+from bastion.store import DAEMON_LOG, Store
 from quota.policy import Decision, Verdict, schedule
 
 log = logging.getLogger("bastion.daemon")
@@ -44,6 +46,7 @@ class Job:
     spec: JobSpec | None = None
     token: str = ""  # listing token of the spec we last read
     written: bytes = b""  # state bytes as last written to (or read from) the bucket
+    state_token: str | None = None  # token of the state object we wrote/read; None: absent
     gone_from_bucket: bool = False
     finalized: bool = False
 
@@ -86,8 +89,10 @@ class Daemon:
         quota: QuotaSource,
         grace_seconds: float = DEFAULT_GRACE_SECONDS,
         max_workers: int = 16,
+        lease: Lease | None = None,
     ) -> None:
         self.store = store
+        self.lease = lease
         self.runner = runner
         self.quota = quota
         self.grace_seconds = grace_seconds
@@ -98,29 +103,54 @@ class Daemon:
         self._decision_records = 0
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers)
         self._stop = threading.Event()
+        self._lost_ownership = False
+        self.info: dict[str, Any] = {}  # published to ROOT/history/daemon when we start acting
 
     # -- the loop --------------------------------------------------------------------------
 
     def run(self, poll_seconds: float, once: bool = False) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self._stop.set())
-        while not self._stop.is_set():
-            started = time.monotonic()
-            try:
-                report = self.cycle(time.time())
-                if report.seconds > poll_seconds:
-                    log.warning(
-                        "cycle took %.2fs, longer than --poll_seconds=%s",
-                        report.seconds,
-                        poll_seconds,
-                    )
-            except Exception:  # a failed listing (bucket outage): log it and try again
-                log.exception("cycle %d failed; retrying in %ss", self.cycles, poll_seconds)
-            if once:
-                break
-            self._stop.wait(max(0.0, poll_seconds - (time.monotonic() - started)))
-        log.info("stopping; running jobs keep running and are adopted by the next daemon")
-        self._sync_daemon_log()
+        try:
+            while not self._stop.is_set():
+                started = time.monotonic()
+                if self.lease is None or self.lease.hold():
+                    self._run_cycle(poll_seconds)
+                else:
+                    self._forget()
+                    self._sync_daemon_log()
+                if once:
+                    break
+                self._stop.wait(max(0.0, poll_seconds - (time.monotonic() - started)))
+        finally:
+            log.info("stopping; running jobs keep running and are adopted by the next daemon")
+            if self.lease is not None:
+                self.lease.release()
+            self._sync_daemon_log()
+
+    def _run_cycle(self, poll_seconds: float) -> None:
+        try:
+            report = self.cycle(time.time())
+            if report.seconds > poll_seconds:
+                log.warning(
+                    "cycle took %.2fs, longer than --poll_seconds=%s", report.seconds, poll_seconds
+                )
+        except Exception:  # a failed listing (bucket outage): log it and try again
+            log.exception("cycle %d failed; retrying in %ss", self.cycles, poll_seconds)
+        if self._lost_ownership:
+            log.error("a state changed under us: another daemon acts on this root; stopping")
+            if self.lease is not None:
+                self.lease.token = None
+            self._forget()
+
+    def _forget(self) -> None:
+        """Drop what we know; if we act again it starts with a full recovery from the bucket."""
+        if self.jobs or self.cycles:
+            log.info("not acting on %s; forgetting in-memory state", self.store.root_url)
+        self.jobs.clear()
+        self.request_tokens.clear()
+        self.cycles = 0
+        self._lost_ownership = False
 
     def cycle(self, now: float) -> CycleReport:
         ops_before = dict(self.store.ops)
@@ -161,6 +191,8 @@ class Daemon:
 
     def _recover(self, specs: dict[str, ObjectInfo]) -> None:
         """First cycle: load every state so running attempts are adopted, not started again."""
+        if self.info:
+            self.store.write_daemon_info({**self.info, "acting_since": time.time()})
         states = self.store.list_states()
         names = sorted(states)
         raws = self._pool.map(self.store.read_state, names)
@@ -172,12 +204,15 @@ class Daemon:
             except (ValueError, TypeError, KeyError) as e:
                 log.error("%s: unreadable state file (%s); treating the job as new", name, e)
                 continue
-            job = Job(name=name, state=state, written=raw)
+            job = Job(name=name, state=state, written=raw, state_token=states[name].token)
             self.jobs[name] = job
             if name not in specs and state.status is not Status.COMPLETED:
                 job.gone_from_bucket = True
             for attr in ("runner", "cleanup_runner"):
                 handle = getattr(state, attr)
+                if handle and handle.get("log_path"):
+                    log_name = Store.log_name(name, cleanup=attr == "cleanup_runner")
+                    self.logs.attach(log_name, handle["log_path"])
                 if handle and not self.runner.adopt(handle):
                     log.warning(
                         "%s: attempt %d ran on host %s; it cannot be adopted here",
@@ -624,11 +659,13 @@ class Daemon:
 
         def write(item: tuple[Job, bytes]) -> None:
             job, raw = item
-            self.store.write_state(job.name, raw)
+            job.state_token = self.store.write_state(job.name, raw, job.state_token)
             job.written = raw
 
         for (job, _), result in zip(dirty, self._pool.map(_quietly(write), dirty), strict=True):
-            if isinstance(result, Exception):
+            if isinstance(result, PreconditionFailed):
+                self._lost_ownership = True
+            elif isinstance(result, Exception):
                 log.error("%s: could not write state (will retry): %s", job.name, result)
         try:
             self.quota.save_usage()  # only needed when something changed (see QuotaSource)

@@ -23,11 +23,20 @@ class LogSync:
         self.store = store
         self.directory = directory
         self._uploaded: dict[str, int] = {}  # log -> mirror bytes known to be in the bucket
+        self._attached: dict[str, str] = {}  # log -> mirror outside our directory
         os.makedirs(directory, exist_ok=True)
+
+    def attach(self, log_name: str, path: str) -> None:
+        """Sync a mirror another daemon created (adopting its running attempt)."""
+        if path != os.path.join(self.directory, log_name) and os.path.exists(path + ".base"):
+            self._attached[log_name] = path
+
+    def _mirror(self, log_name: str) -> str:
+        return self._attached.get(log_name) or os.path.join(self.directory, log_name)
 
     def path(self, log_name: str) -> str:
         """The mirror file for ``log_name``; created (with its base) on first use."""
-        path = os.path.join(self.directory, log_name)
+        path = self._mirror(log_name)
         if not os.path.exists(path + ".base"):
             base = self.store.log_size(log_name)
             open(path, "ab").close()
@@ -38,8 +47,7 @@ class LogSync:
 
     def base(self, log_name: str) -> int:
         """Remote offset where the mirror's first byte lands."""
-        self.path(log_name)
-        with open(os.path.join(self.directory, log_name + ".base")) as f:
+        with open(self.path(log_name) + ".base") as f:
             return int(f.read().strip() or 0)
 
     def write(self, log_name: str, text: str) -> None:
@@ -77,7 +85,7 @@ class LogSync:
 
     def close(self, log_name: str) -> None:
         """Final upload, then forget the mirror (the bucket holds the whole log now)."""
-        path = os.path.join(self.directory, log_name)
+        path = self._mirror(log_name)
         if not os.path.exists(path + ".base"):
             return
         self.flush(log_name)
@@ -85,6 +93,8 @@ class LogSync:
             if os.path.exists(leftover):
                 os.unlink(leftover)
         self._uploaded.pop(log_name, None)
+        self._attached.pop(log_name, None)
 
     def mirrors(self) -> list[str]:
-        return [n[: -len(".base")] for n in os.listdir(self.directory) if n.endswith(".base")]
+        own = [n[: -len(".base")] for n in os.listdir(self.directory) if n.endswith(".base")]
+        return sorted(set(own) | set(self._attached))

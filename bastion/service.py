@@ -11,6 +11,7 @@ import sys
 import time
 
 from bastion.daemon import Daemon
+from bastion.lease import Lease
 from bastion.quotas import QuotaSource, machine_pool
 from bastion.runners.local import LocalRunner
 from bastion.store import Store
@@ -59,13 +60,25 @@ def build_daemon(
     quota_file: str | None = None,
     grace_seconds: float = 30.0,
     gpus: list[int] | None = None,
+    lease_seconds: float | None = None,
 ) -> Daemon:
+    """The daemon with its parts; with ``lease_seconds`` it acts only while it holds the lease."""
     store = Store(root)
-    work_dir = work_dir or default_work_dir(store.root_url)
+    work_dir = os.path.abspath(work_dir or default_work_dir(store.root_url))
     os.makedirs(work_dir, exist_ok=True)
     runner = LocalRunner(work_dir, gpus=gpus)
     quota = QuotaSource(store, quota_file, machine_pool(runner.gpus))
-    return Daemon(store, runner, work_dir, quota, grace_seconds=grace_seconds)
+    lease = None
+    if lease_seconds:
+        host = socket.gethostname()
+        lease = Lease(
+            store,
+            owner=f"{host}:{os.getpid()}:{work_dir}",
+            duration=lease_seconds,
+            # Our predecessor on this host and work dir is dead: we hold its flock.
+            same_owner=lambda r: str(r.get("owner", "")).split(":", 2)[::2] == [host, work_dir],
+        )
+    return Daemon(store, runner, work_dir, quota, grace_seconds=grace_seconds, lease=lease)
 
 
 def start_daemon(
@@ -75,11 +88,12 @@ def start_daemon(
     poll_seconds: float,
     once: bool,
     grace_seconds: float,
+    lease_seconds: float = 60.0,
 ) -> int:
-    work_dir = work_dir or default_work_dir(root)
+    work_dir = os.path.abspath(work_dir or default_work_dir(root))
     os.makedirs(work_dir, exist_ok=True)
     lock = _lock_work_dir(work_dir)
-    daemon = build_daemon(root, work_dir, quota_file, grace_seconds)
+    daemon = build_daemon(root, work_dir, quota_file, grace_seconds, lease_seconds=lease_seconds)
     _setup_logging(daemon.daemon_log_path())
     log.info(
         "bastion daemon pid %d on %s: root %s, work dir %s, quota %s, poll %ss",
@@ -90,17 +104,15 @@ def start_daemon(
         daemon.quota.url,
         poll_seconds,
     )
-    daemon.store.write_daemon_info(
-        {
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "started": time.time(),
-            "pool": daemon.quota.machine_pool,
-            "quota_file": daemon.quota.url,
-            "poll_seconds": poll_seconds,
-            "work_dir": work_dir,
-        }
-    )
+    daemon.info = {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started": time.time(),
+        "pool": daemon.quota.machine_pool,
+        "quota_file": daemon.quota.url,
+        "poll_seconds": poll_seconds,
+        "work_dir": work_dir,
+    }
     try:
         daemon.run(poll_seconds, once=once)
     finally:

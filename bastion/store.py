@@ -1,47 +1,40 @@
 """The bucket store: the only code that knows Bastion's object paths.
 
 Everything goes through fsspec, so a local directory, ``gs://`` (gcsfs) and ``s3://`` (s3fs)
-share one implementation. Every call is counted, because "a steady-state cycle only lists" is
-an invariant we measure (benchmarks/bench_cycle.py), not a hope.
+share one implementation; what a backend does differently (atomic replace, create-if-absent,
+compare-and-swap, append) lives in ``bastion.objects``. Every call is counted, because "a
+steady-state cycle only lists" is an invariant we measure (benchmarks/), not a hope.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import json
 import os
 import threading
 import time
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import fsspec
-from fsspec.implementations.local import LocalFileSystem
 
-from bastion.jobspec import name_problem
+from bastion.objects import LocalObjects, ObjectInfo, PreconditionFailed, objects_for
+
+__all__ = ["ObjectInfo", "PreconditionFailed", "Store", "resolve_root"]
 
 ACTIVE, STATES, USER_STATES, COMPLETE = "active", "states", "user_states", "complete"
 DAEMON_LOG = "_bastion"  # names starting with "_" are never job names
 CLEANUP_SUFFIX = ".cleanup"
 
 
-@dataclass(frozen=True)
-class ObjectInfo:
-    """What a listing says about one object: enough to tell whether it changed."""
-
-    name: str
-    size: int
-    token: str  # generation, ETag or (mtime, size, inode): differs after every rewrite
+def configure_emulator_env() -> None:
+    """gcsfs probes the bucket type over gRPC (60 s timeouts) unless told not to; an emulator
+    has no gRPC endpoint, so users pointing at one would hang. Must run before gcsfs loads."""
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 
-def _token(info: dict[str, Any]) -> str:
-    for key in ("generation", "ETag", "etag", "md5Hash"):
-        if info.get(key):
-            return f"{key}:{info[key]}"
-    return f"{info.get('mtime')}:{info.get('size')}:{info.get('ino')}"
+configure_emulator_env()
 
 
 def default_root() -> str:
@@ -59,20 +52,12 @@ class Store:
         self.root_url = root
         self.fs, path = fsspec.core.url_to_fs(root, **storage_options)
         self.root = path.rstrip("/")
-        self.is_local = isinstance(self.fs, LocalFileSystem)
+        self.objects = objects_for(self.fs)
         self.ops: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
-        if self.is_local:
-            for sub in (
-                f"jobs/{ACTIVE}",
-                f"jobs/{STATES}",
-                f"jobs/{USER_STATES}",
-                f"jobs/{COMPLETE}",
-                "logs",
-                "history/jobs",
-                "history/decisions",
-            ):
-                os.makedirs(self._path(sub), exist_ok=True)
+        if isinstance(self.objects, LocalObjects):  # so a user browsing the root sees the layout
+            for sub in (ACTIVE, STATES, USER_STATES, COMPLETE):
+                os.makedirs(self._path("jobs", sub), exist_ok=True)
 
     # -- bookkeeping -----------------------------------------------------------------------
 
@@ -91,95 +76,46 @@ class Store:
 
     def _list(self, directory: str) -> dict[str, ObjectInfo]:
         self._count("list")
-        path = self._path(directory)
-        self.fs.invalidate_cache(path)
-        try:
-            entries = self.fs.ls(path, detail=True)
-        except FileNotFoundError:
-            return {}
-        found = {}
-        for entry in entries:
-            name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
-            if entry.get("type") == "directory" or name.startswith("."):
-                continue  # temporary files of atomic writes start with "."
-            found[name] = ObjectInfo(name, int(entry.get("size") or 0), _token(entry))
-        return found
+        return self.objects.list(self._path(directory))
 
     def _read(self, *parts: str) -> bytes | None:
         self._count("read")
-        try:
-            return self.fs.cat_file(self._path(*parts))
-        except FileNotFoundError:
-            return None
+        return self.objects.read(self._path(*parts))
 
     def _write(self, data: bytes, *parts: str) -> None:
         """Replace an object atomically: readers see the old or the new bytes, never half."""
         self._count("write")
-        path = self._path(*parts)
-        if self.is_local:
-            directory, name = path.rsplit("/", 1)
-            tmp = f"{directory}/.{name}.{uuid.uuid4().hex[:8]}.tmp"
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        else:
-            self.fs.pipe_file(path, data)
+        self.objects.write(self._path(*parts), data)
+
+    def _write_if(self, data: bytes, expected: str | None, *parts: str) -> str:
+        """Compare-and-swap on the object's token; returns the new token."""
+        self._count("write")
+        return self.objects.write_if(self._path(*parts), data, expected)
 
     def _create(self, data: bytes, *parts: str) -> bool:
         """Write only if absent; False when the object already exists."""
         self._count("write")
-        path = self._path(*parts)
-        if self.is_local:
-            directory, name = path.rsplit("/", 1)
-            tmp = f"{directory}/.{name}.{uuid.uuid4().hex[:8]}.tmp"
-            with open(tmp, "wb") as f:
-                f.write(data)
-            try:
-                os.link(tmp, path)  # atomic create-if-absent
-            except FileExistsError:
-                return False
-            finally:
-                os.unlink(tmp)
-            return True
-        try:
-            self.fs.pipe_file(path, data, mode="create")
-        except FileExistsError:
-            return False
-        return True
+        return self.objects.create(self._path(*parts), data)
 
     def _delete(self, *parts: str) -> None:
         self._count("delete")
-        with contextlib.suppress(FileNotFoundError):
-            self.fs.rm_file(self._path(*parts))
+        self.objects.delete(self._path(*parts))
+
+    def _info(self, *parts: str) -> ObjectInfo | None:
+        self._count("info")
+        return self.objects.info(self._path(*parts))
 
     def _size(self, *parts: str) -> int:
-        self._count("info")
-        try:
-            return int(self.fs.size(self._path(*parts)) or 0)
-        except FileNotFoundError:
-            return 0
+        info = self._info(*parts)
+        return info.size if info else 0
 
     def _read_range(self, start: int, *parts: str) -> bytes:
         self._count("read")
-        try:
-            return self.fs.cat_file(self._path(*parts), start=start)
-        except FileNotFoundError:
-            return b""
+        return self.objects.read(self._path(*parts), start=start) or b""
 
     def _append(self, data: bytes, *parts: str) -> None:
         self._count("append")
-        path = self._path(*parts)
-        if self.is_local:
-            with open(path, "ab") as f:
-                f.write(data)
-            return
-        # Generic fallback: read-modify-write (O(object size)); backends with a native
-        # append (GCS compose) override this.
-        try:
-            old = self.fs.cat_file(path)
-        except FileNotFoundError:
-            old = b""
-        self.fs.pipe_file(path, old + data)
+        self.objects.append(self._path(*parts), data)
 
     # -- job specs (written by users) ------------------------------------------------------
 
@@ -207,8 +143,12 @@ class Store:
     def read_state(self, name: str) -> bytes | None:
         return self._read("jobs", STATES, name)
 
-    def write_state(self, name: str, data: bytes) -> None:
-        self._write(data, "jobs", STATES, name)
+    def write_state(self, name: str, data: bytes, expected: str | None = None) -> str:
+        """Write a state only if it is still at ``expected`` (None: absent); new token.
+
+        Raises PreconditionFailed when someone else wrote it since: a stale daemon must not
+        overwrite what the current one decided."""
+        return self._write_if(data, expected, "jobs", STATES, name)
 
     def delete_state(self, name: str) -> None:
         self._delete("jobs", STATES, name)
@@ -302,6 +242,22 @@ class Store:
     def write_usage(self, data: dict[str, Any]) -> None:
         self._write(json.dumps(data, sort_keys=True).encode(), "history", "usage")
 
+    # -- the lease: one daemon per root ------------------------------------------------------
+
+    def read_lease(self) -> tuple[dict[str, Any], str] | None:
+        """The lease record and its token, or None when nobody ever held it."""
+        info = self._info("lease")
+        raw = self._read("lease") if info else None
+        if info is None or raw is None:
+            return None
+        try:
+            return json.loads(raw), info.token
+        except ValueError:
+            return {}, info.token  # unreadable: treat as held by nobody we know
+
+    def write_lease(self, record: dict[str, Any], expected: str | None) -> str:
+        return self._write_if(json.dumps(record, sort_keys=True).encode(), expected, "lease")
+
     # -- quota file ------------------------------------------------------------------------
 
     def default_quota_url(self) -> str:
@@ -311,17 +267,10 @@ class Store:
         """Change token of any object (the quota file may live in another bucket)."""
         self._count("info")
         fs, path = fsspec.core.url_to_fs(url)
-        fs.invalidate_cache(path)
-        try:
-            return _token(fs.info(path))
-        except FileNotFoundError:
-            return None
+        info = objects_for(fs).info(path)
+        return info.token if info else None
 
     def read_url(self, url: str) -> bytes:
         self._count("read")
         fs, path = fsspec.core.url_to_fs(url)
         return fs.cat_file(path)
-
-
-def is_job_name(name: str) -> bool:
-    return name_problem(name) is None

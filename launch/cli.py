@@ -66,6 +66,12 @@ flags.DEFINE_string(
     "files (default: ~/.local/state/bastion/<hash of root>).",
 )
 flags.DEFINE_float("grace_seconds", 30.0, "start: SIGTERM -> SIGKILL grace period on cancel.")
+flags.DEFINE_float(
+    "lease_seconds",
+    60.0,
+    "start: a second daemon on the same root takes over only after the holder's lease stayed "
+    "unrenewed this long (0: no lease, for a root only one daemon will ever use).",
+)
 flags.DEFINE_string(
     "quota_file", None, "Quota TOML URL (default: ROOT/project-quotas/project-quotas.config)."
 )
@@ -109,6 +115,7 @@ def cmd_start(args: Sequence[str]) -> int:
         poll_seconds=FLAGS.poll_seconds,
         once=FLAGS.once,
         grace_seconds=FLAGS.grace_seconds,
+        lease_seconds=FLAGS.lease_seconds,
     )
 
 

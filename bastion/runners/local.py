@@ -106,6 +106,7 @@ class LocalRunner:
             "pgid": proc.pid,
             "create_time": psutil.Process(proc.pid).create_time(),
             "exit_file": exit_file,
+            "log_path": launch.log_path,
             "gpus": gpus,
         }
 

@@ -1,0 +1,261 @@
+"""Object primitives per fsspec backend: the few things a bucket must do that fsspec lacks.
+
+fsspec gives one interface for listing, reading and writing; what differs between a local
+directory, GCS and S3 is how to replace an object atomically, create it only if absent,
+replace it only if nobody else changed it (compare-and-swap on a generation), and append.
+One class per backend, picked by ``objects_for(fs)`` from a small registry, like fsspec's own.
+These classes know nothing of Bastion's paths; ``bastion.store`` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from fsspec import AbstractFileSystem
+from fsspec.implementations.local import LocalFileSystem
+
+log = logging.getLogger(__name__)
+
+
+class PreconditionFailed(Exception):
+    """A conditional write lost: the object changed (or appeared) since it was read."""
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What a listing says about one object: enough to tell whether it changed."""
+
+    name: str
+    size: int
+    token: str  # generation (GCS), ETag (S3) or inode:mtime:size (local); new on every write
+
+
+class Objects:
+    """Generic fsspec backend: plain writes, best-effort conditions, read-modify-write append."""
+
+    def __init__(self, fs: AbstractFileSystem) -> None:
+        self.fs = fs
+
+    @staticmethod
+    def token(info: dict[str, Any]) -> str:
+        for key in ("generation", "ETag", "etag"):
+            if info.get(key):
+                return str(info[key]).strip('"')
+        return f"{info.get('mtime')}:{info.get('size')}"
+
+    def list(self, directory: str) -> dict[str, ObjectInfo]:
+        self.fs.invalidate_cache(directory)
+        try:
+            entries = self.fs.ls(directory, detail=True)
+        except FileNotFoundError:
+            return {}
+        found = {}
+        for entry in entries:
+            name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
+            if entry.get("type") == "directory" or name.startswith("."):
+                continue  # temporary files and parts start with "."
+            found[name] = ObjectInfo(name, int(entry.get("size") or 0), self.token(entry))
+        return found
+
+    def info(self, path: str) -> ObjectInfo | None:
+        self.fs.invalidate_cache(path)
+        try:
+            info = self.fs.info(path)
+        except FileNotFoundError:
+            return None
+        return ObjectInfo(path.rsplit("/", 1)[-1], int(info.get("size") or 0), self.token(info))
+
+    def read(self, path: str, start: int | None = None) -> bytes | None:
+        try:
+            return self.fs.cat_file(path, start=start)
+        except FileNotFoundError:
+            return None
+
+    def write(self, path: str, data: bytes) -> None:
+        self.fs.pipe_file(path, data)
+
+    def create(self, path: str, data: bytes) -> bool:
+        """Write only if absent; False when the object already exists."""
+        try:
+            self.fs.pipe_file(path, data, mode="create")
+        except FileExistsError:
+            # A retried request may have created it on its first try: then it is ours.
+            return self.read(path) == data
+        return True
+
+    def write_if(self, path: str, data: bytes, expected: str | None) -> str:
+        """Replace only if the object's token is ``expected`` (None: absent); new token."""
+        current = self.info(path)
+        if (current.token if current else None) != expected:
+            raise PreconditionFailed(f"{path} changed (token {current and current.token})")
+        self.write(path, data)
+        after = self.info(path)
+        return after.token if after else ""
+
+    def append(self, path: str, data: bytes) -> None:
+        old = self.read(path) or b""
+        self.write(path, old + data)
+
+    def delete(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(path)
+
+
+class LocalObjects(Objects):
+    """A local directory: rename for atomicity, link for create, a lock file for conditions."""
+
+    @staticmethod
+    def token(info: dict[str, Any]) -> str:
+        return f"{info.get('ino')}:{info.get('mtime')}:{info.get('size')}"
+
+    def _stat_token(self, path: str) -> str | None:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        return self.token({"ino": st.st_ino, "mtime": st.st_mtime, "size": st.st_size})
+
+    def info(self, path: str) -> ObjectInfo | None:
+        token = self._stat_token(path)
+        if token is None:
+            return None
+        return ObjectInfo(path.rsplit("/", 1)[-1], os.path.getsize(path), token)
+
+    def _temp(self, path: str, data: bytes) -> str:
+        directory, name = path.rsplit("/", 1)
+        os.makedirs(directory, exist_ok=True)
+        tmp = f"{directory}/.{name}.{uuid.uuid4().hex[:8]}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        return tmp
+
+    def write(self, path: str, data: bytes) -> None:
+        os.replace(self._temp(path, data), path)  # readers see old or new bytes, never half
+
+    def create(self, path: str, data: bytes) -> bool:
+        tmp = self._temp(path, data)
+        try:
+            os.link(tmp, path)  # atomic create-if-absent
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+        return True
+
+    def write_if(self, path: str, data: bytes, expected: str | None) -> str:
+        directory = path.rsplit("/", 1)[0]
+        os.makedirs(directory, exist_ok=True)
+        with open(f"{directory}/.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            current = self._stat_token(path)
+            if current != expected:
+                raise PreconditionFailed(f"{path} changed since it was read")
+            self.write(path, data)
+            return self._stat_token(path) or ""
+
+    def append(self, path: str, data: bytes) -> None:
+        os.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        with open(path, "ab") as f:
+            f.write(data)
+
+
+class GcsObjects(Objects):
+    """GCS via gcsfs: generation preconditions on multipart uploads, compose for appends."""
+
+    def write_if(self, path: str, data: bytes, expected: str | None) -> str:
+        bucket, key, _ = self.fs.split_path(path)
+        body = (
+            b"--==0==\nContent-Type: application/json; charset=UTF-8\n\n"
+            + json.dumps({"name": key}).encode()
+            + b"\n--==0==\nContent-Type: application/octet-stream\n\n"
+            + data
+            + b"\n--==0==--"
+        )
+        try:
+            result = self.fs.call(
+                "POST",
+                f"{self.fs._location}/upload/storage/v1/b/{bucket}/o",
+                uploadType="multipart",
+                ifGenerationMatch=expected or "0",
+                headers={"Content-Type": 'multipart/related; boundary="==0=="'},
+                data=body,
+                json_out=True,
+            )
+        except Exception as e:
+            if getattr(e, "code", None) == 412 or isinstance(e, FileExistsError):
+                if self.read(path) == data:  # our own first try succeeded, then was retried
+                    current = self.info(path)
+                    return current.token if current else ""
+                raise PreconditionFailed(f"{path} changed since it was read") from e
+            raise
+        self.fs.invalidate_cache(path)
+        return str(result["generation"])
+
+    def append(self, path: str, data: bytes) -> None:
+        """Upload the bytes as a part, compose [object, part] into the object: O(new bytes).
+
+        gcsfs retries failed requests itself; a compose that succeeded but whose answer was
+        lost would be applied twice by such a retry. So the size is checked after a failure,
+        and the compose is never repeated once the object grew by the part.
+        """
+        before = self.info(path)
+        if before is None:
+            self.write(path, data)
+            return
+        directory, name = path.rsplit("/", 1)
+        part = f"{directory}/.{name}.{uuid.uuid4().hex[:8]}.part"
+        self.write(part, data)
+        try:
+            for attempt in range(5):
+                try:
+                    self._compose(path, part, before.token)
+                    return
+                except Exception as e:
+                    now = self.info(path)
+                    if now is not None and now.size == before.size + len(data):
+                        return
+                    if attempt == 4:
+                        raise
+                    log.warning("compose of %s failed (%s); retrying", path, e)
+                    time.sleep(min(8.0, 0.5 * 2**attempt))
+        finally:
+            self.delete(part)
+
+    def _compose(self, path: str, part: str, generation: str) -> None:
+        """compose [path, part] -> path, only if path is still at ``generation``."""
+        bucket, key, _ = self.fs.split_path(path)
+        self.fs.call(
+            "POST",
+            "b/{}/o/{}/compose",
+            bucket,
+            key,
+            ifGenerationMatch=generation,
+            headers={"Content-Type": "application/json"},
+            json={
+                "kind": "storage#composeRequest",
+                "sourceObjects": [{"name": key}, {"name": self.fs.split_path(part)[1]}],
+                "destination": {"name": key, "bucket": bucket},
+            },
+        )
+        self.fs.invalidate_cache(path)
+
+
+_REGISTRY: dict[str, type[Objects]] = {"gs": GcsObjects, "gcs": GcsObjects}
+
+
+def objects_for(fs: AbstractFileSystem) -> Objects:
+    if isinstance(fs, LocalFileSystem):
+        return LocalObjects(fs)
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    for protocol in protocols:
+        if protocol in _REGISTRY:
+            return _REGISTRY[protocol](fs)
+    return Objects(fs)
