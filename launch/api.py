@@ -13,6 +13,7 @@ Everything here needs nothing but access to the bucket, so it works from any mac
 
 from __future__ import annotations
 
+import codecs
 import concurrent.futures
 import datetime as dt
 import getpass
@@ -37,6 +38,9 @@ __all__ = [
     "default_user",
     "new_jobspec",
 ]
+
+
+MAX_FOLLOW_FAILURES = 10
 
 
 class UnknownJob(LookupError):
@@ -191,30 +195,43 @@ class Client:
     def follow_log(
         self, name: str, poll_seconds: float = 1.0, timeout: float | None = None
     ) -> Iterator[str]:
-        """Yield log text as it is written; returns once the job is finished."""
+        """Yield log text as it is written; returns once the job is finished.
+
+        A failed bucket request is retried (the bucket may be briefly unreachable); only
+        ``MAX_FOLLOW_FAILURES`` failures in a row give up."""
         deadline = None if timeout is None else time.monotonic() + timeout
         info = self.get(name)
         offset: int | None = None
-        decoder = _Utf8Decoder()
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        failures = 0
         while True:
-            if offset is None and info.state is not None and info.state.attempt > 0:
-                offset = info.state.log_start
-            if offset is not None:
-                data = self.store.read_log(name, offset)
-                offset += len(data)
-                if data:
-                    yield decoder.decode(data)
-            if info.finished:
-                if offset is None and info.state and info.state.outcome is Outcome.REJECTED:
-                    yield f"[bastion] job {name} was rejected: {info.state.reason}\n"
-                tail = decoder.decode(b"", final=True)
-                if tail:
-                    yield tail
-                return
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"job {name!r} still {info.status} after {timeout}s")
-            time.sleep(poll_seconds)
-            info = self.get(name)
+            try:
+                if offset is None and info.state is not None and info.state.attempt > 0:
+                    offset = info.state.log_start
+                if offset is not None:
+                    data = self.store.read_log(name, offset)
+                    offset += len(data)
+                    if data:
+                        yield decoder.decode(data)
+                if info.finished:
+                    if offset is None and info.state and info.state.outcome is Outcome.REJECTED:
+                        yield f"[bastion] job {name} was rejected: {info.state.reason}\n"
+                    tail = decoder.decode(b"", final=True)
+                    if tail:
+                        yield tail
+                    return
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"job {name!r} still {info.status} after {timeout}s")
+                time.sleep(poll_seconds)
+                info = self.get(name)
+                failures = 0
+            except (UnknownJob, TimeoutError):
+                raise
+            except Exception:
+                failures += 1
+                if failures >= MAX_FOLLOW_FAILURES:
+                    raise
+                time.sleep(min(30.0, poll_seconds * 2**failures))
 
     def wait(self, name: str, poll_seconds: float = 1.0, timeout: float | None = None) -> JobInfo:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -225,18 +242,6 @@ class Client:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"job {name!r} still {info.status} after {timeout}s")
             time.sleep(poll_seconds)
-
-
-class _Utf8Decoder:
-    """Decode a byte stream that may split multi-byte characters across reads."""
-
-    def __init__(self) -> None:
-        import codecs
-
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def decode(self, data: bytes, final: bool = False) -> str:
-        return self._decoder.decode(data, final)
 
 
 def _spec_or_none(raw: bytes) -> JobSpec | None:

@@ -1,10 +1,39 @@
+import os
+import uuid
+
 import pytest
 
+from tests.gcs_emulator import GcsEmulator
 from tests.harness import Bastion
+
+BUCKET = "bastion-test"
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator(tmp_path_factory):
+    """One emulator for the session; each test gets its own prefix in one bucket."""
+    emulator = GcsEmulator(tmp_path_factory.mktemp("gcs")).start()
+    emulator.create_bucket(BUCKET)
+    os.environ["STORAGE_EMULATOR_HOST"] = emulator.endpoint
+    os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
+    yield emulator
+    emulator.stop()
+
+
+@pytest.fixture(params=["local", "gcs"])
+def bastion(request, tmp_path):
+    """A Bastion root on a local directory, and the same on gs:// (the GCS emulator)."""
+    root = None
+    if request.param == "gcs":
+        request.getfixturevalue("gcs_emulator")
+        root = f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}"
+    b = Bastion(tmp_path, root=root)
+    yield b
+    b.close()
 
 
 @pytest.fixture
-def bastion(tmp_path):
+def local_bastion(tmp_path):
     b = Bastion(tmp_path)
     yield b
     b.close()

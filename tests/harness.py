@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -14,11 +15,17 @@ from typing import Any
 
 import psutil
 
+from bastion.store import Store
+
 REPO = Path(__file__).resolve().parent.parent
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.1,
-             what: str = "condition") -> Any:
+def wait_for(
+    predicate: Callable[[], Any],
+    timeout: float = 30.0,
+    interval: float = 0.1,
+    what: str = "condition",
+) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -44,23 +51,41 @@ class Bastion:
             "PYTHONPATH": str(REPO),
         }
         self.daemons: list[subprocess.Popen[bytes]] = []
+        self._store: Store | None = None
 
-    def cli(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    def cli(
+        self, *args: str, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
-            [sys.executable, "-m", "launch.cli", *args], env=self.env, cwd=REPO,
-            capture_output=True, text=True, timeout=timeout,
+            [sys.executable, "-m", "launch.cli", *args],
+            env=self.env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
         if check and proc.returncode != 0:
-            raise AssertionError(f"bastion {' '.join(args)} exited {proc.returncode}:\n"
-                                 f"{proc.stdout}\n{proc.stderr}")
+            raise AssertionError(
+                f"bastion {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+            )
         return proc
 
     def start(self, *args: str, poll: float = 0.2) -> subprocess.Popen[bytes]:
-        out = open(self.tmp / f"daemon-{len(self.daemons)}.out", "wb")
+        out = open(self.tmp / f"daemon-{len(self.daemons)}.out", "wb")  # noqa: SIM115
         proc = subprocess.Popen(
-            [sys.executable, "-m", "launch.cli", "start", f"--poll_seconds={poll}",
-             f"--work_dir={self.work_dir}", *args],
-            env=self.env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "launch.cli",
+                "start",
+                f"--poll_seconds={poll}",
+                f"--work_dir={self.work_dir}",
+                *args,
+            ],
+            env=self.env,
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
         self.daemons.append(proc)
         return proc
@@ -71,21 +96,43 @@ class Bastion:
     def once(self, *args: str) -> None:
         self.cli("start", "--once", f"--work_dir={self.work_dir}", *args)
 
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            self._store = Store(self.root)
+        return self._store
+
+    def read(self, *parts: str) -> bytes | None:
+        """Any object under the root, through fsspec (works for a directory and gs://)."""
+        return self.store.objects.read("/".join((self.store.root, *parts)))
+
+    def put(self, *parts: str, data: str | bytes) -> None:
+        raw = data.encode() if isinstance(data, str) else data
+        self.store.objects.write("/".join((self.store.root, *parts)), raw)
+
+    def exists(self, *parts: str) -> bool:
+        return self.read(*parts) is not None
+
+    def listdir(self, *parts: str) -> list[str]:
+        return sorted(self.store.objects.list("/".join((self.store.root, *parts))))
+
     def state(self, name: str) -> dict[str, Any] | None:
-        path = Path(self.root, "jobs", "states", name)
-        return json.loads(path.read_text()) if path.exists() else None
+        raw = self.read("jobs", "states", name)
+        return json.loads(raw) if raw else None
 
     def complete(self, name: str) -> dict[str, Any] | None:
-        path = Path(self.root, "jobs", "complete", name)
-        return json.loads(path.read_text()) if path.exists() else None
+        raw = self.read("jobs", "complete", name)
+        return json.loads(raw) if raw else None
 
     def wait_complete(self, name: str, timeout: float = 30.0) -> dict[str, Any]:
-        return wait_for(lambda: self.complete(name), timeout, what=f"{name} to complete\n"
-                        f"{self.daemon_output()[-3000:]}")
+        try:
+            return wait_for(lambda: self.complete(name), timeout, what=f"{name} to complete")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\ndaemon output:\n{self.daemon_output()[-4000:]}") from None
 
     def log(self, name: str) -> str:
-        path = Path(self.root, "logs", name)
-        return path.read_text() if path.exists() else ""
+        raw = self.read("logs", name)
+        return raw.decode(errors="replace") if raw else ""
 
     def job_processes(self) -> list[psutil.Process]:
         found = []
@@ -107,7 +154,5 @@ class Bastion:
                     proc.kill()
                     proc.wait()
         for proc in self.job_processes():
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 proc.kill()
-            except psutil.NoSuchProcess:
-                pass

@@ -15,8 +15,10 @@ def test_python_api_round_trip(bastion):
                        priority=2, env_vars={"K": "V"})
     assert JobSpec.loads(spec.dumps()).to_json() == spec.to_json()
     client.submit(spec)
+    client.submit(spec)  # the same submission again (a retry) is idempotent
+    other = new_jobspec(name="api-job", command="true", user_id="bob", project_id="default")
     with pytest.raises(JobExists, match="already active"):
-        client.submit(spec)
+        client.submit(other)
     (listed,) = client.list_jobs()
     assert listed.name == "api-job" and listed.status == "SUBMITTED"
     assert listed.spec.metadata.priority == 2

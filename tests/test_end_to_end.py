@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import time
-from pathlib import Path
 
 import psutil
 
@@ -27,8 +26,8 @@ def test_launch_logs_follow_list_history(bastion):
     record = bastion.wait_complete("hello")
     assert record["state"]["outcome"] == "SUCCEEDED"
     assert record["state"]["exit_code"] == 0
-    assert not Path(bastion.root, "jobs", "active", "hello").exists()
-    assert not Path(bastion.root, "jobs", "states", "hello").exists()
+    assert not bastion.exists("jobs", "active", "hello")
+    assert not bastion.exists("jobs", "states", "hello")
 
     assert "hello" not in bastion.cli("list").stdout
     table = bastion.cli("list", "--all").stdout
@@ -128,10 +127,8 @@ def test_kill_9_daemon_notices_job_finished_while_down(bastion, tmp_path):
 
 
 def test_malformed_spec_is_rejected_and_others_run(bastion):
-    active = Path(bastion.root, "jobs", "active")
-    active.mkdir(parents=True)
-    (active / "broken").write_text("{this is not json")
-    (active / "wrongtype").write_text(json.dumps({
+    bastion.put("jobs", "active", "broken", data="{this is not json")
+    bastion.put("jobs", "active", "wrongtype", data=json.dumps({
         "version": 1, "name": "wrongtype", "command": "true", "cleanup_command": None,
         "env_vars": None, "metadata": {"user_id": "u", "project_id": "default",
                                        "creation_time": "2026-01-01 00:00:00.000000",
@@ -145,15 +142,15 @@ def test_malformed_spec_is_rejected_and_others_run(bastion):
     assert broken["spec_text"] == "{this is not json"
     wrong = bastion.wait_complete("wrongtype")
     assert "metadata.resources.cpu" in wrong["state"]["reason"]
-    assert not (active / "broken").exists()
+    assert not bastion.exists("jobs", "active", "broken")
 
 
 def test_name_mismatch_is_rejected_never_acted_on(bastion, tmp_path):
     marker = tmp_path / "ran"
     bastion.cli("launch", "--name=victim", "--", "sleep 3")
-    spec = json.loads(Path(bastion.root, "jobs", "active", "victim").read_text())
+    spec = json.loads(bastion.read("jobs", "active", "victim"))
     spec["command"] = f"touch {marker}"
-    Path(bastion.root, "jobs", "active", "impostor").write_text(json.dumps(spec))
+    bastion.put("jobs", "active", "impostor", data=json.dumps(spec))
     bastion.start()
     impostor = bastion.wait_complete("impostor")
     assert impostor["state"]["outcome"] == "REJECTED"
@@ -163,24 +160,22 @@ def test_name_mismatch_is_rejected_never_acted_on(bastion, tmp_path):
 
 
 def test_axlearn_spec_runs(bastion):
-    Path(bastion.root, "jobs", "active").mkdir(parents=True)
     spec = {"version": 1, "name": "ax1", "command": "echo from axlearn", "cleanup_command": None,
             "env_vars": {"X": "1"},
             "metadata": {"user_id": "alice", "project_id": "default",
                          "creation_time": "2026-01-01 12:00:00.000000", "resources": {"cpu": 1},
                          "priority": 3, "job_id": None, "version": None, "scaling_specs": None}}
-    Path(bastion.root, "jobs", "active", "ax1").write_text(json.dumps(spec))
+    bastion.put("jobs", "active", "ax1", data=json.dumps(spec))
     bastion.start()
     assert bastion.wait_complete("ax1")["state"]["outcome"] == "SUCCEEDED"
     assert "from axlearn" in bastion.log("ax1")
 
 
 def test_stale_cancel_is_deleted_not_applied_to_later_job(bastion):
-    requests = Path(bastion.root, "jobs", "user_states")
-    requests.mkdir(parents=True)
-    (requests / "later").write_text(json.dumps({"status": "CANCELLING", "metadata": {}}))
+    bastion.put("jobs", "user_states", "later",
+                data=json.dumps({"status": "CANCELLING", "metadata": {}}))
     bastion.once()
-    assert not (requests / "later").exists()
+    assert not bastion.exists("jobs", "user_states", "later")
     bastion.cli("launch", "--name=later", "--", "echo survived")
     bastion.start()
     assert bastion.wait_complete("later")["state"]["outcome"] == "SUCCEEDED"
@@ -188,8 +183,8 @@ def test_stale_cancel_is_deleted_not_applied_to_later_job(bastion):
 
 def test_cancel_for_an_earlier_job_of_same_name_is_stale(bastion):
     bastion.cli("launch", "--name=again", "--", "sleep 1")
-    Path(bastion.root, "jobs", "user_states", "again").write_text(
-        json.dumps({"status": "CANCELLING", "job_identity": "some-earlier-job"}))
+    bastion.put("jobs", "user_states", "again",
+                data=json.dumps({"status": "CANCELLING", "job_identity": "some-earlier-job"}))
     bastion.start()
     assert bastion.wait_complete("again")["state"]["outcome"] == "SUCCEEDED"
 
@@ -219,7 +214,7 @@ def test_resubmitted_name_shows_only_its_own_log(bastion):
     bastion.start()
     bastion.cli("launch", "--name=twice", "--", "echo first run")
     bastion.wait_complete("twice")
-    os.unlink(Path(bastion.root, "jobs", "complete", "twice"))
+    bastion.store.objects.delete(f"{bastion.store.root}/jobs/complete/twice")
     bastion.cli("launch", "--name=twice", "--", "echo second run")
     bastion.wait_complete("twice")
     out = bastion.cli("logs", "twice").stdout

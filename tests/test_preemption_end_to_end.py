@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from tests.harness import wait_for
 
@@ -26,9 +25,7 @@ preemption_grace_seconds = 1
 
 
 def _write_quota(bastion, text: str = QUOTA) -> None:
-    path = Path(bastion.root, "project-quotas", "project-quotas.config")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    bastion.put("project-quotas", "project-quotas.config", data=text)
 
 
 def _status(bastion, name):
@@ -58,8 +55,8 @@ def test_owner_reclaims_borrowed_capacity(bastion, tmp_path):
     assert log.count("b2 done") == 1
     history = bastion.cli("history", "b2").stdout
     assert "PREEMPT" in history and "a1" in history and "REQUEUED" in history
-    decisions = sorted(Path(bastion.root, "history", "decisions").iterdir())
-    verdicts = [d for p in decisions for d in json.loads(p.read_text())["decisions"]]
+    verdicts = [d for stamp in bastion.listdir("history", "decisions")
+                for d in json.loads(bastion.read("history", "decisions", stamp))["decisions"]]
     assert any(d["verdict"] == "PREEMPT" and d["name"] == "b2" and d["preempted_by"] == "a1"
                for d in verdicts)
 
