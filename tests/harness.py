@@ -70,7 +70,14 @@ class Bastion:
             )
         return proc
 
-    def start(self, *args: str, poll: float = 0.2) -> subprocess.Popen[bytes]:
+    def start(
+        self,
+        *args: str,
+        poll: float = 0.2,
+        work_dir: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.Popen[bytes]:
+        """A daemon subprocess; ``env`` overrides variables (e.g. a proxy's emulator host)."""
         out = open(self.tmp / f"daemon-{len(self.daemons)}.out", "wb")  # noqa: SIM115
         proc = subprocess.Popen(
             [
@@ -79,10 +86,10 @@ class Bastion:
                 "launch.cli",
                 "start",
                 f"--poll_seconds={poll}",
-                f"--work_dir={self.work_dir}",
+                f"--work_dir={work_dir or self.work_dir}",
                 *args,
             ],
-            env=self.env,
+            env={**self.env, **(env or {})},
             cwd=REPO,
             stdout=out,
             stderr=subprocess.STDOUT,
