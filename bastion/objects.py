@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib
 import json
 import logging
 import os
@@ -255,7 +256,17 @@ class GcsObjects(Objects):
         self.fs.invalidate_cache(path)
 
 
-_REGISTRY: dict[str, type[Objects]] = {"gs": GcsObjects, "gcs": GcsObjects}
+# protocol -> class, or "module:Class" imported on first use (as fsspec's own registry does)
+_REGISTRY: dict[str, type[Objects] | str] = {
+    "gs": GcsObjects,
+    "gcs": GcsObjects,
+    "s3": "bastion.objects_s3:S3Objects",
+    "s3a": "bastion.objects_s3:S3Objects",
+}
+
+
+def register(protocol: str, objects: type[Objects] | str) -> None:
+    _REGISTRY[protocol] = objects
 
 
 def objects_for(fs: AbstractFileSystem) -> Objects:
@@ -263,6 +274,10 @@ def objects_for(fs: AbstractFileSystem) -> Objects:
         return LocalObjects(fs)
     protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
     for protocol in protocols:
-        if protocol in _REGISTRY:
-            return _REGISTRY[protocol](fs)
+        entry = _REGISTRY.get(protocol)
+        if isinstance(entry, str):
+            module, _, name = entry.partition(":")
+            entry = _REGISTRY[protocol] = getattr(importlib.import_module(module), name)
+        if entry is not None:
+            return entry(fs)
     return Objects(fs)

@@ -47,10 +47,25 @@ def resolve_root(root: str | None) -> str:
     return root or os.environ.get("BASTION_ROOT") or default_root()
 
 
+REQUEST_TIMEOUT_SECONDS = 60.0  # one bucket request; gcsfs retries transient failures itself
+
+
+def _default_options(root: str, options: dict[str, Any]) -> dict[str, Any]:
+    """Every bucket call gets a timeout: a hung request must not hang the daemon's cycle."""
+    if fsspec.utils.get_protocol(root) in ("gs", "gcs"):
+        import aiohttp
+
+        options.setdefault(
+            "requests_timeout",
+            aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS, sock_connect=10),
+        )
+    return options
+
+
 class Store:
     def __init__(self, root: str, **storage_options: Any) -> None:
         self.root_url = root
-        self.fs, path = fsspec.core.url_to_fs(root, **storage_options)
+        self.fs, path = fsspec.core.url_to_fs(root, **_default_options(root, storage_options))
         self.root = path.rstrip("/")
         self.objects = objects_for(self.fs)
         self.ops: collections.Counter[str] = collections.Counter()
