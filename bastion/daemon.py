@@ -98,7 +98,6 @@ class Daemon:
         self.grace_seconds = grace_seconds
         self.logs = LogSync(store, os.path.join(work_dir, "logs"))
         self.jobs: dict[str, Job] = {}
-        self.request_tokens: dict[str, str] = {}
         self.cycles = 0
         self._decision_records = 0
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers)
@@ -148,7 +147,6 @@ class Daemon:
         if self.jobs or self.cycles:
             log.info("not acting on %s; forgetting in-memory state", self.store.root_url)
         self.jobs.clear()
-        self.request_tokens.clear()
         self.cycles = 0
         self._lost_ownership = False
 
@@ -303,17 +301,12 @@ class Daemon:
         return spec, ""
 
     def _apply_requests(self, requests: dict[str, ObjectInfo], now: float) -> None:
-        for name in list(self.request_tokens):
-            if name not in requests:
-                del self.request_tokens[name]
-        for name, info in requests.items():
-            if self.request_tokens.get(name) == info.token:
-                continue
-            self.request_tokens[name] = info.token
+        """Requests are deleted once applied, so any that is listed still needs applying."""
+        for name in requests:
             try:
                 self._apply_request(name, now)
             except Exception:
-                log.exception("%s: could not apply the user request", name)
+                log.exception("%s: could not apply the user request; will retry", name)
 
     def _apply_request(self, name: str, now: float) -> None:
         raw = self.store.read_request(name)
@@ -341,7 +334,6 @@ class Daemon:
             who = request.get("user_id") or "a user"
             self._cancel(job, f"cancelled by {who}", now)
         self.store.delete_request(name)
-        self.request_tokens.pop(name, None)
 
     # -- the state machine -----------------------------------------------------------------
 
