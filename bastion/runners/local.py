@@ -80,10 +80,10 @@ class LocalRunner:
             if os.path.exists(stale):
                 os.unlink(stale)
         gpus = self._allocate_gpus(launch.key, launch.gpus)
-        env = {**os.environ, **launch.env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
-        os.makedirs(os.path.dirname(launch.log_path), exist_ok=True)
-        with open(launch.log_path, "ab") as log, open(os.devnull, "rb") as stdin:
-            try:
+        try:
+            env = {**os.environ, **launch.env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
+            os.makedirs(os.path.dirname(launch.log_path), exist_ok=True)
+            with open(launch.log_path, "ab") as log, open(os.devnull, "rb") as stdin:
                 proc = subprocess.Popen(
                     ["/bin/sh", "-c", _WRAPPER, "bastion-job", launch.command, exit_file],
                     stdin=stdin,
@@ -94,9 +94,9 @@ class LocalRunner:
                     cwd=attempt_dir,
                     close_fds=True,
                 )
-            except OSError:
-                self._gpus_in_use.pop(launch.key, None)
-                raise
+        except BaseException:
+            self._gpus_in_use.pop(launch.key, None)  # nothing started: the GPUs stay free
+            raise
         self._children[proc.pid] = proc
         return {
             "kind": self.kind,
@@ -156,8 +156,19 @@ class LocalRunner:
         """The leader is gone: kill what it left behind in its group and free its GPUs."""
         self._children.pop(int(handle["pid"]), None)
         self._gpus_in_use.pop(handle.get("key", ""), None)
+        if self._group_id_reused(handle):
+            return  # the kernel reuses a group id only once the group is empty: nothing left
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(int(handle["pgid"]), signal.SIGKILL)
+
+    @staticmethod
+    def _group_id_reused(handle: Mapping[str, Any]) -> bool:
+        """True when another process now owns our leader's pid (so our group is empty)."""
+        try:
+            leader = psutil.Process(int(handle["pgid"]))
+            return abs(leader.create_time() - float(handle["create_time"])) > _CREATE_TIME_TOLERANCE
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return False
 
     @staticmethod
     def _read_exit_status(handle: Mapping[str, Any]) -> int | None:
