@@ -1,0 +1,87 @@
+"""Inputs and outputs of the policy: jobs as the scheduler sees them, decisions, plans."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Phase(StrEnum):
+    """Where a job is, as far as capacity is concerned."""
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    # Being stopped (preempted or cancelled): still holds its resources, is a candidate for
+    # nothing. Its capacity is earmarked for within-quota jobs waiting on a reclaim.
+    RELEASING = "RELEASING"
+
+
+@dataclass(frozen=True, slots=True)
+class JobRequest:
+    name: str
+    project_id: str
+    user_id: str
+    resources: Mapping[str, int]
+    priority: int  # 1 highest .. 5
+    submit_time: float  # seconds (epoch or simulated)
+    phase: Phase = Phase.PENDING
+    start_time: float | None = None  # start of the current attempt (RUNNING/RELEASING)
+    tier: int | None = None  # tier it runs on (RUNNING/RELEASING)
+    # RELEASING after a preemption: the job that reclaimed (Decision.preempted_by). That job
+    # keeps its turn while this one stops, so the reclaim is never redone with new victims.
+    preempted_by: str | None = None
+
+
+class Verdict(StrEnum):
+    START = "START"  # start it on `tier`
+    KEEP = "KEEP"  # running (or releasing) job: nothing new; record `tier` if it changed
+    PREEMPT = "PREEMPT"  # stop a RUNNING job: SIGTERM, grace, SIGKILL; requeued afterwards
+    WAIT = "WAIT"  # pending job stays pending; `reason` says why
+    REJECT = "REJECT"  # pending job can never run as submitted; `reason` says why
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    name: str
+    verdict: Verdict
+    reason: str  # human readable, in absolute units
+    tier: int | None = None  # for START/KEEP
+    preempted_by: str | None = None  # for PREEMPT: the job that needed the room
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One decision per input job, RELEASING jobs included (as KEEP with a "releasing" reason).
+
+    ``reserved`` maps a waiting job to the free capacity held for it this pass (not lent to
+    later jobs); ``free`` is what is left after the plan; ``usage``/``quotas`` are per project
+    in absolute units, with the plan applied (starts added, preempted jobs removed);
+    ``within_quota`` names the pending jobs that fit their project's guaranteed quota.
+    """
+
+    decisions: Mapping[str, Decision]
+    reserved: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    free: Mapping[str, int] = field(default_factory=dict)
+    usage: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    quotas: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    within_quota: frozenset[str] = frozenset()
+
+    def _with(self, verdict: Verdict) -> list[Decision]:
+        return [d for d in self.decisions.values() if d.verdict is verdict]
+
+    def starts(self) -> list[Decision]:
+        return self._with(Verdict.START)
+
+    def preemptions(self) -> list[Decision]:
+        return self._with(Verdict.PREEMPT)
+
+    def waits(self) -> list[Decision]:
+        return self._with(Verdict.WAIT)
+
+    def rejects(self) -> list[Decision]:
+        return self._with(Verdict.REJECT)
+
+    def verdicts(self) -> dict[str, Verdict]:
+        """name -> verdict, handy in tests and logs."""
+        return {n: d.verdict for n, d in self.decisions.items()}

@@ -1,0 +1,139 @@
+"""Choosing victims: borrowers only, lowest priority then newest first, then the minimal set.
+
+A job of another project is a candidate only while that project uses more than its quota of
+a resource the reclaimer still lacks (so a project within its quota is never preempted for
+another), and only after its minimum runtime. Jobs of the reclaimer's own project of lower
+priority are candidates only when the `preempt_within_project` knob is on, after borrowers.
+As in Kueue, greedy selection is followed by a walk back that drops victims not needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from quota.capacity import add, fmt_ratio, fmt_units
+from quota.model import JobRequest
+
+if TYPE_CHECKING:
+    from quota.engine import _Pass
+
+EPS = 1e-6
+
+
+def _order(j: JobRequest) -> tuple[int, float, str]:
+    """Lowest priority (highest number) first, then the most recently started."""
+    started = j.start_time if j.start_time is not None else float("-inf")
+    return (-j.priority, -started, j.name)
+
+
+class Reclaim:
+    def __init__(self, ps: _Pass, running: list[JobRequest]) -> None:
+        self.ps = ps
+        self.cands = sorted(running, key=_order)
+        self.eligible = {j.name: ps.eligible(j) for j in running}
+        self.chosen: set[str] = set()
+        self.reasons: dict[str, str] = {}
+        self.blocked_until: float | None = None  # set when a selection fails
+        self.by_project: dict[str, list[JobRequest]] = {}
+        for j in self.cands:
+            self.by_project.setdefault(j.project_id, []).append(j)
+
+    def lower_priority_usage(self, project: str, priority: int) -> dict[str, int]:
+        """Units of the project's preemptible running jobs of lower priority than `priority`."""
+        out: dict[str, int] = {}
+        for j in self.by_project.get(project, ()):
+            if j.priority > priority and self.eligible[j.name] and j.name not in self.chosen:
+                add(out, j.resources)
+        return out
+
+    def select(self, job: JobRequest, cshort: Mapping[str, int],
+               qshort: Mapping[str, int]) -> list[JobRequest] | None:
+        """Victims freeing `cshort` capacity (and `qshort` of the job's own quota), or None."""
+        ps = self.ps
+        p = job.project_id
+        cs, qs = dict(cshort), dict(qshort)
+        delta: dict[str, dict[str, int]] = {}
+        chosen: list[JobRequest] = []
+        self.blocked_until = None
+        same_ok = ps.knobs.preempt_within_project
+        for own in (False, True) if same_ok else (False,):
+            for c in self.cands:
+                if _done(cs, qs):
+                    break
+                if c.name in self.chosen or (c.project_id == p) != own:
+                    continue
+                if own:
+                    useful = c.priority > job.priority and _uses(c, cs, qs)
+                else:
+                    useful = self._borrowing_in(c, cs, delta.get(c.project_id, {}))
+                if not useful:
+                    continue
+                if not self.eligible[c.name]:
+                    until = (c.start_time or 0.0) + ps.knobs.min_runtime_seconds
+                    self.blocked_until = min(self.blocked_until or until, until)
+                    continue
+                chosen.append(c)
+                _sub(cs, c.resources)
+                if own:
+                    _sub(qs, c.resources)
+                else:
+                    add(delta.setdefault(c.project_id, {}), c.resources)
+        if not _done(cs, qs):
+            return None
+        for c in reversed(list(chosen)):
+            own = c.project_id == p
+            if all(cs[r] + c.resources.get(r, 0) <= 0 for r in cs) and (
+                    not own or all(qs[r] + c.resources.get(r, 0) <= 0 for r in qs)):
+                chosen.remove(c)
+                _sub(cs, c.resources, -1)
+                if own:
+                    _sub(qs, c.resources, -1)
+        self._commit(job, chosen)
+        return chosen
+
+    def _borrowing_in(self, c: JobRequest, cs: Mapping[str, int],
+                      delta: Mapping[str, int]) -> bool:
+        """c's project uses more than its quota of a resource that c holds and we lack."""
+        used, q = self.ps.usage.get(c.project_id, {}), self.ps.quota(c.project_id)
+        return any(n > 0 and cs.get(r, 0) > 0
+                   and used.get(r, 0) - delta.get(r, 0) > q.get(r, 0.0) + EPS
+                   for r, n in c.resources.items())
+
+    def _commit(self, job: JobRequest, victims: list[JobRequest]) -> None:
+        ps = self.ps
+        p = job.project_id
+        q = ps.quota(p)
+        after = dict(ps.usage.get(p, {}))
+        add(after, job.resources)
+        for v in victims:
+            vp = v.project_id
+            vq = ps.quota(vp)
+            before = dict(ps.usage.get(vp, {}))
+            if vp == p:
+                why = (f"preempted by higher-priority {job.name} (priority {job.priority} over "
+                       f"{v.priority}) of the same project {p}, which needs "
+                       f"{fmt_units(job.resources)}; {p} at "
+                       f"{fmt_ratio(before, q, job.resources)} of its quota")
+            else:
+                why = (f"preempted by {job.name} of project {p}, reclaiming its guaranteed "
+                       f"quota: {p} needs {fmt_units(job.resources)} "
+                       f"({fmt_ratio(after, q, job.resources)} with it); project {vp} was "
+                       f"borrowing ({fmt_ratio(before, vq, v.resources)})")
+            self.reasons[v.name] = why
+            self.chosen.add(v.name)
+            add(ps.proj_usage(vp), v.resources, -1)
+
+
+
+def _done(cs: Mapping[str, int], qs: Mapping[str, int]) -> bool:
+    return all(n <= 0 for n in cs.values()) and all(n <= 0 for n in qs.values())
+
+
+def _uses(c: JobRequest, cs: Mapping[str, int], qs: Mapping[str, int]) -> bool:
+    return any(n > 0 and (cs.get(r, 0) > 0 or qs.get(r, 0) > 0) for r, n in c.resources.items())
+
+
+def _sub(acc: dict[str, int], res: Mapping[str, int], sign: int = 1) -> None:
+    for r in acc:
+        acc[r] -= sign * res.get(r, 0)

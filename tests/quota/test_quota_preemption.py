@@ -1,0 +1,255 @@
+"""Kueue's preemption scenarios (peers.md 2.1), translated: projects are ClusterQueues of one
+cohort, the guaranteed quota is nominalQuota, reclaimWithinCohort=Any, and
+withinClusterQueue=LowerPriority only with the preempt_within_project knob."""
+
+from __future__ import annotations
+
+from quota_helpers import apply, cfg, names, pend, released, running
+
+from quota.model import Phase, Verdict
+from quota.policy import schedule
+
+NOW = 100_000.0
+OLD = 0.0  # started long ago: past any minimum runtime
+
+
+def test_preempt_lowest_priority() -> None:
+    c = cfg({"v4": 3}, {"a": 1.0}, preempt_within_project=True)
+    jobs = [running("low", "a", 1, prio=5), running("mid", "a", 1, prio=3),
+            running("high", "a", 1, prio=1), pend("in", "a", 1, prio=1)]
+    plan = schedule(c, jobs, {}, NOW)
+    assert names(plan, Verdict.PREEMPT) == ["low"]
+    d = plan.decisions["low"]
+    assert d.preempted_by == "in"
+    assert "higher-priority in (priority 1 over 5) of the same project a" in d.reason
+
+
+def test_borrowers_lowest_priority_goes_first() -> None:
+    c = cfg({"v4": 4}, {"a": 0.5, "b": 0.5})
+    jobs = [running("b-low", "b", 1, prio=5), running("b-mid", "b", 1, prio=3),
+            running("b-high", "b", 2, prio=1), pend("a1", "a", 1)]
+    plan = schedule(c, jobs, {}, NOW)
+    assert names(plan, Verdict.PREEMPT) == ["b-low"]
+
+
+def test_minimal_set_excludes_low_priority() -> None:
+    # Greedy takes low (1) then mid (2); walking back, mid alone frees enough: low stays.
+    c = cfg({"v4": 6}, {"a": 0.5, "b": 0.5})
+    jobs = [running("b-low", "b", 1, prio=5), running("b-mid", "b", 2, prio=4),
+            running("b-own", "b", 3, prio=1), pend("a1", "a", 2)]
+    plan = schedule(c, jobs, {}, NOW)
+    assert names(plan, Verdict.PREEMPT) == ["b-mid"]
+
+
+def test_only_preempt_jobs_using_the_missing_resource() -> None:
+    # Kueue: "only preempt workloads using the chosen flavor".
+    c = cfg({"v4": 4, "cpu": 4}, {"a": 0.5, "b": 0.5})
+    jobs = [running("b-cpu", "b", {"cpu": 4}, prio=5), running("b-v4", "b", {"v4": 4}, prio=1),
+            pend("a1", "a", {"v4": 2})]
+    plan = schedule(c, jobs, {}, NOW)
+    assert names(plan, Verdict.PREEMPT) == ["b-v4"]
+
+
+def test_reclaim_quota_from_borrower() -> None:
+    c = cfg({"v4": 10}, {"a": 0.5, "b": 0.5})
+    jobs = [running("b1", "b", 5, start=1), running("b2", "b", 5, start=2), pend("a1", "a", 5)]
+    plan = schedule(c, jobs, {}, NOW)
+    assert names(plan, Verdict.PREEMPT) == ["b2"]  # the most recently started
+    assert plan.decisions["b2"].reason == (
+        "preempted by a1 of project a, reclaiming its guaranteed quota: a needs 5 v4 "
+        "(5/5 v4 with it); project b was borrowing (10/5 v4)")
+    assert plan.decisions["a1"].verdict is Verdict.WAIT
+    assert "preempting borrower(s) b2" in plan.decisions["a1"].reason
+
+
+def test_reclaim_regardless_of_the_borrowers_priority() -> None:
+    c = cfg({"v4": 4}, {"a": 0.5, "b": 0.5})
+    jobs = [running("b1", "b", 2, prio=1), running("b2", "b", 2, prio=1),
+            pend("a1", "a", 2, prio=5)]
+    assert len(names(schedule(c, jobs, {}, NOW), Verdict.PREEMPT)) == 1
+
+
+def test_no_workloads_borrowing() -> None:
+    c = cfg({"v4": 10}, {"a": 0.5, "b": 0.5})
+    jobs = [running("a1", "a", 5), running("b1", "b", 4), pend("a2", "a", 2)]
+    plan = schedule(c, jobs, {}, NOW)
+    assert names(plan, Verdict.PREEMPT) == []
+    assert plan.decisions["a2"].verdict is Verdict.WAIT
+
+
+def test_cant_preempt_when_everyone_under_nominal() -> None:
+    c = cfg({"v4": 9}, {"a": 1 / 3, "b": 1 / 3, "c": 1 / 3})
+    jobs = [running("a1", "a", 3), running("b1", "b", 3), running("c1", "c", 2),
+            pend("c2", "c", 2), pend("a2", "a", 2)]
+    plan = schedule(c, jobs, {}, NOW)
+    assert names(plan, Verdict.PREEMPT) == []
+    assert names(plan, Verdict.START) == []
+
+
+def test_project_at_exactly_its_quota_is_not_preempted() -> None:
+    jobs = [running("b1", "b", 5), running("x", "c", 5), pend("a1", "a", 4)]
+    c = cfg({"v4": 10}, {"a": 0.4, "b": 0.5, "c": 0.1})
+    plan = schedule(c, jobs, {}, NOW)
+    assert names(plan, Verdict.PREEMPT) == ["x"]  # c borrows 4; b sits at its 5
+
+
+def test_cannot_preempt_when_the_incoming_job_exceeds_its_quota() -> None:
+    # Kueue: "can't preempt huge workload if the incoming is also huge".
+    c = cfg({"v4": 10}, {"a": 0.5, "b": 0.5})
+    jobs = [running("b1", "b", 8), pend("a1", "a", 6)]
+    plan = schedule(c, jobs, {}, NOW)
+    assert names(plan, Verdict.PREEMPT) == []
+    assert "larger than" not in plan.decisions["a1"].reason
+
+
+def test_nominal_first_despite_borrowing_another_resource() -> None:
+    # Kueue: "nominal first: workload fitting within nominal can preempt despite high DRS".
+    c = cfg({"v4": 4, "cpu": 4}, {"a": 0.5, "b": 0.5})
+    jobs = [running("a-cpu", "a", {"cpu": 4}), running("b-v4", "b", {"v4": 4}),
+            pend("a1", "a", {"v4": 2})]
+    plan = schedule(c, jobs, {}, NOW)
+    assert names(plan, Verdict.PREEMPT) == ["b-v4"]
+
+
+def test_preempt_newer_workloads_with_the_same_priority() -> None:
+    c = cfg({"v4": 4}, {"a": 0.5, "b": 0.5})
+    jobs = [running("b-old", "b", 2, start=10), running("b-new", "b", 2, start=20),
+            pend("a1", "a", 2)]
+    assert names(schedule(c, jobs, {}, NOW), Verdict.PREEMPT) == ["b-new"]
+
+
+def test_same_project_priority_preemption_is_off_by_default() -> None:
+    c = cfg({"v4": 2}, {"a": 1.0})
+    jobs = [running("low", "a", 2, prio=5), pend("high", "a", 2, prio=1)]
+    plan = schedule(c, jobs, {}, NOW)
+    assert names(plan, Verdict.PREEMPT) == []
+    c = cfg({"v4": 2}, {"a": 1.0}, preempt_within_project=True)
+    assert names(schedule(c, jobs, {}, NOW), Verdict.PREEMPT) == ["low"]
+
+
+def test_same_priority_in_project_is_never_preempted_even_with_knob() -> None:
+    c = cfg({"v4": 2}, {"a": 1.0}, preempt_within_project=True)
+    jobs = [running("r", "a", 2, prio=3), pend("p", "a", 2, prio=3)]
+    assert names(schedule(c, jobs, {}, NOW), Verdict.PREEMPT) == []
+
+
+def test_minimum_runtime_protects_then_reclaims() -> None:
+    c = cfg({"v4": 4}, {"a": 0.5, "b": 0.5}, min_runtime_seconds=600)
+    jobs = [running("b1", "b", 4, start=NOW - 100), pend("a1", "a", 2, submit=NOW)]
+    plan = schedule(c, jobs, {}, NOW)
+    assert names(plan, Verdict.PREEMPT) == []
+    assert "borrowers become preemptible at t=100500" in plan.decisions["a1"].reason
+    plan = schedule(c, jobs, {}, NOW + 500)
+    assert names(plan, Verdict.PREEMPT) == ["b1"]
+
+
+def test_releasing_capacity_is_earmarked_no_second_preemption() -> None:
+    c = cfg({"v4": 4}, {"a": 0.5, "b": 0.5})
+    jobs = [running("b1", "b", 1, start=1), running("b2", "b", 1, start=2),
+            running("b3", "b", 1, start=3), running("b4", "b", 1, start=4), pend("a1", "a", 2)]
+    plan = schedule(c, jobs, {}, NOW)
+    assert names(plan, Verdict.PREEMPT) == ["b3", "b4"]
+    jobs = apply(plan, jobs, NOW)
+    for t in (NOW + 1, NOW + 30, NOW + 60):  # victims still stopping: nobody else is hit
+        again = schedule(c, jobs, {}, t)
+        assert names(again, Verdict.PREEMPT) == []
+        assert "waiting for stopping jobs to release 2 v4" in again.decisions["a1"].reason
+
+
+def test_victim_is_not_readmitted_into_the_capacity_it_freed() -> None:
+    c = cfg({"v4": 4}, {"a": 0.5, "b": 0.5})
+    jobs = [running("b1", "b", 2, start=1), running("b2", "b", 2, start=2), pend("a1", "a", 2)]
+    plan = schedule(c, jobs, {}, NOW)
+    jobs = released(apply(plan, jobs, NOW))
+    plan = schedule(c, jobs, {}, NOW + 30)
+    assert names(plan, Verdict.START) == ["a1"]
+    assert plan.decisions["b2"].verdict is Verdict.WAIT
+
+
+def test_scenario_does_not_flap() -> None:
+    # Two projects each want more than their share; after the first reclaim the state is
+    # stable: the same inputs never preempt again, and victims never preempt back.
+    c = cfg({"v4": 8}, {"a": 0.5, "b": 0.5}, min_runtime_seconds=0)
+    jobs = [running("b-big", "b", 6, start=1), pend("a1", "a", 4, submit=2),
+            pend("b2", "b", 2, submit=3)]
+    preempted: list[str] = []
+    t = NOW
+    for _ in range(12):
+        plan = schedule(c, jobs, {}, t)
+        preempted += names(plan, Verdict.PREEMPT)
+        jobs = released(apply(plan, jobs, t))
+        t += 30
+    assert preempted == ["b-big"]
+    phases = {j.name: j.phase for j in jobs}
+    assert phases == {"b-big": Phase.PENDING, "a1": Phase.RUNNING, "b2": Phase.RUNNING}
+
+
+def test_within_quota_job_holds_free_capacity_against_new_borrowers() -> None:
+    c = cfg({"v4": 10}, {"a": 0.5, "b": 0.5}, min_runtime_seconds=600)
+    jobs = [running("b1", "b", 4, start=NOW - 60), running("b2", "b", 4, start=NOW - 60),
+            pend("a1", "a", 5, submit=NOW), pend("b3", "b", 2, submit=NOW)]
+    plan = schedule(c, jobs, {}, NOW)
+    assert plan.reserved["a1"] == {"v4": 2}
+    assert plan.decisions["b3"].verdict is Verdict.WAIT
+    assert "2 v4 held for within-quota or older jobs" in plan.decisions["b3"].reason
+
+
+def test_large_within_quota_job_starts_within_one_reclaim_period() -> None:
+    """Small borrowers keep arriving; the big within-quota job still starts in time."""
+    c = cfg({"v4": 16}, {"a": 0.5, "b": 0.5}, min_runtime_seconds=300,
+            preemption_grace_seconds=60)
+    jobs = [running(f"b{i}", "b", 1, start=NOW - 10 * i) for i in range(16)]
+    jobs.append(pend("big", "a", 8, submit=NOW))
+    t, started, preempted = NOW, None, 0
+    for k in range(40):
+        jobs.append(pend(f"s{k}", "b", 1, submit=t))  # a fresh small job every cycle
+        plan = schedule(c, jobs, {}, t)
+        if plan.decisions["big"].verdict is Verdict.START:
+            started = t
+            break
+        assert not plan.starts() or k < 1 or all(
+            d.name == "big" for d in plan.starts()), "a borrower took the held capacity"
+        jobs = released(apply(plan, jobs, t))  # victims stop within a cycle
+        if k % 4 == 3:  # now and then a running borrower finishes, freeing one unit
+            done = min((j for j in jobs if j.phase is Phase.RUNNING), key=lambda j: j.start_time)
+            jobs.remove(done)
+        preempted += len(plan.preemptions())
+        t += 30
+    assert started is not None and started - NOW <= 300 + 60 + 30
+    assert preempted > 0  # it did need to reclaim
+
+
+def test_aged_head_blocks_backfill_by_later_jobs_of_its_project() -> None:
+    c = cfg({"v4": 10}, {"a": 1.0}, reserve_after_seconds=300)
+    jobs = [running("r1", "a", 6, start=0), pend("big", "a", 8, submit=NOW - 400),
+            pend("small", "a", 2, submit=NOW - 10)]
+    plan = schedule(c, jobs, {}, NOW)
+    assert plan.decisions["small"].verdict is Verdict.WAIT
+    assert "waiting behind big" in plan.decisions["small"].reason
+    young = schedule(c, jobs, {}, NOW - 200)  # before the head has aged, small backfills
+    assert young.decisions["small"].verdict is Verdict.START
+
+
+def test_oldest_entitled_job_holds_free_capacity_against_later_borrowers() -> None:
+    # a-big fits a's quota (6) but not on top of a1: it waits for a to drain, and the free
+    # capacity it needs is not lent to b, which already borrows.
+    c = cfg({"v4": 10}, {"a": 0.6, "b": 0.4}, reserve_after_seconds=300)
+    jobs = [running("a1", "a", 1, start=0), running("b1", "b", 6, start=0),
+            pend("a-big", "a", 6, submit=NOW - 1000), pend("b-small", "b", 2, submit=NOW - 5)]
+    plan = schedule(c, jobs, {}, NOW)
+    assert plan.decisions["a-big"].verdict is Verdict.WAIT
+    assert plan.reserved == {"a-big": {"v4": 3}}
+    assert plan.decisions["b-small"].verdict is Verdict.WAIT
+    young = schedule(c, jobs, {}, NOW - 800)  # before it has waited 300 s: b-small backfills
+    assert young.decisions["b-small"].verdict is Verdict.START
+
+
+def test_only_one_job_holds_capacity_and_never_one_beyond_its_quota() -> None:
+    # Borrowers (jobs bigger than their quota) never hold capacity: holding for them fed
+    # churn in simulation (started on held capacity, then preempted by owners).
+    c = cfg({"v4": 10}, {"a": 0.5, "b": 0.5}, reserve_after_seconds=300)
+    jobs = [running("b1", "b", 7, start=0), pend("a-huge", "a", 8, submit=NOW - 9000),
+            pend("a2", "a", 4, submit=NOW - 900), pend("a3", "a", 4, submit=NOW - 800)]
+    plan = schedule(c, jobs, {}, NOW)
+    assert "a-huge" not in plan.reserved
+    assert names(plan, Verdict.PREEMPT) == ["b1"]  # a2 is within quota and reclaims
