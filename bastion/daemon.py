@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -28,7 +29,7 @@ from bastion.objects import ObjectInfo, PreconditionFailed
 from bastion.quotas import QuotaSource
 from bastion.runners.local import Launch, LocalRunner
 from bastion.scheduling import job_request
-from bastion.store import DAEMON_LOG, Store
+from bastion.store import Store
 from quota.policy import Decision, Verdict, schedule
 
 log = logging.getLogger("bastion.daemon")
@@ -97,6 +98,7 @@ class Daemon:
         self.quota = quota
         self.grace_seconds = grace_seconds
         self.logs = LogSync(store, os.path.join(work_dir, "logs"))
+        self.daemon_log = Store.daemon_log_name(socket.gethostname(), os.path.abspath(work_dir))
         self.jobs: dict[str, Job] = {}
         self.cycles = 0
         self._decision_records = 0
@@ -629,7 +631,7 @@ class Daemon:
 
     def _sync_logs(self) -> None:
         for log_name in self._mirrors():
-            if log_name == DAEMON_LOG:
+            if log_name == self.daemon_log:
                 continue
             try:
                 self.logs.sync(log_name)
@@ -638,7 +640,7 @@ class Daemon:
 
     def _sync_daemon_log(self) -> None:
         try:
-            self.logs.sync(DAEMON_LOG)
+            self.logs.sync(self.daemon_log)
         except Exception as e:  # logging it would only add to the same log
             print(f"bastion: daemon log upload failed: {e}", flush=True)
 
@@ -665,7 +667,7 @@ class Daemon:
             log.exception("could not save the usage ledger")
 
     def daemon_log_path(self) -> str:
-        return self.logs.path(DAEMON_LOG)
+        return self.logs.path(self.daemon_log)
 
     def running(self) -> Iterable[Job]:
         return (j for j in self.jobs.values() if j.state.status is Status.ACTIVE)

@@ -9,6 +9,7 @@ steady-state cycle only lists" is an invariant we measure (benchmarks/), not a h
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import os
 import threading
@@ -23,7 +24,7 @@ from bastion.objects import LocalObjects, ObjectInfo, PreconditionFailed, object
 __all__ = ["ObjectInfo", "PreconditionFailed", "Store", "resolve_root"]
 
 ACTIVE, STATES, USER_STATES, COMPLETE = "active", "states", "user_states", "complete"
-DAEMON_LOG = "_bastion"  # names starting with "_" are never job names
+DAEMON_LOG_PREFIX = "_bastion-"  # names starting with "_" are never job names
 CLEANUP_SUFFIX = ".cleanup"
 
 
@@ -199,6 +200,11 @@ class Store:
     @staticmethod
     def log_name(name: str, cleanup: bool = False) -> str:
         return name + CLEANUP_SUFFIX if cleanup else name
+
+    @staticmethod
+    def daemon_log_name(host: str, work_dir: str) -> str:
+        """One log object per daemon installation: restarts append, two daemons never mix."""
+        return f"{DAEMON_LOG_PREFIX}{host}-{hashlib.sha1(work_dir.encode()).hexdigest()[:6]}"
 
     def log_size(self, log: str) -> int:
         return self._size("logs", log)

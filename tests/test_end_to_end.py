@@ -42,6 +42,9 @@ def test_launch_logs_follow_list_history(bastion):
         assert event in history
     assert "now: SUCCEEDED" in history
 
+    (daemon_log,) = [n for n in bastion.listdir("logs") if n.startswith("_bastion-")]
+    wait_for(lambda: "hello: SUCCEEDED" in bastion.log(daemon_log), what="daemon log upload")
+
 
 def test_job_env_and_failure_exit_code(bastion):
     bastion.start()
