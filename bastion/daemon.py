@@ -48,6 +48,7 @@ class Job:
     token: str = ""  # listing token of the spec we last read
     written: bytes = b""  # state bytes as last written to (or read from) the bucket
     state_token: str | None = None  # token of the state object we wrote/read; None: absent
+    attempted: list[bytes] = field(default_factory=list)  # writes not yet confirmed
     gone_from_bucket: bool = False
     finalized: bool = False
 
@@ -73,6 +74,22 @@ def _quietly(call: Callable[[Any], Any]) -> Callable[[Any], Any]:
             return call(arg)
         except Exception as e:
             return e
+
+    return wrapped
+
+
+def _retrying(call: Callable[[Any], Any], attempts: int = 4) -> Callable[[Any], Any]:
+    """For reads that must all succeed (recovery): a few quick retries, then raise."""
+
+    def wrapped(arg: Any) -> Any:
+        for attempt in range(attempts):
+            try:
+                return call(arg)
+            except Exception:
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(0.05 * 2**attempt)
+        return None
 
     return wrapped
 
@@ -105,6 +122,7 @@ class Daemon:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers)
         self._stop = threading.Event()
         self._lost_ownership = False
+        self._recovered = False
         self.info: dict[str, Any] = {}  # published to ROOT/history/daemon when we start acting
 
     # -- the loop --------------------------------------------------------------------------
@@ -146,21 +164,22 @@ class Daemon:
 
     def _forget(self) -> None:
         """Drop what we know; if we act again it starts with a full recovery from the bucket."""
-        if self.jobs or self.cycles:
+        if self.jobs or self._recovered:
             log.info("not acting on %s; forgetting in-memory state", self.store.root_url)
         self.jobs.clear()
         self.cycles = 0
+        self._recovered = False
         self._lost_ownership = False
 
     def cycle(self, now: float) -> CycleReport:
         ops_before = dict(self.store.ops)
         report = CycleReport(started=now)
-        first = self.cycles == 0
-        self.cycles += 1
         specs = self.store.list_specs()
         requests = self.store.list_requests()
-        if first:
-            self._recover(specs)
+        if not self._recovered:
+            self._recover(specs)  # raises if any state is unreadable: retried next cycle
+            self._recovered = True
+        self.cycles += 1
         self.quota.refresh()
         self._read_specs(specs, now)
         self._apply_requests(requests, now)
@@ -184,8 +203,9 @@ class Daemon:
             try:
                 step(job, now)
             except Exception as e:
-                log.exception("%s: %s failed", job.name, step.__name__)
-                job.state.reason = f"internal error in {step.__name__.strip('_')}: {e}"
+                log.exception("%s: %s failed; retrying next cycle", job.name, step.__name__)
+                if job.state.status is not Status.COMPLETED:  # keep the outcome's reason
+                    job.state.reason = f"internal error in {step.__name__.strip('_')}: {e}"
 
     # -- reading the bucket ----------------------------------------------------------------
 
@@ -195,7 +215,8 @@ class Daemon:
             self.store.write_daemon_info({**self.info, "acting_since": time.time()})
         states = self.store.list_states()
         names = sorted(states)
-        raws = self._pool.map(self.store.read_state, names)
+        raws = list(self._pool.map(_retrying(self.store.read_state), names))
+        self.jobs.clear()
         for name, raw in zip(names, raws, strict=True):
             if raw is None:
                 continue
@@ -653,8 +674,21 @@ class Daemon:
 
         def write(item: tuple[Job, bytes]) -> None:
             job, raw = item
-            job.state_token = self.store.write_state(job.name, raw, job.state_token)
+            job.attempted.append(raw)
+            try:
+                job.state_token = self.store.write_state(job.name, raw, job.state_token)
+            except PreconditionFailed:
+                # Our own earlier write may have landed with its answer lost, or its new token
+                # may be unknown: then the object holds bytes we wrote or tried, and we carry
+                # on from its token. Otherwise another daemon wrote it.
+                current = self.store.read_state_with_token(job.name)
+                if current is None or current[0] not in (job.written, *job.attempted):
+                    raise
+                job.state_token = current[1]
+                if current[0] != raw:
+                    job.state_token = self.store.write_state(job.name, raw, job.state_token)
             job.written = raw
+            job.attempted.clear()
 
         for (job, _), result in zip(dirty, self._pool.map(_quietly(write), dirty), strict=True):
             if isinstance(result, PreconditionFailed):

@@ -166,6 +166,11 @@ class Store:
         overwrite what the current one decided."""
         return self._write_if(data, expected, "jobs", STATES, name)
 
+    def read_state_with_token(self, name: str) -> tuple[bytes, str] | None:
+        info = self._info("jobs", STATES, name)
+        raw = self._read("jobs", STATES, name) if info else None
+        return (raw, info.token) if info and raw is not None else None
+
     def delete_state(self, name: str) -> None:
         self._delete("jobs", STATES, name)
 

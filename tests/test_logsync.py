@@ -1,0 +1,141 @@
+"""Incremental log upload on a real local root: new bytes only, across restarts and chunks."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from bastion.logsync import LogSync
+from bastion.store import Store
+
+CHUNK = 8 << 20  # LogSync's documented per-sync bound
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    return Store(str(tmp_path / "root"))
+
+
+def mirror_dir(tmp_path: Path) -> str:
+    return str(tmp_path / "work" / "logs")
+
+
+def add(path: str, data: bytes) -> None:
+    with open(path, "ab") as f:
+        f.write(data)
+
+
+def remote(store: Store, log: str = "job") -> bytes:
+    return store.read_log(log)
+
+
+def test_only_new_bytes_are_appended(store: Store, tmp_path: Path) -> None:
+    logs = LogSync(store, mirror_dir(tmp_path))
+    path = logs.path("job")
+    assert logs.base("job") == 0
+    assert logs.sync("job") == 0  # an empty mirror uploads nothing
+    add(path, b"one\n")
+    assert logs.sync("job") == 4
+    assert remote(store) == b"one\n"
+    appends = store.ops["append"]
+    assert logs.sync("job") == 0
+    assert store.ops["append"] == appends  # nothing new: not even an empty append
+    add(path, b"two\n")
+    logs.write("job", "=== marker ===")  # the daemon's own lines go through the same mirror
+    assert logs.sync("job") == len(b"two\n=== marker ===\n")
+    assert remote(store) == b"one\ntwo\n=== marker ===\n"
+    assert store.ops["append"] == appends + 1
+
+
+def test_a_restarted_daemon_uploads_nothing_twice(store: Store, tmp_path: Path) -> None:
+    first = LogSync(store, mirror_dir(tmp_path))
+    path = first.path("job")
+    add(path, b"a" * 1000)
+    assert first.sync("job") == 1000
+    add(path, b"b" * 10)
+    assert first.sync("job") == 10  # uploaded, but "crashed" before anyone else knew
+
+    second = LogSync(store, mirror_dir(tmp_path))  # a new daemon on the same work dir
+    assert second.mirrors() == ["job"]
+    assert second.base("job") == 0
+    appends = store.ops["append"]
+    assert second.sync("job") == 0  # it asks the bucket how far the upload got
+    assert store.ops["append"] == appends
+    add(path, b"c" * 5)
+    assert second.sync("job") == 5
+    assert remote(store) == b"a" * 1000 + b"b" * 10 + b"c" * 5
+
+
+def test_a_restart_resumes_a_partial_upload(store: Store, tmp_path: Path) -> None:
+    first = LogSync(store, mirror_dir(tmp_path))
+    path = first.path("job")
+    add(path, b"x" * 300)
+    assert first.sync("job") == 300
+    add(path, b"y" * 200)  # written, never uploaded: the daemon died first
+    second = LogSync(store, mirror_dir(tmp_path))
+    assert second.sync("job") == 200
+    assert remote(store) == b"x" * 300 + b"y" * 200
+
+
+def test_a_mirror_created_after_an_earlier_job_of_that_name(store: Store, tmp_path: Path) -> None:
+    old = b"output of an earlier job of the same name\n"
+    store.append_log("job", old)
+    logs = LogSync(store, mirror_dir(tmp_path))
+    path = logs.path("job")
+    assert logs.base("job") == len(old)
+    assert os.path.getsize(path) == 0  # the mirror holds only this job's bytes
+    add(path, b"new\n")
+    assert logs.sync("job") == 4
+    assert remote(store) == old + b"new\n"
+    assert store.read_log("job", logs.base("job")) == b"new\n"
+    # and a restart still lands after the old bytes, sending nothing twice
+    again = LogSync(store, mirror_dir(tmp_path))
+    assert again.base("job") == len(old)
+    add(path, b"more\n")
+    assert again.sync("job") == 5
+    assert remote(store) == old + b"new\nmore\n"
+
+
+def test_close_flushes_and_removes_the_mirror(store: Store, tmp_path: Path) -> None:
+    logs = LogSync(store, mirror_dir(tmp_path))
+    path = logs.path("job")
+    add(path, b"never synced\n")
+    logs.close("job")
+    assert remote(store) == b"never synced\n"
+    assert not os.path.exists(path) and not os.path.exists(path + ".base")
+    assert logs.mirrors() == []
+    logs.close("job")  # closing again is harmless and uploads nothing
+    logs.close("never-opened")
+    assert remote(store) == b"never synced\n"
+    # the next job of that name starts a new mirror after everything uploaded so far
+    path = logs.path("job")
+    assert logs.base("job") == len(b"never synced\n")
+    add(path, b"next job\n")
+    logs.close("job")
+    assert remote(store) == b"never synced\nnext job\n"
+
+
+def test_chunks_past_8_mib_across_syncs_and_a_restart(store: Store, tmp_path: Path) -> None:
+    data = os.urandom(CHUNK + 12345)
+    logs = LogSync(store, mirror_dir(tmp_path))
+    add(logs.path("big"), data)
+    assert logs.sync("big") == CHUNK  # memory per sync is bounded; the rest waits
+    assert store.log_size("big") == CHUNK
+    restarted = LogSync(store, mirror_dir(tmp_path))
+    assert restarted.sync("big") == 12345
+    assert restarted.sync("big") == 0
+    assert remote(store, "big") == data
+
+
+def test_flush_uploads_everything_in_bounded_chunks(store: Store, tmp_path: Path) -> None:
+    data = os.urandom(2 * CHUNK + 7)
+    logs = LogSync(store, mirror_dir(tmp_path))
+    add(logs.path("big"), data)
+    appends = store.ops["append"]
+    logs.flush("big")
+    assert store.ops["append"] == appends + 3
+    assert remote(store, "big") == data
+    logs.close("big")
+    assert remote(store, "big") == data

@@ -1,0 +1,359 @@
+"""The bucket store against a real local directory: tokens, atomicity, create-if-absent, counts.
+
+A few contracts that the daemon relies on whatever the backend is (tokens that agree between a
+listing and a conditional write) are also checked on the generic object-store code path, through
+the ``flaky://`` filesystem of tests/flakyfs.py with no failures.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from bastion.store import PreconditionFailed, Store
+from tests.flakyfs import FailurePlan, FlakyFileSystem
+
+T = TypeVar("T")
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "root"
+
+
+@pytest.fixture
+def store(root: Path) -> Store:
+    return Store(str(root))
+
+
+@pytest.fixture(params=["local", "generic"])
+def any_store(request: pytest.FixtureRequest, root: Path) -> Iterator[Store]:
+    """The same directory through the local backend or through the generic object-store one."""
+    if request.param == "local":
+        yield Store(str(root))
+        return
+    root.mkdir(parents=True, exist_ok=True)
+    url = FlakyFileSystem.install(str(root), FailurePlan(0.0))
+    yield Store(url)
+    FlakyFileSystem.uninstall(str(root))
+
+
+def run_threads(*targets: Callable[[], None]) -> None:
+    """Run the targets concurrently; re-raise the first exception any of them raised."""
+    errors: list[BaseException] = []
+
+    def wrap(target: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                target()
+            except BaseException as e:
+                errors.append(e)
+
+        return run
+
+    threads = [threading.Thread(target=wrap(t)) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    if errors:
+        raise errors[0]
+
+
+def hidden_files(directory: Path) -> list[str]:
+    return sorted(n for n in os.listdir(directory) if n.startswith(".") and n != ".lock")
+
+
+# -- listings and tokens ----------------------------------------------------------------------
+
+
+def test_list_tokens_change_on_every_rewrite_even_at_the_same_size(store: Store) -> None:
+    store.replace_spec("job", b"A" * 100)
+    seen = [store.list_specs()["job"].token]
+    for i in range(200):
+        store.replace_spec("job", (b"B" if i % 2 == 0 else b"A") * 100)  # same size every time
+        info = store.list_specs()["job"]
+        assert info.size == 100 and info.name == "job"
+        seen.append(info.token)
+    assert len(set(seen)) == len(seen)  # never the same token twice, not even A-B-A
+
+
+def test_list_tokens_stay_the_same_when_untouched(store: Store) -> None:
+    store.replace_spec("a", b"1")
+    store.replace_spec("b", b"22")
+    first = store.list_specs()
+    store.replace_spec("c", b"333")  # a neighbour changing does not change the others
+    store.read_spec("a")  # neither does reading
+    second = store.list_specs()
+    assert set(first) == {"a", "b"} and set(second) == {"a", "b", "c"}
+    assert {n: second[n] for n in first} == first
+    assert store.list_specs() == second
+
+
+def test_a_state_token_from_a_write_equals_the_listing_token(any_store: Store) -> None:
+    """The daemon seeds its compare-and-swap from the listing after a restart."""
+    token = any_store.write_state("job", b'{"status": "PENDING"}')
+    assert any_store.list_states()["job"].token == token
+    token = any_store.write_state("job", b'{"status": "ACTIVE"}', token)
+    assert any_store.list_states()["job"].token == token
+    token = any_store.write_state("job", b'{"status": "ACTIVE"}', token)  # same bytes again
+    assert any_store.list_states()["job"].token == token
+
+
+def test_temp_files_of_atomic_writes_never_appear_in_listings(store: Store, root: Path) -> None:
+    stop = threading.Event()
+    seen: set[str] = set()
+
+    def writer() -> None:
+        token = None
+        try:
+            for i in range(150):
+                store.replace_spec("spec", json.dumps({"i": i}).encode() * 50)
+                token = store.write_state("state", json.dumps({"i": i}).encode() * 50, token)
+                store.submit_spec(f"new-{i}", b"{}")
+        finally:
+            stop.set()
+
+    def lister() -> None:
+        while not stop.is_set():
+            seen.update(store.list_specs())
+            seen.update(store.list_states())
+
+    run_threads(writer, lister)
+    names = {"spec", "state"} | {f"new-{i}" for i in range(150)}
+    assert seen <= names and "spec" in seen and "state" in seen
+    assert hidden_files(root / "jobs" / "active") == []  # nothing left behind either
+    assert hidden_files(root / "jobs" / "states") == []
+
+
+def test_listing_a_missing_directory_is_empty(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "never-created"))
+    assert store.list_specs() == {}
+    assert store.list_states() == {}
+    assert store.list_requests() == {}
+    assert store.list_complete() == {}
+
+
+# -- create-if-absent ---------------------------------------------------------------------------
+
+
+def test_submit_spec_is_create_if_absent(store: Store) -> None:
+    assert store.submit_spec("job", b"first") is True
+    assert store.submit_spec("job", b"second") is False
+    assert store.read_spec("job") == b"first"
+    store.delete_spec("job")
+    assert store.submit_spec("job", b"third") is True  # the name is free again
+    assert store.read_spec("job") == b"third"
+
+
+def race(n: int, call: Callable[[int], T]) -> dict[int, T]:
+    """``call(i)`` from ``n`` threads released at the same instant; their results by ``i``."""
+    barrier = threading.Barrier(n)
+    results: dict[int, T] = {}
+
+    def one(i: int) -> None:
+        barrier.wait()
+        results[i] = call(i)
+
+    run_threads(*(functools.partial(one, i) for i in range(n)))
+    assert len(results) == n
+    return results
+
+
+def test_submit_spec_under_a_race_has_exactly_one_winner(store: Store, root: Path) -> None:
+    for round_ in range(20):
+        name = f"race-{round_}"
+        results = race(8, lambda i, name=name: store.submit_spec(name, b"by %d" % i))
+        winners = [i for i, won in results.items() if won]
+        assert len(winners) == 1, results
+        assert store.read_spec(name) == b"by %d" % winners[0]
+    assert hidden_files(root / "jobs" / "active") == []
+
+
+# -- atomic replace and compare-and-swap -------------------------------------------------------
+
+
+def big_json(version: int) -> bytes:
+    return json.dumps({"version": version, "payload": [version] * 50_000}).encode()
+
+
+@pytest.mark.parametrize("kind", ["spec", "state"])
+def test_readers_never_see_a_partial_object(store: Store, kind: str) -> None:
+    versions = 30
+    sizes = {len(big_json(v)) for v in range(versions)}
+    assert len(sizes) > 1  # versions differ in size: a torn read could not hide
+    done = threading.Event()
+    reads: list[int] = []
+
+    def writer() -> None:
+        token = None
+        try:
+            for v in range(versions):
+                if kind == "spec":
+                    store.replace_spec("big", big_json(v))
+                else:
+                    token = store.write_state("big", big_json(v), token)
+        finally:
+            done.set()
+
+    def reader() -> None:
+        read = store.read_spec if kind == "spec" else store.read_state
+        while not done.is_set():
+            raw = read("big")
+            if raw is None:
+                continue  # not written yet
+            data = json.loads(raw)  # raises on a torn read
+            assert data["payload"] == [data["version"]] * 50_000
+            reads.append(data["version"])
+
+    run_threads(writer, reader, reader)
+    assert reads  # the readers did read while the writer wrote
+    assert json.loads(store.read_spec("big") if kind == "spec" else store.read_state("big") or b"")[
+        "version"
+    ] == versions - 1
+
+
+def test_write_state_is_compare_and_swap(any_store: Store) -> None:
+    first = any_store.write_state("job", b"v1")  # expected None: only if absent
+    with pytest.raises(PreconditionFailed):
+        any_store.write_state("job", b"not me", None)
+    second = any_store.write_state("job", b"v2", first)
+    assert second != first
+    with pytest.raises(PreconditionFailed):
+        any_store.write_state("job", b"stale", first)  # a daemon that missed a write
+    assert any_store.read_state("job") == b"v2"
+
+
+def test_write_state_race_from_one_token_has_exactly_one_winner(store: Store) -> None:
+    token = store.write_state("job", b"start")
+
+    def attempt(data: bytes, expected: str) -> str | None:
+        try:
+            return store.write_state("job", data, expected)
+        except PreconditionFailed:
+            return None
+
+    for round_ in range(10):
+        results = race(8, lambda i, r=round_, t=token: attempt(b"%d:%d" % (r, i), t))
+        winners = [i for i, new in results.items() if new is not None]
+        assert len(winners) == 1, results
+        assert store.read_state("job") == b"%d:%d" % (round_, winners[0])
+        token = results[winners[0]] or ""
+
+
+# -- logs and history -------------------------------------------------------------------------
+
+
+def test_append_log_and_read_from_offsets(store: Store) -> None:
+    assert store.log_size("job") == 0
+    store.append_log("job", b"hello ")
+    store.append_log("job", b"world\n")
+    store.append_log("job", b"")
+    assert store.read_log("job") == b"hello world\n"
+    assert store.log_size("job") == 12
+    assert store.read_log("job", 6) == b"world\n"
+    assert store.read_log("job", 12) == b""
+    assert store.read_log("job", 100) == b""
+    assert store.log_size("other") == 0  # logs are per name
+    store.append_log("job.cleanup", b"cleanup\n")
+    assert store.read_log("job") == b"hello world\n"
+    assert store.read_log(Store.log_name("job", cleanup=True)) == b"cleanup\n"
+
+
+def test_concurrent_appends_lose_no_bytes(store: Store) -> None:
+    def appender(i: int) -> Callable[[], None]:
+        return lambda: [store.append_log("job", f"{i}:{n}\n".encode()) for n in range(200)]
+
+    run_threads(*(appender(i) for i in range(4)))
+    lines = store.read_log("job").decode().splitlines()
+    assert sorted(lines) == sorted(f"{i}:{n}" for i in range(4) for n in range(200))
+
+
+def test_history_append_and_read(store: Store) -> None:
+    assert list(store.read_history("job")) == []
+    events = [{"event": "PENDING", "n": 1}, {"event": "STARTED", "n": 2, "reason": "ü ok"}]
+    for event in events:
+        store.append_history("job", event)
+    assert list(store.read_history("job")) == events
+    assert list(store.read_history("other")) == []
+
+
+# -- what is missing, and what it costs --------------------------------------------------------
+
+
+def test_missing_objects_are_none_or_empty(store: Store) -> None:
+    assert store.read_spec("nope") is None
+    assert store.read_state("nope") is None
+    assert store.read_request("nope") is None
+    assert store.read_complete("nope") is None
+    assert store.read_log("nope") == b""
+    assert store.read_log("nope", 10) == b""
+    assert store.log_size("nope") == 0
+    assert list(store.read_history("nope")) == []
+    store.delete_spec("nope")  # deleting what is not there is not an error
+    store.delete_state("nope")
+    store.delete_request("nope")
+
+
+def test_op_counters_count_each_call_kind(store: Store) -> None:
+    assert sum(store.ops.values()) == 0
+    store.list_specs()
+    store.list_states()
+    store.list_requests()
+    store.submit_spec("job", b"{}")
+    store.replace_spec("job", b"{}")
+    store.write_state("job", b"{}")
+    store.write_request("job", b"{}")
+    store.write_complete("job", {"state": {}})
+    store.read_spec("job")
+    store.read_state("job")
+    store.read_log("job")
+    store.append_log("job", b"x")
+    store.append_history("job", {"event": "E"})
+    store.log_size("job")
+    store.delete_spec("job")
+    store.delete_request("job")
+    assert dict(store.ops) == {
+        "list": 3,
+        "write": 5,
+        "read": 3,
+        "append": 2,
+        "info": 1,
+        "delete": 2,
+    }
+
+
+# -- the quota file, wherever it lives ---------------------------------------------------------
+
+
+def test_url_token_and_read_url_for_a_file_in_another_directory(
+    store: Store, tmp_path: Path
+) -> None:
+    quota = tmp_path / "elsewhere" / "quota.toml"
+    assert store.url_token(str(quota)) is None  # absent: no token, no exception
+    quota.parent.mkdir()
+    quota.write_text("[pool]\n")
+    token = store.url_token(str(quota))
+    assert token is not None
+    assert store.url_token(str(quota)) == token  # untouched: unchanged
+    assert store.read_url(str(quota)) == b"[pool]\n"
+    tmp = quota.with_name("quota.tmp")
+    tmp.write_text("[pool]\n")  # same bytes, new object (how editors save)
+    os.replace(tmp, quota)
+    assert store.url_token(str(quota)) != token
+    token = store.url_token(str(quota))
+    quota.write_text("[pool]\ncpu = 4\n")  # rewritten in place
+    assert store.url_token(str(quota)) != token
+    assert store.read_url(str(quota)) == b"[pool]\ncpu = 4\n"
+    assert store.url_token(f"file://{quota}") == store.url_token(str(quota))
+    assert store.ops["info"] == 8 and store.ops["read"] == 2
+    with pytest.raises(FileNotFoundError):  # QuotaSource tells "absent" by url_token first
+        store.read_url(str(quota.with_name("missing.toml")))
