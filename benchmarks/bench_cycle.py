@@ -19,9 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bastion.jobstate import Status  # noqa: E402
-from bastion.service import build_daemon  # noqa: E402
-from launch.api import Client, new_jobspec  # noqa: E402
+from bastion.jobstate import Status
+from bastion.service import build_daemon
+from launch.api import Client, new_jobspec
 
 QUOTA = """\
 [toml-schema]
