@@ -361,19 +361,18 @@ class Daemon:
     # -- the state machine -----------------------------------------------------------------
 
     def _event(self, job: Job, event: str, reason: str) -> None:
+        """Record a lifecycle event in the job's state: written with it, at no extra cost."""
         job.state.reason = reason
-        record = {
-            "time": time.time(),
-            "event": event,
-            "status": job.state.status.value,
-            "attempt": job.state.attempt,
-            "reason": reason,
-        }
+        job.state.add_event(
+            {
+                "time": time.time(),
+                "event": event,
+                "status": job.state.status.value,
+                "attempt": job.state.attempt,
+                "reason": reason,
+            }
+        )
         log.info("%s: %s: %s", job.name, event, reason)
-        try:
-            self.store.append_history(job.name, record)
-        except Exception:
-            log.exception("%s: could not append to history", job.name)
 
     def _cancel(self, job: Job, reason: str, now: float) -> None:
         state = job.state
@@ -516,6 +515,7 @@ class Daemon:
         if job.spec is None:
             raw = self.store.read_spec(job.name)
             record["spec_text"] = raw.decode(errors="replace") if raw else None
+        self.store.append_history(job.name, job.state.events)  # the long-term record
         self.store.write_complete(job.name, record)
         self.store.delete_spec(job.name)
         self.store.delete_state(job.name)

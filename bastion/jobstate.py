@@ -13,6 +13,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+MAX_EVENTS = 100  # per job state; the first few and the latest are kept
+KEPT_FIRST_EVENTS = 10
+
 
 class Status(enum.StrEnum):
     PENDING = "PENDING"
@@ -55,7 +58,14 @@ class JobState:
     stop: dict[str, Any] | None = None  # {"kind": StopKind, "since": t, "by": ..., "killed": bool}
     log_start: int = 0  # offset in logs/<name> where this submission's output begins
     preemptions: int = 0
+    events: list[dict[str, Any]] = field(default_factory=list)  # lifecycle, bounded
     metadata: dict[str, Any] = field(default_factory=dict)  # AXLearn-compatible extras (tier)
+
+    def add_event(self, event: dict[str, Any]) -> None:
+        """Keep the first events (how it started) and the latest; drop the middle."""
+        self.events.append(event)
+        if len(self.events) > MAX_EVENTS:
+            del self.events[KEPT_FIRST_EVENTS]
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -220,8 +220,10 @@ class Store:
     def append_log(self, log: str, data: bytes) -> None:
         self._append(data, "logs", log)
 
-    def append_history(self, name: str, event: dict[str, Any]) -> None:
-        self._append((json.dumps(event, sort_keys=True) + "\n").encode(), "history", "jobs", name)
+    def append_history(self, name: str, events: list[dict[str, Any]]) -> None:
+        """Append a finished job's events: every submission of a name, one line per event."""
+        lines = "".join(json.dumps(event, sort_keys=True) + "\n" for event in events)
+        self._append(lines.encode(), "history", "jobs", name)
 
     def read_history(self, name: str) -> Iterator[dict[str, Any]]:
         raw = self._read("history", "jobs", name) or b""

@@ -178,12 +178,16 @@ class Client:
                 jobs += [_from_record(n, r) for n, r in zip(done, records, strict=True) if r]
         return sorted(jobs, key=lambda j: j.name)
 
-    def history(self, name: str) -> list[dict[str, Any]]:
-        check_name(name)
-        events = list(self.store.read_history(name))
-        if not events:
-            self.get(name)  # raises UnknownJob for a name that never existed
-        return events
+    def history(self, name: str, all_submissions: bool = False) -> list[dict[str, Any]]:
+        """This submission's lifecycle events; with ``all_submissions``, every job ever run
+        under this name (from ``ROOT/history/jobs/NAME``)."""
+        if all_submissions:
+            check_name(name)
+            events = list(self.store.read_history(name))
+            if events:
+                return events
+        info = self.get(name)
+        return list(info.state.events) if info.state else []
 
     def read_log(self, name: str, start: int | None = None) -> bytes:
         """This submission's log so far (earlier jobs of the same name are skipped)."""
