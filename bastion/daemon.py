@@ -213,6 +213,7 @@ class Daemon:
         """First cycle: load every state so running attempts are adopted, not started again."""
         if self.info:
             self.store.write_daemon_info({**self.info, "acting_since": time.time()})
+        self.logs.forget_remote()
         states = self.store.list_states()
         names = sorted(states)
         raws = list(self._pool.map(_retrying(self.store.read_state), names))

@@ -24,7 +24,21 @@ class LogSync:
         self.directory = directory
         self._uploaded: dict[str, int] = {}  # log -> mirror bytes known to be in the bucket
         self._attached: dict[str, str] = {}  # log -> mirror outside our directory
+        self._sizes: dict[str, int] | None = None  # remote sizes, from one listing
         os.makedirs(directory, exist_ok=True)
+
+    def _remote_size(self, log_name: str) -> int:
+        """Size of a log in the bucket. Only the daemon holding the lease writes logs, so one
+        listing at start (one request per 1,000 logs) plus our own appends stay exact, and a
+        burst of new jobs costs no size query each."""
+        if self._sizes is None:
+            self._sizes = {name: info.size for name, info in self.store.list_logs().items()}
+        return self._sizes.get(log_name, 0)
+
+    def forget_remote(self) -> None:
+        """Another daemon may have written logs meanwhile: re-learn sizes from the bucket."""
+        self._sizes = None
+        self._uploaded.clear()
 
     def attach(self, log_name: str, path: str) -> None:
         """Sync a mirror another daemon created (adopting its running attempt)."""
@@ -38,7 +52,7 @@ class LogSync:
         """The mirror file for ``log_name``; created (with its base) on first use."""
         path = self._mirror(log_name)
         if not os.path.exists(path + ".base"):
-            base = self.store.log_size(log_name)
+            base = self._remote_size(log_name)
             open(path, "ab").close()
             with open(path + ".base", "w") as f:
                 f.write(str(base))
@@ -72,8 +86,11 @@ class LogSync:
             self.store.append_log(log_name, chunk)
         except Exception:
             self._uploaded.pop(log_name, None)  # we may or may not have appended: re-ask
+            self._sizes = None
             raise
         self._uploaded[log_name] = done + len(chunk)
+        if self._sizes is not None:
+            self._sizes[log_name] = self._sizes.get(log_name, 0) + len(chunk)
         return len(chunk)
 
     def flush(self, log_name: str) -> None:

@@ -211,6 +211,9 @@ class Store:
         """One log object per daemon installation: restarts append, two daemons never mix."""
         return f"{DAEMON_LOG_PREFIX}{host}-{hashlib.sha1(work_dir.encode()).hexdigest()[:6]}"
 
+    def list_logs(self) -> dict[str, ObjectInfo]:
+        return self._list("logs")
+
     def log_size(self, log: str) -> int:
         return self._size("logs", log)
 
