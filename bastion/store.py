@@ -302,6 +302,10 @@ class Store:
         return info.token if info else None
 
     def read_url(self, url: str) -> bytes:
+        """Through the backend's primitives, so every backend's timeouts and errors apply."""
         self._count("read")
         fs, path = fsspec.core.url_to_fs(url)
-        return fs.cat_file(path)
+        data = objects_for(fs).read(path)
+        if data is None:
+            raise FileNotFoundError(url)
+        return data
