@@ -17,7 +17,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,7 +50,6 @@ class Job:
     state_token: str | None = None  # token of the state object we wrote/read; None: absent
     attempted: list[bytes] = field(default_factory=list)  # writes not yet confirmed
     gone_from_bucket: bool = False
-    finalized: bool = False
 
 
 @dataclass
@@ -269,13 +268,13 @@ class Daemon:
             except Exception:
                 log.exception("%s: could not take in the spec", name)
         for name, job in self.jobs.items():
-            if name not in specs and job.token and not job.finalized:
+            if name not in specs and job.token:
                 job.gone_from_bucket = True
 
     def _absorb_spec(self, name: str, raw: bytes, token: str, now: float) -> None:
         job = self.jobs.get(name)
         spec, problem = self._parse_spec(name, raw)
-        if job is None or (job.state.status is Status.COMPLETED and job.finalized):
+        if job is None:
             job = self.jobs[name] = Job(name=name, state=JobState(submit_time=now))
         job.token = token
         job.gone_from_bucket = False
@@ -520,7 +519,6 @@ class Daemon:
         self.store.write_complete(job.name, record)
         self.store.delete_spec(job.name)
         self.store.delete_state(job.name)
-        job.finalized = True
         del self.jobs[job.name]
 
     def _mirrors(self) -> set[str]:
@@ -703,6 +701,3 @@ class Daemon:
 
     def daemon_log_path(self) -> str:
         return self.logs.path(self.daemon_log)
-
-    def running(self) -> Iterable[Job]:
-        return (j for j in self.jobs.values() if j.state.status is Status.ACTIVE)

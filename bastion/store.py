@@ -243,10 +243,6 @@ class Store:
     def list_decisions(self) -> list[str]:
         return sorted(self._list("history/decisions"))
 
-    def read_decisions(self, stamp: str) -> dict[str, Any] | None:
-        raw = self._read("history", "decisions", stamp)
-        return json.loads(raw) if raw else None
-
     def prune_decisions(self, keep: int) -> None:
         """Keep the newest ``keep`` records (names sort by time)."""
         for stamp in self.list_decisions()[:-keep]:
