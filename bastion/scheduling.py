@@ -37,4 +37,6 @@ def job_request(name: str, spec: JobSpec | None, state: JobState, now: float) ->
         phase=phase,
         start_time=state.start_time,
         tier=state.tier,
+        # A victim still stopping keeps its room earmarked for the job that reclaimed it.
+        preempted_by=(state.stop or {}).get("by") if phase is Phase.RELEASING else None,
     )

@@ -36,9 +36,8 @@ class SchedulingKnobs:
     preemption_grace_seconds: float = 60.0  # SIGTERM -> SIGKILL on preemption
     usage_half_life_seconds: float = 7 * 86400.0  # decay of the usage that orders users
     preempt_within_project: bool = False  # higher priority may preempt lower, same project
-    # The oldest job that has waited this long, and fits its project's quota but not on top
-    # of what the project runs, holds the capacity it needs: later jobs (of its project, and
-    # borrowers) do not backfill into it, so small jobs cannot starve it.
+    # The oldest job that has waited this long and fits its project's quota blocks the later
+    # jobs of its project until it starts: small jobs cannot keep a large one out forever.
     reserve_after_seconds: float = 1800.0
 
     @property
@@ -86,8 +85,21 @@ class QuotaConfig:
         return sorted(p for p, pats in self._patterns.items()
                       if any(x.fullmatch(user_id) for x in pats))
 
+    @cached_property
+    def _members(self) -> dict[tuple[str, str], bool]:
+        return {}
+
     def is_member(self, user_id: str, project_id: str) -> bool:
-        return any(x.fullmatch(user_id) for x in self._patterns.get(project_id, ()))
+        """Full match of the user id on one of the project's regexes (memoised: the daemon
+        asks about the same users every cycle)."""
+        key = (user_id, project_id)
+        hit = self._members.get(key)
+        if hit is None:
+            if len(self._members) > 100_000:
+                self._members.clear()
+            hit = self._members[key] = any(
+                x.fullmatch(user_id) for x in self._patterns.get(project_id, ()))
+        return hit
 
 
 def default_quota(pool: Mapping[str, int]) -> QuotaConfig:

@@ -8,9 +8,9 @@ Why the pass looks like this:
   (same world, no new preemption).
 * A within-quota job that must wait holds the free capacity it needs, so new borrowers
   (protected by the minimum runtime once started) cannot keep it out: it starts within one
-  reclaim period. The oldest job that has waited `reserve_after_seconds` holds capacity the
-  same way against later borrowers, and blocks later jobs of its own project, so small jobs
-  cannot starve a large one.
+  reclaim period. Its project's other jobs do not borrow what it needs meanwhile.
+* The oldest job that has waited `reserve_after_seconds` and fits its project's quota
+  blocks the later jobs of its project until it starts, so small jobs cannot starve it.
 * Running jobs are charged to the tier they run on; a tier label never causes a restart.
 """
 
@@ -49,9 +49,9 @@ class _Pass:
         self.reserved: dict[str, dict[str, int]] = {}
         self.waits: dict[str, tuple[str, object]] = {}  # name -> (kind, detail); text at the end
         self.started: set[str] = set()
-        self.members: dict[tuple[str, str], bool] = {}
         self.held_total: dict[str, int] = {}
         self.reason_cache: dict[object, str] = {}
+        self.head: str | None = None  # see _head
 
     # -- driver ------------------------------------------------------------------------------
 
@@ -66,7 +66,7 @@ class _Pass:
         self.head = self._head(queues)
         first = Within(self, queues)
         first.run()
-        self._lend(first.lenders, first.followers, first.claims, first.claimants)
+        self._lend(first)
         self._finish_waits(queues)
         decisions = {j.name: self.decisions[j.name] for j in self.jobs}
         return Plan(decisions=decisions, reserved=self.reserved, free=dict(self.cap.total),
@@ -127,13 +127,9 @@ class _Pass:
     def _queues(self, pending: list[JobRequest]) -> dict[str, list[JobRequest]]:
         """Valid pending jobs per project: priority, then user's decayed usage, then age."""
         queues: dict[str, list[JobRequest]] = {}
-        members, pool, config = self.members, self.pool, self.config
+        pool, config = self.pool, self.config
         for j in pending:
-            key = (j.user_id, j.project_id)
-            member = members.get(key)
-            if member is None:
-                member = members[key] = config.is_member(j.user_id, j.project_id)
-            if member:
+            if config.is_member(j.user_id, j.project_id):
                 for r, n in j.resources.items():
                     if n < 0 or n > pool.get(r, 0):
                         break
@@ -147,82 +143,84 @@ class _Pass:
         return dict(sorted(queues.items()))
 
     def _head(self, queues: dict[str, list[JobRequest]]) -> str | None:
-        """The oldest job waiting `reserve_after_seconds` that fits its project's quota but not
-        on top of what the project runs now (it waits for its own project to drain).
+        """The oldest job that has waited `reserve_after_seconds` and fits its project's quota.
 
-        Only this one job holds capacity against backfill (Slurm-like, one reservation at a
-        time): the capacity it needs is not lent to later jobs, and later jobs of its project
-        wait, so a stream of small jobs cannot starve it. More holders would fragment the pool.
+        While its project's running jobs leave it no room, later jobs of its project wait, so
+        a stream of small jobs cannot keep it out; it becomes within quota as its project
+        drains, and then reclaims. (Holding free capacity for it as well was measured in the
+        simulator: it restarted large borrowers only for owners to preempt them again.)
+        Depending only on age and quota, the choice does not flip when a plan is applied.
         """
         cutoff = self.now - self.knobs.reserve_after_seconds
         best: tuple[float, str] | None = None
-        held: dict[str, dict[str, int]] = {}  # releasing jobs count: same head while they stop
-        for j in self.jobs:
-            if j.phase is not Phase.PENDING:
-                add(held.setdefault(j.project_id, {}), j.resources)
         for p, queue in queues.items():
-            q, used = self.quota(p), held.get(p, {})
+            q = self.quota(p)
             for j in queue:
                 if j.submit_time <= cutoff and (best is None or (j.submit_time, j.name) < best) \
-                        and within({}, j.resources, q) and not within(used, j.resources, q):
+                        and within({}, j.resources, q):
                     best = (j.submit_time, j.name)
         return best[1] if best else None
 
     # -- pass 2: lend what is left ---------------------------------------------------------------
 
-    def _lend(self, lenders: dict[str, list[JobRequest]], followers: dict[str, str],
-              claims: dict[str, dict[str, int]], claimants: dict[str, str]) -> None:
-        """Borrowers in turn. A project whose within-quota job waits on a reclaim lends its
-        other jobs nothing of the resources that job needs: they would push it out of quota."""
-        for p, claim in claims.items():
-            for j in lenders.get(p, []):
-                if j.name not in followers and any(
-                        n > 0 and claim.get(r, 0) > 0 for r, n in j.resources.items()):
-                    followers[j.name] = claimants[p]
-        lists = {p: [j for j in lst if j.name not in self.decisions and j.name not in self.waits]
-                 for p, lst in lenders.items()}
+    def _lend(self, first: Within) -> None:
+        """Borrowers in turn: what the within-quota pass left is lent, project by project."""
+        rank = first.rank.__getitem__
+        done, waits = self.decisions, self.waits
+        lists = {}
+        for p, lst in first.lenders.items():
+            lst = [j for j in lst if j.name not in done and j.name not in waits]
+            if p in first.unsorted:
+                lst.sort(key=lambda j: rank(j.name))
+            lists[p] = lst
         heap = [(*self._lend_key(p, lst[0]), p, 0) for p, lst in lists.items() if lst]
         heapq.heapify(heap)
-        cap = self.cap
+        total = self.cap.total
+        least: dict[str, int] | None = None
         while heap:
             *_, p, i = heapq.heappop(heap)
-            j = lists[p][i]
-            head = followers.get(j.name)
-            if head is not None and head not in self.started:
-                self.waits[j.name] = ("behind", head)
-            elif cap.fits(j.resources):
-                self.start(j)
-            else:
-                self.waits[j.name] = ("full", None)
-                if j.name == self.head:
-                    got = cap.reserve(j.resources)
-                    if got:
-                        self.reserved[j.name] = got
-                if not any(n > 0 for n in cap.total.values()):
-                    heap.append((0.0, 0.0, 0.0, 0.0, p, i + 1))
-                    self._drain(lists, followers, heap)
-                    return
+            self._lend_one(p, lists[p][i], first)
+            if least is None and not any(n > 0 for n in total.values()):
+                least = {}  # nothing free: only jobs that need nothing can start
+            elif least is None:
+                least = _least_need([j for lst in lists.values() for j in lst])
+            if not any(n > 0 for n in total.values()) or any(
+                    total.get(r, 0) < n for r, n in least.items()):
+                # No job left fits (all need r, less is free): order is moot from here on.
+                heap.append((0.0, 0.0, 0.0, p, i + 1))
+                for *_, q, k in sorted(heap, key=lambda e: (e[-2], e[-1])):
+                    for j in lists[q][k:]:
+                        self._lend_one(q, j, first)
+                return
             if i + 1 < len(lists[p]):
                 heapq.heappush(heap, (*self._lend_key(p, lists[p][i + 1]), p, i + 1))
 
-    def _drain(self, lists: dict[str, list[JobRequest]], followers: dict[str, str],
-               heap: list[tuple[float, float, float, float, str, int]]) -> None:
-        """The pool is full: only jobs that need nothing can start; the order no longer matters."""
-        for *_, p, i in sorted(heap, key=lambda e: (e[-2], e[-1])):
-            for j in lists[p][i:]:
-                head = followers.get(j.name)
-                if head is not None and head not in self.started:
-                    self.waits[j.name] = ("behind", head)
-                elif self.cap.fits(j.resources):
-                    self.start(j)
-                else:
-                    self.waits[j.name] = ("full", None)
+    def _lend_one(self, p: str, j: JobRequest, first: Within) -> None:
+        if j.name in self.decisions or j.name in self.waits:
+            return  # admitted within quota once its project's head started
+        head = first.followers.get(j.name)
+        if head is not None and head not in self.started:
+            self.waits[j.name] = ("behind", head)
+            return
+        claim = first.claims.get(p)
+        if claim:
+            for r, n in j.resources.items():
+                if n > 0 and r in claim:
+                    # Its project's within-quota job waits on a reclaim: taking resources
+                    # that job needs would push it out of quota.
+                    self.waits[j.name] = ("behind", first.claimants[p])
+                    return
+        if self.cap.fits(j.resources):
+            self.start(j)
+            if first.heads.get(p) == j.name:
+                first.unblock(p)
+        # else it waits for capacity: the default reason, written by _finish_waits
 
-    def _lend_key(self, p: str, j: JobRequest) -> tuple[float, float, float, float]:
-        """Jobs that waited `reserve_after_seconds` first, oldest first; then AXLearn's order:
-        the project that would be least over its quota goes first."""
-        if self.now - j.submit_time >= self.knobs.reserve_after_seconds:
-            return (0.0, j.submit_time, 0.0, 0.0)
+    def _lend_key(self, p: str, j: JobRequest) -> tuple[float, float, float]:
+        """AXLearn's order: the project that would be least over its quota goes first.
+
+        (Putting long-waiting jobs first was tried in the simulator: requeued victims, old by
+        submission, restarted first and were preempted again, more often.)"""
         used, q = self.usage.get(p, {}), self.quota(p)
         ratio, excess = 0.0, 0.0
         for r, n in j.resources.items():
@@ -233,7 +231,7 @@ class _Pass:
             elif total > 0:
                 ratio = float("inf")
                 excess += total
-        return (1.0, ratio, excess, j.submit_time)
+        return (ratio, excess, j.submit_time)
 
     # -- reasons for waiting jobs ----------------------------------------------------------------
 
@@ -248,13 +246,31 @@ class _Pass:
                 name = j.name
                 if name in decisions:
                     continue
-                if name in self.waits or name in self.reserved:
+                if name in self.waits:
                     why = wait_reason(self, j, ahead, q, used)
                 else:  # the common case, kept short: 50,000 of these must stay cheap
                     why = f"{full_reason(self, j, used, q)}; {ahead} job" \
                           f"{'' if ahead == 1 else 's'} ahead in {p}"
                 decisions[name] = Decision(name, Verdict.WAIT, why)
                 ahead += 1
+
+
+def _least_need(jobs: list[JobRequest]) -> dict[str, int]:
+    """For each resource every job needs, the smallest amount any of them needs."""
+    if not jobs:
+        return {}
+    least = {r: n for r, n in jobs[0].resources.items() if n > 0}
+    for j in jobs:
+        res = j.resources
+        for r in list(least):
+            n = res.get(r, 0)
+            if n <= 0:
+                del least[r]
+            elif n < least[r]:
+                least[r] = n
+        if not least:
+            break
+    return least
 
 
 def invalid_reason(config: QuotaConfig, j: JobRequest) -> str | None:

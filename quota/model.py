@@ -54,10 +54,11 @@ class Decision:
 class Plan:
     """One decision per input job, RELEASING jobs included (as KEEP with a "releasing" reason).
 
-    ``reserved`` maps a waiting job to the free capacity held for it this pass (not lent to
-    later jobs); ``free`` is what is left after the plan; ``usage``/``quotas`` are per project
-    in absolute units, with the plan applied (starts added, preempted jobs removed);
-    ``within_quota`` names the pending jobs that fit their project's guaranteed quota.
+    ``reserved`` maps a waiting within-quota job to the free capacity held for it this pass
+    (not lent to later jobs); ``free`` is what is left after the plan; ``usage`` and
+    ``quotas`` are per project in absolute units, with the plan applied (starts added,
+    preempted jobs removed); ``within_quota`` names the pending jobs that fit their
+    project's guaranteed quota.
     """
 
     decisions: Mapping[str, Decision]

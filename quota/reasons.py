@@ -28,8 +28,12 @@ def wait_reason(ps: _Pass, j: JobRequest, ahead: int, q: Mapping[str, float],
     if kind == "full":
         return full_reason(ps, j, used, q) + tail
     if kind == "behind":
-        return (f"waiting behind {detail}, a job of project {p} that fits {p}'s quota and "
-                f"waits for it: other jobs of {p} do not take that quota first{tail}")
+        text = ps.reason_cache.get(detail)
+        if text is None:
+            text = ps.reason_cache[detail] = (
+                f"waiting behind {detail}, a job of project {p} that fits {p}'s quota and "
+                f"waits for it: other jobs of {p} do not take that quota first")
+        return text + tail
     with_it = dict(used)
     add(with_it, need)
     within = f"within quota ({p} at {fmt_ratio(with_it, q, need)} with this job)"
@@ -68,7 +72,4 @@ def full_reason(ps: _Pass, j: JobRequest, used: Mapping[str, int], q: Mapping[st
         if any(held.values()):
             text += f"; {fmt_units(held)} held for within-quota or older jobs"
         ps.reason_cache[key] = text
-    mine = ps.reserved.get(j.name)
-    if mine:
-        text += f" ({fmt_units(mine)} of it for this job, which has waited longest)"
     return text

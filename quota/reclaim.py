@@ -57,10 +57,11 @@ class Reclaim:
         chosen: list[JobRequest] = []
         self.blocked_until = None
         same_ok = ps.knobs.preempt_within_project
+        done = _done(cs, qs)
         for own in (False, True) if same_ok else (False,):
+            if done:
+                break
             for c in self.cands:
-                if _done(cs, qs):
-                    break
                 if c.name in self.chosen or (c.project_id == p) != own:
                     continue
                 if own:
@@ -79,7 +80,10 @@ class Reclaim:
                     _sub(qs, c.resources)
                 else:
                     add(delta.setdefault(c.project_id, {}), c.resources)
-        if not _done(cs, qs):
+                if _done(cs, qs):
+                    done = True
+                    break
+        if not done:
             return None
         for c in reversed(list(chosen)):
             own = c.project_id == p

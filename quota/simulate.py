@@ -34,8 +34,10 @@ from quota.config import QuotaConfig
 from quota.engine import invalid_reason
 from quota.model import JobRequest, Phase, Verdict
 from quota.policy import schedule
-from quota.trace import TraceJob
+from quota.trace import TraceError, TraceJob, parse_trace
 from quota.usage import UsageLedger
+
+__all__ = ["SimulationResult", "TraceError", "TraceJob", "parse_trace", "simulate"]
 
 EPS = 1e-6
 

@@ -24,7 +24,10 @@ EPS = 1e-6
 
 def within(used: Mapping[str, float], need: Mapping[str, int], q: Mapping[str, float]) -> bool:
     """Whether usage plus need stays within quota for every resource the job needs."""
-    return all(n <= 0 or used.get(r, 0) + n <= q.get(r, 0.0) + EPS for r, n in need.items())
+    for r, n in need.items():  # noqa: SIM110 (a plain loop: this runs for every pending job)
+        if n > 0 and used.get(r, 0) + n > q.get(r, 0.0) + EPS:
+            return False
+    return True
 
 
 def quota_shortfall(used: Mapping[str, int], need: Mapping[str, int],
@@ -45,7 +48,12 @@ class Within:
         self.followers: dict[str, str] = {}  # job -> aged head of its project it waits behind
         self.heads: dict[str, str] = {}
         self.admitted: set[str] = set()
+        self.rank = {j.name: i for q in queues.values() for i, j in enumerate(q)}
+        self.unsorted: set[str] = set()  # projects whose lenders may be out of queue order
         self._same: dict[str, bool] = {}
+        self._pos = dict.fromkeys(queues, 0)  # next index of each queue to classify
+        self._version = dict.fromkeys(queues, 0)  # heap entries of older versions are stale
+        self._heap: list[tuple[float, float, str, int, int]] = []
 
     def claimed(self, p: str) -> dict[str, int]:
         used = dict(self.ps.usage.get(p, {}))
@@ -54,43 +62,90 @@ class Within:
 
     def run(self) -> None:
         self._sticky()
-        pos = dict.fromkeys(self.queues, 0)
-        heap = []
         for p in self.queues:
-            i = self._scan(p, pos)
-            if i is not None:
-                heap.append((*self._key(p, self.queues[p][i]), p, i))
-        heapq.heapify(heap)
-        while heap:
-            *_, p, i = heapq.heappop(heap)
+            self._push(p)
+        self._turns()
+
+    def _turns(self) -> None:
+        """Projects take turns with their next job within quota, furthest below quota first."""
+        while self._heap:
+            _, _, p, i, version = heapq.heappop(self._heap)
+            if version != self._version[p]:
+                continue
             j = self.queues[p][i]
             if j.name not in self.admitted:
                 self._admit(j, same_project=self._same[j.name])
-            i = self._scan(p, pos)
-            if i is not None:
-                heapq.heappush(heap, (*self._key(p, self.queues[p][i]), p, i))
+            self._push(p)
 
-    def _scan(self, p: str, pos: dict[str, int]) -> int | None:
+    def _push(self, p: str) -> None:
+        i = self._scan(p)
+        if i is not None:
+            heapq.heappush(self._heap, (*self._key(p, self.queues[p][i]), p, i,
+                                        self._version[p]))
+
+    def _scan(self, p: str) -> int | None:
         """Walk p's queue to its next job within quota (the ones passed over go to lenders).
 
         Only p's own admissions change whether p's jobs fit its quota (a reclaim that takes
-        p's jobs revisits them), so the other projects' turns need not interleave here."""
+        p's jobs reopens them), so other projects' turns need not interleave with the walk."""
         queue = self.queues[p]
         q = self.ps.quota(p)
         claimed = self.claimed(p)
-        i = pos[p]
+        done, waits = self.ps.decisions, self.ps.waits  # (decided in the lending pass)
+        knob, head = self.ps.knobs.preempt_within_project, self.ps.head
+        i = self._pos[p]
         while i < len(queue):
             j = queue[i]
             i += 1
-            if j.name in self.admitted:
+            name = j.name
+            if name in self.admitted or name in done or name in waits:
                 continue
+            if p not in self.heads:  # the common cases first, inline (this runs for every job)
+                for r, n in j.resources.items():
+                    if n > 0 and claimed.get(r, 0) + n > q.get(r, 0.0) + EPS:
+                        break
+                else:
+                    self._same[name] = False
+                    self._pos[p] = i
+                    return i - 1
+                if not knob and name != head:
+                    self.lenders[p].append(j)
+                    continue
             same = self._classify(p, j, q, claimed)
             if same is not None:
                 self._same[j.name] = same
-                pos[p] = i
+                self._pos[p] = i
                 return i - 1
-        pos[p] = i
+        self._pos[p] = i
         return None
+
+    def reopen(self, p: str) -> None:
+        """p lost jobs to a reclaim, or its head started: the jobs it passed over (and those
+        behind its head) are judged again, in their turn, against its usage now."""
+        ps = self.ps
+        if not ps.knobs.preempt_within_project:
+            q, claimed = ps.quota(p), self.claimed(p)
+            if all(q.get(r, 0.0) - claimed.get(r, 0) <= EPS for r in {*q, *claimed}):
+                return  # still at or over its quota everywhere: nothing of p can fit it
+        done, waits = ps.decisions, ps.waits
+        back = [j for j in self.lenders.get(p, [])
+                if j.name not in self.admitted and j.name not in done and j.name not in waits]
+        if not back:
+            return
+        head = self.heads.pop(p, None)
+        if head is not None:
+            self.followers = {f: h for f, h in self.followers.items() if h != head}
+        self.lenders[p] = []
+        self.unsorted.add(p)
+        self._pos[p] = min(self.rank[j.name] for j in back)
+        self._version[p] += 1
+        self._push(p)
+
+    def unblock(self, p: str) -> None:
+        """p's head started (borrowing, in the lending pass): judge the jobs behind it now."""
+        self.reopen(p)
+        self._turns()
+
     def _key(self, p: str, j: JobRequest) -> tuple[float, float]:
         """The project that would be furthest below its quota goes first, then the oldest."""
         q = self.ps.quota(p)
@@ -108,7 +163,16 @@ class Within:
         named = sorted((pending[n].submit_time, n) for n in ps.reclaimers if n in pending)
         for _, name in named:
             j = pending[name]
-            if within(self.claimed(j.project_id), j.resources, ps.quota(j.project_id)):
+            if not within(self.claimed(j.project_id), j.resources, ps.quota(j.project_id)):
+                continue
+            # What it preempted for is still on its way: use that before free capacity,
+            # which the others counted on last pass.
+            mark = {r: min(n, ps.earmark.get(r, 0)) for r, n in j.resources.items() if n > 0}
+            rest = shortfall(j.resources, mark)
+            if any(mark.values()) and not shortfall(rest, ps.cap.total):
+                self.admitted.add(name)
+                self._wait(j, mark, ("releasing", mark), hold=rest)
+            else:
                 self._admit(j, same_project=False)
 
     def _classify(self, p: str, j: JobRequest, q: Mapping[str, float],
@@ -133,7 +197,10 @@ class Within:
         """False: within quota; True: within once own lower-priority jobs go; None: not."""
         if within(claimed, j.resources, q):
             return False
-        if self.ps.knobs.preempt_within_project:
+        claim = self.claims.get(p, {})
+        if self.ps.knobs.preempt_within_project and not any(
+                n > 0 and claim.get(r, 0) > 0 for r, n in j.resources.items()):
+            # (A within-quota job of p that waits keeps what it claimed: no such jumps.)
             lower = self.ps.reclaim.lower_priority_usage(p, j.priority)
             if lower:
                 trial = dict(claimed)
@@ -144,51 +211,63 @@ class Within:
 
     def _admit(self, j: JobRequest, same_project: bool) -> None:
         ps = self.ps
-        p, need = j.project_id, j.resources
-        self.admitted.add(j.name)
-        cshort = shortfall(need, ps.cap.total)
+        cshort = shortfall(j.resources, ps.cap.total)
         if not cshort:
             # It fits free capacity, so it starts (work conserving), even if it then borrows.
+            self.admitted.add(j.name)
             ps.start(j)
             return
-        qshort = quota_shortfall(self.claimed(p), need, ps.quota(p)) if same_project else {}
+        if same_project:
+            self._admit_over_own(j, cshort)
+            return
+        self.admitted.add(j.name)
         after = shortfall(cshort, ps.earmark)
-        if not after and not qshort:
+        if not after:
             self._wait(j, cshort, ("releasing", cshort))
             return
-        victims = ps.reclaim.select(j, after, qshort)
+        victims = ps.reclaim.select(j, after, {})
         if victims is None:
-            self._wait(j, cshort, ("protected", (after, qshort, ps.reclaim.blocked_until)))
+            self._wait(j, cshort, ("protected", (after, {}, ps.reclaim.blocked_until)))
             return
+        self._preempt(j, cshort, victims)
+
+    def _admit_over_own(self, j: JobRequest, cshort: Mapping[str, int]) -> None:
+        """Within quota only once its project's lower-priority jobs go (the knob is on): as in
+        Kueue, preempt them (and borrowers) for everything it lacks, or leave it to the
+        borrowing pass; it never claims releasing capacity while outside its quota."""
+        ps = self.ps
+        p = j.project_id
+        qshort = quota_shortfall(self.claimed(p), j.resources, ps.quota(p))
+        victims = ps.reclaim.select(j, cshort, qshort)
+        if victims is None:
+            self.lenders[p].append(j)
+            self.unsorted.add(p)
+            return
+        self.admitted.add(j.name)
+        self._preempt(j, cshort, victims)
+
+    def _preempt(self, j: JobRequest, cshort: Mapping[str, int],
+                 victims: list[JobRequest]) -> None:
+        ps = self.ps
         for v in victims:
             add(ps.earmark, v.resources)
         self._wait(j, cshort, ("reclaiming", [v.name for v in victims]))
         for v in victims:
             ps.decide(v, Verdict.PREEMPT, ps.reclaim.reasons[v.name], v.tier, j.name)
-        for vp in sorted({v.project_id for v in victims} - {p}):
-            self._revisit(vp)
+        for vp in sorted({v.project_id for v in victims} - {j.project_id}):
+            self.reopen(vp)
 
-    def _wait(self, j: JobRequest, cshort: Mapping[str, int], why: tuple[str, object]) -> None:
-        """Claim what it lacks from releasing capacity, and hold what is free."""
+    def _wait(self, j: JobRequest, cshort: Mapping[str, int], why: tuple[str, object],
+              hold: Mapping[str, int] | None = None) -> None:
+        """Claim `cshort` from releasing capacity, and hold free capacity (all it needs, or
+        `hold`) so that nobody after it takes it."""
         ps = self.ps
         for r, n in cshort.items():
             ps.earmark[r] = max(0, ps.earmark.get(r, 0) - n)
-        got = ps.cap.reserve(j.resources)
+        got = ps.cap.reserve(j.resources if hold is None else hold)
         if got:
             ps.reserved[j.name] = got
-        add(self.claims.setdefault(j.project_id, {}), j.resources)
+        add(self.claims.setdefault(j.project_id, {}),
+            {r: n for r, n in j.resources.items() if n > 0})
         self.claimants.setdefault(j.project_id, j.name)
         ps.waits[j.name] = why
-
-    def _revisit(self, p: str) -> None:
-        """p lost jobs to a reclaim: its passed-over jobs may now fit its quota."""
-        q = self.ps.quota(p)
-        for j in list(self.lenders.get(p, [])):
-            if j.name not in self.followers and j.name not in self.admitted:
-                fit = self._fit(p, j, q, self.claimed(p))
-                if fit is not None:
-                    if self.heads.get(p) == j.name:  # now in quota: it blocks nobody
-                        del self.heads[p]
-                        self.followers = {f: h for f, h in self.followers.items() if h != j.name}
-                    self._admit(j, same_project=fit)
-        self.lenders[p] = [j for j in self.lenders.get(p, []) if j.name not in self.admitted]

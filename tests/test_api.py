@@ -37,7 +37,7 @@ def test_python_api_round_trip(bastion):
 
 def test_python_api_cancel_and_errors(bastion):
     client = Client(bastion.root)
-    with pytest.raises(SpecError, match="metadata.priority"):
+    with pytest.raises(SpecError, match=r"metadata\.priority"):
         new_jobspec(name="x", command="true", user_id="u", project_id="p", priority=0)
     with pytest.raises(SpecError, match="safe identifier"):
         new_jobspec(name="no/slash", command="true", user_id="u", project_id="p")

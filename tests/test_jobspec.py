@@ -71,7 +71,7 @@ def test_wrong_types_name_the_field(path, value, message):
 def test_missing_field_and_bad_json_are_named():
     data = json.loads(json.dumps(AXLEARN_SPEC))
     del data["metadata"]["project_id"]
-    with pytest.raises(SpecError, match="metadata.project_id is missing"):
+    with pytest.raises(SpecError, match=r"metadata\.project_id is missing"):
         JobSpec.from_json(data)
     with pytest.raises(SpecError, match="not valid JSON"):
         JobSpec.loads(b"{not json")

@@ -182,3 +182,18 @@ def test_explain_names_quota_usage_position_and_what_must_change() -> None:
     assert "2 v4 more must be free in the pool" in text
     assert "b's usage must drop by 2 v4" in text
     assert "no job named nope" in explain(c, jobs, {}, NOW, "nope")
+
+
+def test_explain_within_quota_and_rejected_jobs() -> None:
+    c = cfg({"v4": 10}, {"a": 0.5, "b": 0.5}, min_runtime_seconds=600)
+    jobs = [running("b1", "b", 10, start=NOW - 60), pend("a1", "a", 4, submit=NOW),
+            pend("bad", "a", {"v9": 1})]
+    text = explain(c, jobs, {}, NOW, "a1")
+    assert "borrowers become preemptible at t=10540" in text
+    assert "to start: nothing: it fits a's guaranteed quota" in text
+    assert "within one reclaim period (660s" in text
+    text = explain(c, jobs, {}, NOW, "bad")
+    assert "job bad: REJECT" in text and "unknown resource type v9" in text
+    assert "nothing will: fix the job" in text
+    text = explain(c, jobs, {}, NOW, "b1")
+    assert "job b1: KEEP on tier 0" in text and "borrowed 5 v4" in text

@@ -4,6 +4,8 @@ withinClusterQueue=LowerPriority only with the preempt_within_project knob."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from quota_helpers import apply, cfg, names, pend, released, running
 
 from quota.model import Phase, Verdict
@@ -230,26 +232,46 @@ def test_aged_head_blocks_backfill_by_later_jobs_of_its_project() -> None:
     assert young.decisions["small"].verdict is Verdict.START
 
 
-def test_oldest_entitled_job_holds_free_capacity_against_later_borrowers() -> None:
-    # a-big fits a's quota (6) but not on top of a1: it waits for a to drain, and the free
-    # capacity it needs is not lent to b, which already borrows.
+def test_only_the_oldest_entitled_job_blocks_its_project() -> None:
+    # a-old (6 of a's 6) waits for a to drain: a's later jobs wait behind it, b's do not,
+    # and no free capacity is held for it (it is not within quota yet).
     c = cfg({"v4": 10}, {"a": 0.6, "b": 0.4}, reserve_after_seconds=300)
     jobs = [running("a1", "a", 1, start=0), running("b1", "b", 6, start=0),
-            pend("a-big", "a", 6, submit=NOW - 1000), pend("b-small", "b", 2, submit=NOW - 5)]
+            pend("a-old", "a", 6, submit=NOW - 1000), pend("a-new", "a", 1, submit=NOW - 900),
+            pend("b-new", "b", 2, submit=NOW - 5)]
     plan = schedule(c, jobs, {}, NOW)
-    assert plan.decisions["a-big"].verdict is Verdict.WAIT
-    assert plan.reserved == {"a-big": {"v4": 3}}
-    assert plan.decisions["b-small"].verdict is Verdict.WAIT
-    young = schedule(c, jobs, {}, NOW - 800)  # before it has waited 300 s: b-small backfills
-    assert young.decisions["b-small"].verdict is Verdict.START
+    assert plan.decisions["a-old"].verdict is Verdict.WAIT
+    assert plan.reserved == {}
+    assert "waiting behind a-old" in plan.decisions["a-new"].reason
+    assert plan.decisions["b-new"].verdict is Verdict.START
+    young = schedule(c, jobs, {}, NOW - 800)  # before a-old has waited 300 s
+    assert young.decisions["a-new"].verdict is Verdict.START
 
 
-def test_only_one_job_holds_capacity_and_never_one_beyond_its_quota() -> None:
-    # Borrowers (jobs bigger than their quota) never hold capacity: holding for them fed
-    # churn in simulation (started on held capacity, then preempted by owners).
+def test_jobs_beyond_their_quota_never_block_or_hold() -> None:
     c = cfg({"v4": 10}, {"a": 0.5, "b": 0.5}, reserve_after_seconds=300)
     jobs = [running("b1", "b", 7, start=0), pend("a-huge", "a", 8, submit=NOW - 9000),
             pend("a2", "a", 4, submit=NOW - 900), pend("a3", "a", 4, submit=NOW - 800)]
     plan = schedule(c, jobs, {}, NOW)
     assert "a-huge" not in plan.reserved
     assert names(plan, Verdict.PREEMPT) == ["b1"]  # a2 is within quota and reclaims
+
+
+def test_reclaimer_keeps_its_turn_while_its_victim_stops() -> None:
+    # a1 preempted x3; while x3 stops, b1 arrives. b is further below its quota, so b1 would
+    # go first and take what x3 frees: a1 keeps its turn instead, and b1 reclaims on its own.
+    c = cfg({"v4": 12}, {"a": 0.3, "b": 0.6, "x": 0.1})
+    jobs = [running("x1", "x", 4, start=1), running("x2", "x", 4, start=2),
+            running("x3", "x", 3, start=3), running("b0", "b", 1, start=0),
+            pend("a1", "a", 3, submit=NOW)]
+    plan = schedule(c, jobs, {}, NOW)
+    assert names(plan, Verdict.PREEMPT) == ["x3"]
+    jobs = [*apply(plan, jobs, NOW), pend("b1", "b", 3, submit=NOW + 10)]
+    assert next(j for j in jobs if j.name == "x3").preempted_by == "a1"
+    plan = schedule(c, jobs, {}, NOW + 10)
+    assert "waiting for stopping jobs" in plan.decisions["a1"].reason
+    assert names(plan, Verdict.PREEMPT) == ["x2"]
+    assert plan.decisions["x2"].preempted_by == "b1"
+    # Without the name of the reclaimer the newcomer would have taken a1's place.
+    anonymous = [replace(j, preempted_by=None) for j in jobs]
+    assert schedule(c, anonymous, {}, NOW + 10).decisions["x2"].preempted_by == "a1"

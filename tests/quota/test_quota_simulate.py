@@ -115,3 +115,14 @@ def test_trace_errors_name_line_and_field() -> None:
     assert jobs[0] == TraceJob("j1", "p", "u", 0.0, 5.0, {"v4": 1}, 3)
     with pytest.raises(TraceError, match=r"<trace>:2: field name: 'j1' repeats line 1"):
         parse_trace(json.dumps(good) + "\n" + json.dumps(good))
+
+
+def test_same_trace_same_result_in_any_line_order() -> None:
+    c = cfg({"v4": 16}, {"a": 0.5, "b": 0.3, "c": 0.2}, min_runtime_seconds=60)
+    trace = [tj(f"j{i}", "abc"[i % 3], (i * 37) % 900, 100 + (i * 53) % 700, 1 + (i * 7) % 8,
+                prio=1 + i % 5, user=f"u{i % 4}") for i in range(60)]
+    first = simulate(c, trace, poll_seconds=30)
+    again = simulate(c, list(reversed(trace)), poll_seconds=30)
+    assert again.metrics == first.metrics
+    assert again.events == first.events
+    assert first.metrics["jobs"]["started"] == 60
