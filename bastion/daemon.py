@@ -404,6 +404,11 @@ class Daemon:
             "grace": self.grace_seconds if grace is None else grace,
         }
         if state.runner and not state.runner.get("lost"):
+            self.logs.write(
+                job.name,
+                f"=== [bastion] stopping attempt {state.attempt} ({kind.value}) at "
+                f"{_fmt_time(now)}: {reason} ===",
+            )
             self.runner.terminate(state.runner)
         self._event(job, kind.value.upper(), reason)
 
