@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fsspec import AbstractFileSystem
+from fsspec.asyn import sync
 from fsspec.implementations.local import LocalFileSystem
 
 log = logging.getLogger(__name__)
@@ -241,22 +242,35 @@ class GcsObjects(Objects):
             self.delete(part)
 
     def _compose(self, path: str, part: str, generation: str) -> None:
-        """compose [path, part] -> path, only if path is still at ``generation``."""
+        """compose [path, part] -> path, sent exactly once (see append), only if path is
+        still at ``generation`` (real GCS enforces it; the emulator ignores it)."""
         bucket, key, _ = self.fs.split_path(path)
-        self.fs.call(
-            "POST",
-            "b/{}/o/{}/compose",
-            bucket,
-            key,
-            ifGenerationMatch=generation,
-            headers={"Content-Type": "application/json"},
-            json={
-                "kind": "storage#composeRequest",
-                "sourceObjects": [{"name": key}, {"name": self.fs.split_path(part)[1]}],
-                "destination": {"name": key, "bucket": bucket},
-            },
-        )
+        body = {
+            "kind": "storage#composeRequest",
+            "sourceObjects": [{"name": key}, {"name": self.fs.split_path(part)[1]}],
+            "destination": {"name": key, "bucket": bucket},
+        }
+        url = self.fs._format_path("b/{}/o/{}/compose", [bucket, key])
+        sync(self.fs.loop, self._post_once, url, {"ifGenerationMatch": generation}, body)
         self.fs.invalidate_cache(path)
+
+    async def _post_once(self, url: str, params: dict[str, str], body: dict[str, Any]) -> None:
+        """One POST without gcsfs's retry loop: a lost answer must surface to our check."""
+        await self.fs._set_session()
+        headers = self.fs._get_headers({"Content-Type": "application/json"})
+        async with self.fs.session.request(
+            "POST",
+            url,
+            params=params,
+            json=body,
+            headers=headers,
+            timeout=self.fs.requests_timeout,
+        ) as response:
+            content = await response.read()
+            if response.status >= 400:
+                error = OSError(f"POST {url}: HTTP {response.status}: {content[:300]!r}")
+                error.code = response.status  # type: ignore[attr-defined]
+                raise error
 
 
 # protocol -> class, or "module:Class" imported on first use (as fsspec's own registry does)
