@@ -57,7 +57,6 @@ class CycleReport:
     started: float
     seconds: float = 0.0
     ops: dict[str, int] = field(default_factory=dict)
-    errors: int = 0
 
 
 def _attempt_key(name: str, state: JobState, kind: str) -> str:

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -326,3 +327,25 @@ def test_a_start_that_fails_frees_its_gpus(rig: Rig, failure: str) -> None:
     handle = runner.start(rig.launch("all", "exit 0", gpus=4))
     assert handle["gpus"] == [0, 1, 2, 3]
     assert finished(runner, handle) == (True, 0)
+
+
+def test_starting_an_attempt_twice_adopts_the_first(tmp_path: Path) -> None:
+    """A daemon that died between starting an attempt and recording it must not, once
+    restarted, start that attempt a second time: attempts are named after (job, attempt)."""
+    marker = tmp_path / "starts"
+    launch = Launch(
+        key="job.abc.1.run",
+        command=f"echo start >> {marker}; sleep 30",
+        env={},
+        log_path=str(tmp_path / "log"),
+    )
+    first = LocalRunner(str(tmp_path / "work")).start(launch)
+    restarted = LocalRunner(str(tmp_path / "work"))  # a new daemon, same work dir
+    second = restarted.start(launch)
+    try:
+        assert second["pid"] == first["pid"]
+        time.sleep(0.5)
+        assert marker.read_text().count("start") == 1
+        assert restarted.poll(second) == (False, None)
+    finally:
+        restarted.kill(second)

@@ -10,6 +10,7 @@ to start and which GPUs the job may use.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -72,8 +73,18 @@ class LocalRunner:
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self, launch: Launch) -> dict[str, Any]:
-        """Start an attempt; returns the handle to persist in the job state."""
+        """Start an attempt; returns the handle to persist in the job state.
+
+        Attempts are named by ``launch.key`` (job, submission, attempt). If a daemon started
+        this very attempt and died before it could record the handle, the attempt's directory
+        holds it, and that attempt is adopted instead of started a second time."""
         attempt_dir = os.path.join(self.work_dir, "attempts", launch.key)
+        recorded = os.path.join(attempt_dir, "handle.json")
+        if os.path.exists(recorded):
+            with open(recorded) as f:
+                handle = json.load(f)
+            self.adopt(handle)
+            return handle
         os.makedirs(attempt_dir, exist_ok=True)
         exit_file = os.path.join(attempt_dir, "exit_status")
         for stale in (exit_file, exit_file + ".tmp"):
@@ -98,7 +109,7 @@ class LocalRunner:
             self._gpus_in_use.pop(launch.key, None)  # nothing started: the GPUs stay free
             raise
         self._children[proc.pid] = proc
-        return {
+        handle = {
             "kind": self.kind,
             "key": launch.key,
             "host": self.host,
@@ -109,6 +120,10 @@ class LocalRunner:
             "log_path": launch.log_path,
             "gpus": gpus,
         }
+        with open(recorded + ".tmp", "w") as f:
+            json.dump(handle, f)
+        os.replace(recorded + ".tmp", recorded)
+        return handle
 
     def adopt(self, handle: Mapping[str, Any]) -> bool:
         """Take over an attempt started by an earlier daemon; False if it is not ours/alive."""
