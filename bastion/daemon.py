@@ -244,6 +244,16 @@ class Daemon:
             log.info(
                 "%s: recovered in state %s (attempt %d)", name, state.status.value, state.attempt
             )
+        self._kill_orphans(set(specs) | set(states))
+
+    def _kill_orphans(self, known: set[str]) -> None:
+        """Attempts still running for a job the bucket no longer has (deleted while we were
+        down) belong to nobody: stop them rather than let them hold the machine."""
+        for handle in self.runner.live_attempts():
+            name = str(handle["key"]).rsplit(".", 3)[0]
+            if name not in known:
+                log.warning("killing attempt %s: its job is gone from the bucket", handle["key"])
+                self.runner.kill(handle)
 
     def _read_specs(self, specs: dict[str, ObjectInfo], now: float) -> None:
         changed = [

@@ -235,3 +235,18 @@ def test_bad_cli_input_is_a_clear_error(bastion):
     bastion.cli("launch", "--name=dup", "--", "true")
     proc = bastion.cli("launch", "--name=dup", "--", "true", check=False)
     assert proc.returncode == 1 and "already active" in proc.stderr
+
+
+def test_attempt_of_a_job_deleted_while_daemon_down_is_killed(bastion, tmp_path):
+    pidfile = tmp_path / "pid"
+    daemon = bastion.start()
+    bastion.cli("launch", "--name=orphan", "--", f"echo $$ > {pidfile}; sleep 300")
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="job start")
+    pid = int(pidfile.read_text())
+    daemon.send_signal(signal.SIGKILL)
+    daemon.wait()
+    bastion.store.delete_spec("orphan")
+    bastion.store.delete_state("orphan")
+    bastion.start()
+    wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie",
+             what="orphan attempt to be killed")

@@ -125,6 +125,20 @@ class LocalRunner:
         os.replace(recorded + ".tmp", recorded)
         return handle
 
+    def live_attempts(self) -> list[dict[str, Any]]:
+        """Handles of attempts in our work dir whose processes still run."""
+        root = os.path.join(self.work_dir, "attempts")
+        found = []
+        for key in sorted(os.listdir(root)):
+            try:
+                with open(os.path.join(root, key, "handle.json")) as f:
+                    handle = json.load(f)
+            except (OSError, ValueError):
+                continue
+            if self._alive(handle):
+                found.append(handle)
+        return found
+
     def adopt(self, handle: Mapping[str, Any]) -> bool:
         """Take over an attempt started by an earlier daemon; False if it is not ours/alive."""
         if handle.get("host") != self.host:
