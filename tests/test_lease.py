@@ -1,0 +1,181 @@
+"""One daemon acts on a root at a time: the lease, with real daemons on a directory and on gs://.
+
+Two daemons share a root but not a work directory (as two machines would). The job in each test
+records its start in a marker file and prints numbered ticks until the test opens its gate, so a
+job is running, deterministically, whenever a test needs it to be, and "started once" and "no
+line lost" are checked on the machine and in the bucket, not taken from the daemon's word.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from tests.harness import Bastion, wait_for
+
+SHORT = "--lease_seconds=3"
+LONG = "--lease_seconds=60"  # longer than any wait here: a takeover cannot be an expiry
+LOST = re.compile(r"taken by another daemon; stopping at once|another daemon acts on this root")
+
+
+def gated(marker: Path, gate: Path) -> str:
+    return (
+        f"echo $BASTION_JOB_NAME >> {marker}; i=0; "
+        f"while [ ! -e {gate} ]; do i=$((i+1)); echo tick $i; sleep 0.1; done; echo end $i"
+    )
+
+
+def ticks_complete(log: str) -> list[str]:
+    """Problems with a gated job's output in ``log``: lost, repeated or reordered lines."""
+    lines = [ln for ln in log.splitlines() if ln.startswith(("tick ", "end "))]
+    if not lines or not lines[-1].startswith("end "):
+        return [f"no end line in {lines[-3:]}"]
+    n = int(lines[-1].split()[1])
+    expected = [f"tick {i}" for i in range(1, n + 1)] + [f"end {n}"]
+    return [] if lines == expected else [f"expected tick 1..{n}, end {n}; got {lines}"]
+
+
+def output(b: Bastion, index: int) -> str:
+    """What the ``index``-th daemon started by ``b`` printed (its log, via the console)."""
+    path = b.tmp / f"daemon-{index}.out"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def lease(b: Bastion) -> dict[str, Any]:
+    raw = b.read("lease")
+    return json.loads(raw) if raw else {}
+
+
+def held_by(b: Bastion, work_dir: str) -> bool:
+    record = lease(b)
+    return str(record.get("owner", "")).endswith(":" + work_dir) and not record.get("released")
+
+
+def acting(b: Bastion) -> str | None:
+    """Work dir of the daemon that last started acting (it publishes itself when it does)."""
+    raw = b.read("history", "daemon")
+    return json.loads(raw).get("work_dir") if raw else None
+
+
+def job_alive(b: Bastion, name: str) -> bool:
+    state = b.state(name) or {}
+    pid = (state.get("runner") or {}).get("pid")
+    try:
+        return pid is not None and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def kill_9(daemon: subprocess.Popen[bytes]) -> None:
+    daemon.send_signal(signal.SIGKILL)
+    daemon.wait()
+
+
+def finish(b: Bastion, name: str, marker: Path, gate: Path) -> dict[str, Any]:
+    """Open the gate; the job must then complete, once, with its whole log."""
+    gate.touch()
+    record = b.wait_complete(name, timeout=60)
+    state = record["state"]
+    assert (state["outcome"], state["attempt"]) == ("SUCCEEDED", 1), state
+    assert marker.read_text().split() == [name], "the job was started more than once"
+    problems = ticks_complete(b.log(name))
+    assert not problems, problems
+    return record
+
+
+def test_second_daemon_waits_then_adopts_after_the_holder_is_killed(bastion, tmp_path):
+    marker, gate = tmp_path / "started", tmp_path / "gate"
+    work1, work2 = bastion.work_dir, str(tmp_path / "work2")
+    first = bastion.start(SHORT)
+    wait_for(lambda: held_by(bastion, work1), what="the first daemon to take the lease")
+    second = bastion.start(SHORT, work_dir=work2)
+    wait_for(lambda: "holds the lease" in output(bastion, 1), what="the second one to wait")
+
+    bastion.cli("launch", "--name=shared", "--", gated(marker, gate))
+    wait_for(lambda: "tick 10" in bastion.log("shared"), what="the job's log in the bucket")
+    # Several cycles (and lease renewals) have passed; the waiter has done nothing.
+    state = bastion.state("shared")
+    assert state["runner"]["log_path"].startswith(work1 + os.sep)
+    assert acting(bastion) == work1
+    assert not os.listdir(os.path.join(work2, "attempts"))
+    assert "STARTED" in output(bastion, 0) and "STARTED" not in output(bastion, 1)
+    assert "took the lease" not in output(bastion, 1)
+    assert held_by(bastion, work1)
+
+    kill_9(first)
+    wait_for(lambda: acting(bastion) == work2, timeout=30, what="the second daemon to take over")
+    assert "expired (unchanged for" in output(bastion, 1)
+    assert job_alive(bastion, "shared"), "the job died with its daemon"
+    wait_for(lambda: "recovered in state ACTIVE" in output(bastion, 1), what="adoption")
+    finish(bastion, "shared", marker, gate)
+    assert "STARTED" not in output(bastion, 1)  # adopted, never started again
+    assert second.poll() is None
+
+
+def test_a_paused_holder_that_lost_its_lease_stops_acting(bastion, tmp_path):
+    """The holder is frozen (SIGSTOP) past its lease; on waking its renewal fails, so it stops."""
+    marker, gate = tmp_path / "started", tmp_path / "gate"
+    work2 = str(tmp_path / "work2")
+    first = bastion.start(SHORT)
+    wait_for(lambda: held_by(bastion, bastion.work_dir), what="the first daemon to take the lease")
+    bastion.start(SHORT, work_dir=work2)
+    bastion.cli("launch", "--name=paused", "--", gated(marker, gate))
+    wait_for(lambda: "tick 5" in bastion.log("paused"), what="the job's log in the bucket")
+
+    first.send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: acting(bastion) == work2, timeout=30, what="takeover")
+    finally:
+        first.send_signal(signal.SIGCONT)
+    wait_for(
+        lambda: LOST.search(output(bastion, 0)),
+        what="the woken holder to notice it lost the lease",
+    )
+    assert first.poll() is None  # it stops acting, not running: it waits for the lease again
+    finish(bastion, "paused", marker, gate)
+    assert held_by(bastion, work2)
+    assert output(bastion, 0).count("took the lease") == 1  # never again after losing it
+
+
+def test_sigterm_releases_the_lease_for_an_immediate_takeover(bastion, tmp_path):
+    marker, gate = tmp_path / "started", tmp_path / "gate"
+    work2 = str(tmp_path / "work2")
+    first = bastion.start(LONG)
+    wait_for(lambda: held_by(bastion, bastion.work_dir), what="the first daemon to take the lease")
+    bastion.start(LONG, work_dir=work2)
+    wait_for(lambda: "holds the lease" in output(bastion, 1), what="the second one to wait")
+    bastion.cli("launch", "--name=handover", "--", gated(marker, gate))
+    wait_for(lambda: marker.exists(), what="the job to start")
+
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(20) == 0
+    wait_for(lambda: acting(bastion) == work2, timeout=30, what="the second daemon to take over")
+    assert "was released" in output(bastion, 1)
+    assert "expired" not in output(bastion, 1)
+    assert job_alive(bastion, "handover"), "a graceful stop must leave running jobs running"
+    finish(bastion, "handover", marker, gate)
+
+
+def test_restart_on_the_same_host_and_work_dir_takes_over_at_once(bastion, tmp_path):
+    marker, gate = tmp_path / "started", tmp_path / "gate"
+    first = bastion.start(LONG)
+    bastion.cli("launch", "--name=restarted", "--", gated(marker, gate))
+    wait_for(lambda: "tick 3" in bastion.log("restarted"), what="the job's log in the bucket")
+    kill_9(first)
+    assert not lease(bastion).get("released")  # a killed daemon cannot release its lease
+    bastion.start(LONG)  # same work dir: it holds the flock, so its predecessor is dead
+    wait_for(
+        lambda: "recovered in state ACTIVE" in output(bastion, 1),
+        timeout=30,
+        what="the restarted daemon to adopt the job",
+    )
+    assert "expired" not in output(bastion, 1)
+    assert "took the lease" in output(bastion, 1)
+    finish(bastion, "restarted", marker, gate)
