@@ -664,13 +664,11 @@ class Daemon:
     # -- writing back ----------------------------------------------------------------------
 
     def _sync_logs(self) -> None:
-        for log_name in self._mirrors():
-            if log_name == self.daemon_log:
-                continue
-            try:
-                self.logs.sync(log_name)
-            except Exception:
-                log.exception("%s: log upload failed; it will be retried", log_name)
+        """Upload new log bytes, logs in parallel (each log's chunks stay in order)."""
+        logs = [name for name in self.logs.mirrors() if name != self.daemon_log]
+        for name, result in zip(logs, self._pool.map(_quietly(self.logs.sync), logs), strict=True):
+            if isinstance(result, Exception):
+                log.error("%s: log upload failed; it will be retried: %s", name, result)
 
     def _sync_daemon_log(self) -> None:
         try:

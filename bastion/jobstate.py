@@ -68,7 +68,9 @@ class JobState:
             del self.events[KEPT_FIRST_EVENTS]
 
     def to_json(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
+        # Shallow: json.dumps walks the nested dicts itself, and the daemon serializes every
+        # state each cycle to see which changed (dataclasses.asdict deep-copies: 3x slower).
+        data = {f.name: getattr(self, f.name) for f in _FIELDS}
         data["status"] = self.status.value
         data["outcome"] = self.outcome.value if self.outcome else None
         if self.tier is not None:
@@ -103,3 +105,6 @@ class JobState:
         if self.status is Status.COMPLETED and self.outcome:
             return self.outcome.value
         return self.status.value
+
+
+_FIELDS = dataclasses.fields(JobState)

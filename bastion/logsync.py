@@ -83,7 +83,7 @@ class LogSync:
             f.seek(done)
             chunk = f.read(min(size - done, _MAX_CHUNK))
         try:
-            self.store.append_log(log_name, chunk)
+            self.store.append_log(log_name, chunk, size=self.base(log_name) + done)
         except Exception:
             self._uploaded.pop(log_name, None)  # we may or may not have appended: re-ask
             self._sizes = None

@@ -250,12 +250,13 @@ class S3Objects(Objects):
 
     # -- append ------------------------------------------------------------------------------
 
-    def append(self, path: str, data: bytes) -> None:
+    def append(self, path: str, data: bytes, size: int | None = None) -> None:
         """Add ``data`` at the end, conditioned on the object not changing meanwhile.
 
         Below 5 MiB: read-modify-write with If-Match (O(object size), bounded by 5 MiB).
         From 5 MiB: server-side copy plus one new part (O(new bytes) sent by us). When the
         object changed under us (a 412), its new state is read and the append tried again.
+        ``size`` (the caller's idea of the current size) is not needed: If-Match covers it.
         """
         if not data:
             return

@@ -58,7 +58,8 @@ def _default_options(root: str, options: dict[str, Any]) -> dict[str, Any]:
 
         options.setdefault(
             "requests_timeout",
-            aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS, sock_connect=10),
+            # sock_read: a stalled read raises an error gcsfs retries; total bounds the rest
+            aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS, sock_connect=10, sock_read=20),
         )
     return options
 
@@ -129,9 +130,9 @@ class Store:
         self._count("read")
         return self.objects.read(self._path(*parts), start=start) or b""
 
-    def _append(self, data: bytes, *parts: str) -> None:
+    def _append(self, data: bytes, *parts: str, size: int | None = None) -> None:
         self._count("append")
-        self.objects.append(self._path(*parts), data)
+        self.objects.append(self._path(*parts), data, size=size)
 
     # -- job specs (written by users) ------------------------------------------------------
 
@@ -220,8 +221,9 @@ class Store:
     def read_log(self, log: str, start: int = 0) -> bytes:
         return self._read_range(start, "logs", log)
 
-    def append_log(self, log: str, data: bytes) -> None:
-        self._append(data, "logs", log)
+    def append_log(self, log: str, data: bytes, size: int | None = None) -> None:
+        """Append to a log; ``size``, if known, is its current size (saves a request)."""
+        self._append(data, "logs", log, size=size)
 
     def append_history(self, name: str, events: list[dict[str, Any]]) -> None:
         """Append a finished job's events: every submission of a name, one line per event."""
@@ -293,14 +295,14 @@ class Store:
     def url_token(self, url: str) -> str | None:
         """Change token of any object (the quota file may live in another bucket)."""
         self._count("info")
-        fs, path = fsspec.core.url_to_fs(url)
+        fs, path = fsspec.core.url_to_fs(url, **_default_options(url, {}))
         info = objects_for(fs).info(path)
         return info.token if info else None
 
     def read_url(self, url: str) -> bytes:
         """Through the backend's primitives, so every backend's timeouts and errors apply."""
         self._count("read")
-        fs, path = fsspec.core.url_to_fs(url)
+        fs, path = fsspec.core.url_to_fs(url, **_default_options(url, {}))
         data = objects_for(fs).read(path)
         if data is None:
             raise FileNotFoundError(url)

@@ -320,13 +320,6 @@ def test_a_request_that_never_answers_ends_in_a_timeout(
     assert sorted(store.list_specs()) == ["waiting"]  # the store is still usable
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG bastion/store.py Store.url_token/read_url open the quota URL with "
-    "fsspec.core.url_to_fs(url) and no storage options, so the Store's request timeout does not "
-    "apply: a stalled quota lookup (made every cycle) blocks the daemon for good",
-)
 def test_a_stalled_quota_lookup_ends_in_a_timeout(
     proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
