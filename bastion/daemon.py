@@ -104,7 +104,7 @@ class Daemon:
         work_dir: str,
         quota: QuotaSource,
         grace_seconds: float = DEFAULT_GRACE_SECONDS,
-        max_workers: int = 16,
+        max_workers: int = 48,
         lease: Lease | None = None,
     ) -> None:
         self.store = store
