@@ -36,6 +36,36 @@ def wait_for(
         time.sleep(interval)
 
 
+def processes_with_env(key: str, value: str) -> list[psutil.Process]:
+    """Live processes whose environment has ``key=value`` (how tests find their jobs)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(key) == value:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def gated(marker: Path, gate: Path) -> str:
+    """A job that records its start, prints numbered ticks until ``gate`` exists, then ends."""
+    return (
+        f"echo $BASTION_JOB_NAME >> {marker}; i=0; "
+        f"while [ ! -e {gate} ]; do i=$((i+1)); echo tick $i; sleep 0.1; done; echo end $i"
+    )
+
+
+def ticks_complete(log: str) -> list[str]:
+    """Problems with a gated job's output in ``log``: lost, repeated or reordered lines."""
+    lines = [ln for ln in log.splitlines() if ln.startswith(("tick ", "end "))]
+    if not lines or not lines[-1].startswith("end "):
+        return [f"no end line in {lines[-3:]}"]
+    n = int(lines[-1].split()[1])
+    expected = [f"tick {i}" for i in range(1, n + 1)] + [f"end {n}"]
+    return [] if lines == expected else [f"expected tick 1..{n}, end {n}; got {lines}"]
+
+
 class Bastion:
     """One ROOT, one work dir, and the CLI and daemon processes that use them."""
 
@@ -142,14 +172,7 @@ class Bastion:
         return raw.decode(errors="replace") if raw else ""
 
     def job_processes(self) -> list[psutil.Process]:
-        found = []
-        for proc in psutil.process_iter():
-            try:
-                if proc.environ().get("BASTION_ROOT") == self.root and proc.pid != os.getpid():
-                    found.append(proc)
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                continue
-        return found
+        return [p for p in processes_with_env("BASTION_ROOT", self.root) if p.pid != os.getpid()]
 
     def close(self) -> None:
         for proc in self.daemons:

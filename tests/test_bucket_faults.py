@@ -41,7 +41,7 @@ from bastion.store import Store
 from tests.conftest import BUCKET
 from tests.faultproxy import FaultPlan, FaultProxy
 from tests.gcs_emulator import GcsEmulator, free_port
-from tests.harness import Bastion, wait_for
+from tests.harness import Bastion, gated, ticks_complete, wait_for
 
 N_JOBS = int(os.environ.get("BASTION_FAULT_JOBS", "5"))
 FAULTS = FaultPlan(fail_rate=0.2, slow_seconds=0.3, seed=20240601)
@@ -73,24 +73,6 @@ def rig(proxy: FaultProxy, tmp_path: Path) -> Iterator[Bastion]:
 def via(proxy: FaultProxy) -> dict[str, str]:
     """Environment for a daemon whose every bucket request goes through ``proxy``."""
     return {"STORAGE_EMULATOR_HOST": proxy.endpoint}
-
-
-def gated(marker: Path, gate: Path) -> str:
-    """A job that records its start, prints numbered ticks until ``gate`` exists, then ends."""
-    return (
-        f"echo $BASTION_JOB_NAME >> {marker}; i=0; "
-        f"while [ ! -e {gate} ]; do i=$((i+1)); echo tick $i; sleep 0.1; done; echo end $i"
-    )
-
-
-def ticks_complete(log: str) -> list[str]:
-    """Problems with a gated job's output in ``log``: lost, repeated or reordered lines."""
-    lines = [ln for ln in log.splitlines() if ln.startswith(("tick ", "end "))]
-    if not lines or not lines[-1].startswith("end "):
-        return [f"no end line in {lines[-3:]}"]
-    n = int(lines[-1].split()[1])
-    expected = [f"tick {i}" for i in range(1, n + 1)] + [f"end {n}"]
-    return [] if lines == expected else [f"expected tick 1..{n}, end {n}; got {lines}"]
 
 
 def tick_count(log: str) -> int:

@@ -33,7 +33,7 @@ from bastion.service import build_daemon
 from bastion.store import Store
 from launch.api import Client, new_jobspec
 from tests.flakyfs import FailurePlan, FlakyFileSystem, Simulated503
-from tests.harness import wait_for
+from tests.harness import processes_with_env, wait_for
 
 
 class ErrorLog(logging.Handler):
@@ -163,14 +163,7 @@ class Rig:
         )
 
     def processes(self) -> list[psutil.Process]:
-        found = []
-        for proc in psutil.process_iter():
-            try:
-                if proc.environ().get("BASTION_TEST_TAG") == self.tag:
-                    found.append(proc)
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                continue
-        return found
+        return processes_with_env("BASTION_TEST_TAG", self.tag)
 
     def close(self) -> None:
         for proc in self.processes():

@@ -18,28 +18,11 @@ from typing import Any
 
 import psutil
 
-from tests.harness import Bastion, wait_for
+from tests.harness import Bastion, gated, ticks_complete, wait_for
 
 SHORT = "--lease_seconds=3"
 LONG = "--lease_seconds=60"  # longer than any wait here: a takeover cannot be an expiry
 LOST = re.compile(r"taken by another daemon; stopping at once|another daemon acts on this root")
-
-
-def gated(marker: Path, gate: Path) -> str:
-    return (
-        f"echo $BASTION_JOB_NAME >> {marker}; i=0; "
-        f"while [ ! -e {gate} ]; do i=$((i+1)); echo tick $i; sleep 0.1; done; echo end $i"
-    )
-
-
-def ticks_complete(log: str) -> list[str]:
-    """Problems with a gated job's output in ``log``: lost, repeated or reordered lines."""
-    lines = [ln for ln in log.splitlines() if ln.startswith(("tick ", "end "))]
-    if not lines or not lines[-1].startswith("end "):
-        return [f"no end line in {lines[-3:]}"]
-    n = int(lines[-1].split()[1])
-    expected = [f"tick {i}" for i in range(1, n + 1)] + [f"end {n}"]
-    return [] if lines == expected else [f"expected tick 1..{n}, end {n}; got {lines}"]
 
 
 def output(b: Bastion, index: int) -> str:

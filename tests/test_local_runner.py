@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from bastion.runners.local import Launch, LocalRunner
-from tests.harness import REPO, wait_for
+from tests.harness import REPO, processes_with_env, wait_for
 
 # Starts one attempt from a separate Python process that exits at once, so the attempt lives on
 # with no parent that can wait() for it: what a daemon killed with -9 leaves behind.
@@ -77,14 +77,7 @@ class Rig:
         return json.loads(out)
 
     def processes(self) -> list[psutil.Process]:
-        found = []
-        for proc in psutil.process_iter():
-            try:
-                if proc.environ().get("BASTION_TEST_TAG") == self.tag:
-                    found.append(proc)
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                continue
-        return found
+        return processes_with_env("BASTION_TEST_TAG", self.tag)
 
     def close(self) -> None:
         for proc in self.processes():
