@@ -59,9 +59,12 @@ class CycleReport:
     ops: dict[str, int] = field(default_factory=dict)
 
 
+def _identity_hash(state: JobState) -> str:
+    return hashlib.sha1(state.job_identity.encode()).hexdigest()[:8]
+
+
 def _attempt_key(name: str, state: JobState, kind: str) -> str:
-    ident = hashlib.sha1(state.job_identity.encode()).hexdigest()[:8]
-    return f"{name}.{ident}.{state.attempt}.{kind}"
+    return f"{name}.{_identity_hash(state)}.{state.attempt}.{kind}"
 
 
 def _quietly(call: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -529,7 +532,8 @@ class Daemon:
         if job.spec is None:
             raw = self.store.read_spec(job.name)
             record["spec_text"] = raw.decode(errors="replace") if raw else None
-        self.store.append_history(job.name, job.state.events)  # the long-term record
+        submission = f"{int(job.state.submit_time or now):012d}-{_identity_hash(job.state)}"
+        self.store.save_history(job.name, submission, job.state.events)  # long-term record
         self.store.write_complete(job.name, record)
         self.store.delete_spec(job.name)
         self.store.delete_state(job.name)

@@ -225,16 +225,21 @@ class Store:
         """Append to a log; ``size``, if known, is its current size (saves a request)."""
         self._append(data, "logs", log, size=size)
 
-    def append_history(self, name: str, events: list[dict[str, Any]]) -> None:
-        """Append a finished job's events: every submission of a name, one line per event."""
+    def save_history(self, name: str, submission: str, events: list[dict[str, Any]]) -> None:
+        """A finished submission's events, one object each under history/jobs/<name>/.
+
+        A plain overwrite, so saving again after a failure whose answer was lost is harmless;
+        ``submission`` sorts by time (see read_history)."""
         lines = "".join(json.dumps(event, sort_keys=True) + "\n" for event in events)
-        self._append(lines.encode(), "history", "jobs", name)
+        self._write(lines.encode(), "history", "jobs", name, submission)
 
     def read_history(self, name: str) -> Iterator[dict[str, Any]]:
-        raw = self._read("history", "jobs", name) or b""
-        for line in raw.decode(errors="replace").splitlines():
-            if line.strip():
-                yield json.loads(line)
+        """Every finished submission's events under this name, oldest first."""
+        for submission in sorted(self._list(f"history/jobs/{name}")):
+            raw = self._read("history", "jobs", name, submission) or b""
+            for line in raw.decode(errors="replace").splitlines():
+                if line.strip():
+                    yield json.loads(line)
 
     # -- scheduler decision log and usage ledger ------------------------------------------
 

@@ -220,6 +220,9 @@ def test_a_flaky_bucket_loses_nothing(rig: Rig, fraction: float) -> None:
         assert state["reason"] == reason, (name, state)
         assert state["attempt"] == 1 and state["status"] == "COMPLETED"
         assert record["spec"]["name"] == name
+        # the long-term history holds this submission's events once, even if finalize retried
+        events = [e["event"] for e in rig.client.history(name, all_submissions=True)]
+        assert events.count("PENDING") == 1 and events[-1] == state["outcome"], (name, events)
         log = rig.log(name)
         # every byte exactly once: no duplicated chunk after an ambiguous append, none lost
         assert re.fullmatch(LOG_RE.format(name=re.escape(name), code=expected[1]), log), (

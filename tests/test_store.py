@@ -280,8 +280,9 @@ def test_concurrent_appends_lose_no_bytes(store: Store) -> None:
 def test_history_append_and_read(store: Store) -> None:
     assert list(store.read_history("job")) == []
     events = [{"event": "PENDING", "n": 1}, {"event": "STARTED", "n": 2, "reason": "ü ok"}]
-    store.append_history("job", events[:1])
-    store.append_history("job", events[1:])
+    store.save_history("job", "000000000002-b", events[1:])
+    store.save_history("job", "000000000001-a", events[:1])
+    store.save_history("job", "000000000002-b", events[1:])  # saving again is harmless
     assert list(store.read_history("job")) == events
     assert list(store.read_history("other")) == []
 
@@ -317,15 +318,15 @@ def test_op_counters_count_each_call_kind(store: Store) -> None:
     store.read_state("job")
     store.read_log("job")
     store.append_log("job", b"x")
-    store.append_history("job", [{"event": "E"}])
+    store.save_history("job", "1", [{"event": "E"}])
     store.log_size("job")
     store.delete_spec("job")
     store.delete_request("job")
     assert dict(store.ops) == {
         "list": 3,
-        "write": 5,
+        "write": 6,
         "read": 3,
-        "append": 2,
+        "append": 1,
         "info": 1,
         "delete": 2,
     }
