@@ -48,6 +48,12 @@ def processes_with_env(key: str, value: str) -> list[psutil.Process]:
     return found
 
 
+def kill_all(procs: list[psutil.Process]) -> None:
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+
+
 def gated(marker: Path, gate: Path) -> str:
     """A job that records its start, prints numbered ticks until ``gate`` exists, then ends."""
     return (
@@ -183,6 +189,4 @@ class Bastion:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-        for proc in self.job_processes():
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.kill()
+        kill_all(self.job_processes())

@@ -12,7 +12,6 @@ afterwards.
 from __future__ import annotations
 
 import collections
-import contextlib
 import json
 import logging
 import os
@@ -33,7 +32,7 @@ from bastion.service import build_daemon
 from bastion.store import Store
 from launch.api import Client, new_jobspec
 from tests.flakyfs import FailurePlan, FlakyFileSystem, Simulated503
-from tests.harness import processes_with_env, wait_for
+from tests.harness import kill_all, processes_with_env, wait_for
 
 
 class ErrorLog(logging.Handler):
@@ -166,9 +165,7 @@ class Rig:
         return processes_with_env("BASTION_TEST_TAG", self.tag)
 
     def close(self) -> None:
-        for proc in self.processes():
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.send_signal(signal.SIGKILL)
+        kill_all(self.processes())
         for daemon in self.daemons:
             daemon._pool.shutdown(wait=True)
         FlakyFileSystem.uninstall(str(self.root))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -18,7 +17,7 @@ import psutil
 import pytest
 
 from bastion.runners.local import Launch, LocalRunner
-from tests.harness import REPO, processes_with_env, wait_for
+from tests.harness import REPO, kill_all, processes_with_env, wait_for
 
 # Starts one attempt from a separate Python process that exits at once, so the attempt lives on
 # with no parent that can wait() for it: what a daemon killed with -9 leaves behind.
@@ -80,9 +79,7 @@ class Rig:
         return processes_with_env("BASTION_TEST_TAG", self.tag)
 
     def close(self) -> None:
-        for proc in self.processes():
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.send_signal(signal.SIGKILL)
+        kill_all(self.processes())
 
 
 @pytest.fixture
