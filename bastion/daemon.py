@@ -57,6 +57,11 @@ class CycleReport:
     started: float
     seconds: float = 0.0
     ops: dict[str, int] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per step of the cycle
+
+    def slowest(self, count: int = 3) -> str:
+        top = sorted(self.phases.items(), key=lambda kv: -kv[1])[:count]
+        return ", ".join(f"{name} {seconds:.2f}s" for name, seconds in top)
 
 
 def _identity_hash(state: JobState) -> str:
@@ -153,7 +158,10 @@ class Daemon:
             report = self.cycle(time.time())
             if report.seconds > poll_seconds:
                 log.warning(
-                    "cycle took %.2fs, longer than --poll_seconds=%s", report.seconds, poll_seconds
+                    "cycle took %.2fs, longer than --poll_seconds=%s (slowest: %s)",
+                    report.seconds,
+                    poll_seconds,
+                    report.slowest(),
                 )
         except Exception:  # a failed listing (bucket outage): log it and try again
             log.exception("cycle %d failed; retrying in %ss", self.cycles, poll_seconds)
@@ -175,21 +183,37 @@ class Daemon:
     def cycle(self, now: float) -> CycleReport:
         ops_before = dict(self.store.ops)
         report = CycleReport(started=now)
+        mark = time.perf_counter()
+
+        def done(phase: str) -> None:
+            nonlocal mark
+            report.phases[phase] = time.perf_counter() - mark
+            mark = time.perf_counter()
+
         specs = self.store.list_specs()
         requests = self.store.list_requests()
+        done("list")
         if not self._recovered:
             self._recover(specs)  # raises if any state is unreadable: retried next cycle
             self._recovered = True
+            done("recover")
         self.cycles += 1
         self.quota.refresh()
+        done("quota")
         self._read_specs(specs, now)
+        done("read_specs")
         self._apply_requests(requests, now)
+        done("requests")
         self._each(self._supervise, now)
+        done("supervise")
         self._schedule(now)
-        self._sync_logs()
-        self._write_states()
+        done("schedule")
+        self._write_back()
+        done("write_back")
         self._each(self._finalize, now)
+        done("finalize")
         self._sync_daemon_log()
+        done("daemon_log")
         report.seconds = time.time() - now
         report.ops = {
             k: v - ops_before.get(k, 0)
@@ -667,12 +691,45 @@ class Daemon:
 
     # -- writing back ----------------------------------------------------------------------
 
-    def _sync_logs(self) -> None:
-        """Upload new log bytes, logs in parallel (each log's chunks stay in order)."""
-        logs = [name for name in self.logs.mirrors() if name != self.daemon_log]
-        for name, result in zip(logs, self._pool.map(_quietly(self.logs.sync), logs), strict=True):
-            if isinstance(result, Exception):
-                log.error("%s: log upload failed; it will be retried: %s", name, result)
+    def _write_back(self) -> None:
+        """Upload new log bytes and changed states: one pass, jobs in parallel.
+
+        For each job its logs go first and then its state, so a state that says the job ended
+        is written after the log's last bytes; a failed log upload is retried next cycle and
+        does not hold the state back. A burst's thousands of uploads share one pass."""
+        mirrors = set(self.logs.mirrors()) - {self.daemon_log}
+        work: list[tuple[Job | None, list[str]]] = []
+        for job in self.jobs.values():
+            logs = [n for n in (job.name, Store.log_name(job.name, cleanup=True)) if n in mirrors]
+            mirrors.difference_update(logs)
+            raw = job.state.dumps()
+            if logs or raw != job.written:
+                work.append((job, logs))
+        work.extend((None, [name]) for name in sorted(mirrors))  # logs of jobs no longer here
+
+        def write_back(item: tuple[Job | None, list[str]]) -> bool:
+            job, logs = item
+            for name in logs:
+                try:
+                    self.logs.sync(name)
+                except Exception as e:
+                    log.error("%s: log upload failed; it will be retried: %s", name, e)
+            return job is not None and self._write_state(job)
+
+        changed = False
+        for (job, _), result in zip(work, self._pool.map(_quietly(write_back), work), strict=True):
+            if job is None:
+                continue
+            changed = changed or result is not False
+            if isinstance(result, PreconditionFailed):
+                self._lost_ownership = True
+            elif isinstance(result, Exception):
+                log.error("%s: could not write state (will retry): %s", job.name, result)
+        if changed:
+            try:
+                self.quota.save_usage()  # only needed when something changed (see QuotaSource)
+            except Exception:
+                log.exception("could not save the usage ledger")
 
     def _sync_daemon_log(self) -> None:
         try:
@@ -680,40 +737,27 @@ class Daemon:
         except Exception as e:  # logging it would only add to the same log
             print(f"bastion: daemon log upload failed: {e}", flush=True)
 
-    def _write_states(self) -> None:
-        """Write the states whose bytes changed, concurrently; the rest cost nothing."""
-        dirty = [(job, job.state.dumps()) for job in self.jobs.values()]
-        dirty = [(job, raw) for job, raw in dirty if raw != job.written]
-        if not dirty:
-            return
-
-        def write(item: tuple[Job, bytes]) -> None:
-            job, raw = item
-            job.attempted.append(raw)
-            try:
-                job.state_token = self.store.write_state(job.name, raw, job.state_token)
-            except PreconditionFailed:
-                # Our own earlier write may have landed with its answer lost, or its new token
-                # may be unknown: then the object holds bytes we wrote or tried, and we carry
-                # on from its token. Otherwise another daemon wrote it.
-                current = self.store.read_state_with_token(job.name)
-                if current is None or current[0] not in (job.written, *job.attempted):
-                    raise
-                job.state_token = current[1]
-                if current[0] != raw:
-                    job.state_token = self.store.write_state(job.name, raw, job.state_token)
-            job.written = raw
-            job.attempted.clear()
-
-        for (job, _), result in zip(dirty, self._pool.map(_quietly(write), dirty), strict=True):
-            if isinstance(result, PreconditionFailed):
-                self._lost_ownership = True
-            elif isinstance(result, Exception):
-                log.error("%s: could not write state (will retry): %s", job.name, result)
+    def _write_state(self, job: Job) -> bool:
+        """Write the job's state if its bytes changed (False: unchanged, nothing sent)."""
+        raw = job.state.dumps()
+        if raw == job.written:
+            return False
+        job.attempted.append(raw)
         try:
-            self.quota.save_usage()  # only needed when something changed (see QuotaSource)
-        except Exception:
-            log.exception("could not save the usage ledger")
+            job.state_token = self.store.write_state(job.name, raw, job.state_token)
+        except PreconditionFailed:
+            # Our own earlier write may have landed with its answer lost, or its new token
+            # may be unknown: then the object holds bytes we wrote or tried, and we carry
+            # on from its token. Otherwise another daemon wrote it.
+            current = self.store.read_state_with_token(job.name)
+            if current is None or current[0] not in (job.written, *job.attempted):
+                raise
+            job.state_token = current[1]
+            if current[0] != raw:
+                job.state_token = self.store.write_state(job.name, raw, job.state_token)
+        job.written = raw
+        job.attempted.clear()
+        return True
 
     def daemon_log_path(self) -> str:
         return self.logs.path(self.daemon_log)

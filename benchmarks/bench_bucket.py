@@ -41,6 +41,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # before gcsfs loads
@@ -134,6 +136,29 @@ def step(daemon: Daemon, proxy: Proxy) -> tuple[CycleReport, dict[str, Any]]:
     return report, proxy.stats()
 
 
+class CpuMeter:
+    """CPU seconds used by each named process (and its children) since construction: on a
+    2-core machine the daemon, the proxy and the emulator compete, and this shows for what."""
+
+    def __init__(self, **pids: int | None) -> None:
+        self.procs = {name: psutil.Process(pid) for name, pid in pids.items() if pid}
+        self.before = {name: self._cpu(p) for name, p in self.procs.items()}
+
+    @staticmethod
+    def _cpu(proc: psutil.Process) -> float:
+        t = proc.cpu_times()
+        return t.user + t.system + t.children_user + t.children_system
+
+    def read(self) -> str:
+        return ", ".join(
+            f"{name} {self._cpu(p) - self.before[name]:.1f}" for name, p in self.procs.items()
+        )
+
+
+def fmt_phases(report: CycleReport) -> str:
+    return ", ".join(f"{k} {v:.2f}" for k, v in report.phases.items() if v >= 0.005)
+
+
 def fmt_routes(stats: dict[str, Any]) -> str:
     return ", ".join(f"{k}: {v}" for k, v in sorted(stats["routes"].items())) or "none"
 
@@ -170,7 +195,8 @@ def percentile(values: list[float], p: float) -> float:
 
 
 def run_one(n: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    emulator = GcsEmulator(tmp).start()
+    emulator = GcsEmulator(tmp, root=tmp / "gcs" if args.backend == "filesystem" else None)
+    emulator.start()
     emulator.create_bucket(BUCKET)
     proxy = Proxy(emulator.endpoint, args.latency)
     os.environ["STORAGE_EMULATOR_HOST"] = proxy.endpoint  # the daemon's gcsfs, read per call
@@ -213,7 +239,9 @@ def run_one(n: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
         seconds = submit_all(users, specs("burst", args.burst, "burst", "sleep 3600"))
         print(f"burst: {args.burst:,} more specs submitted in {seconds:.1f}s")
+        meter = CpuMeter(daemon=os.getpid(), proxy=proxy.proc.pid, emulator=emulator.proc.pid)
         report, stats = step(daemon, proxy)
+        print(f"  CPU seconds during it: {meter.read()}; phases: {fmt_phases(report)}")
         started = sum(
             1
             for name, job in daemon.jobs.items()
@@ -313,6 +341,12 @@ def main() -> None:
     parser.add_argument("--probes", type=int, default=20)
     parser.add_argument("--poll", type=float, default=3.0, help="daemon poll for the probes")
     parser.add_argument("--profile", action="store_true", help="profile one steady cycle")
+    parser.add_argument(
+        "--backend",
+        choices=["memory", "filesystem"],
+        default="memory",
+        help="the emulator's store (see the module docstring for how each scales)",
+    )
     args = parser.parse_args()
     results = []
     for n in args.jobs:

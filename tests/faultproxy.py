@@ -283,6 +283,7 @@ class FaultProxy:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     timeout = 120  # an idle keep-alive connection frees its thread after this
+    disable_nagle_algorithm = True  # headers and body go out as two writes: no delayed-ACK stall
     server: _Server
 
     def setup(self) -> None:

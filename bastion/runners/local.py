@@ -16,6 +16,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +69,9 @@ class LocalRunner:
         self.gpus = list(detect_gpus() if gpus is None else gpus)
         self._children: dict[int, subprocess.Popen[bytes]] = {}  # reaped by poll()
         self._gpus_in_use: dict[str, list[int]] = {}  # handle key -> GPU indices
+        self._lock = threading.Lock()  # guards GPU allocation when attempts start in parallel
+        self._log_dirs: set[str] = set()  # directories known to exist
+        self._devnull = os.open(os.devnull, os.O_RDONLY)  # every attempt's stdin
         os.makedirs(os.path.join(work_dir, "attempts"), exist_ok=True)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -77,27 +81,34 @@ class LocalRunner:
 
         Attempts are named by ``launch.key`` (job, submission, attempt). If a daemon started
         this very attempt and died before it could record the handle, the attempt's directory
-        holds it, and that attempt is adopted instead of started a second time."""
+        holds it, and that attempt is adopted instead of started a second time. Safe to call
+        from several threads at once (the daemon starts a burst of attempts in parallel)."""
         attempt_dir = os.path.join(self.work_dir, "attempts", launch.key)
         recorded = os.path.join(attempt_dir, "handle.json")
-        if os.path.exists(recorded):
-            with open(recorded) as f:
-                handle = json.load(f)
-            self.adopt(handle)
-            return handle
-        os.makedirs(attempt_dir, exist_ok=True)
         exit_file = os.path.join(attempt_dir, "exit_status")
-        for stale in (exit_file, exit_file + ".tmp"):
-            if os.path.exists(stale):
-                os.unlink(stale)
+        try:
+            os.mkdir(attempt_dir)  # a fresh directory: nothing recorded, nothing stale
+        except FileExistsError:
+            if os.path.exists(recorded):
+                with open(recorded) as f:
+                    handle = json.load(f)
+                self.adopt(handle)
+                return handle
+            for stale in (exit_file, exit_file + ".tmp"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(stale)
         gpus = self._allocate_gpus(launch.key, launch.gpus)
         try:
             env = {**os.environ, **launch.env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
-            os.makedirs(os.path.dirname(launch.log_path), exist_ok=True)
-            with open(launch.log_path, "ab") as log, open(os.devnull, "rb") as stdin:
+            log_dir = os.path.dirname(launch.log_path)
+            if log_dir not in self._log_dirs:
+                os.makedirs(log_dir, exist_ok=True)
+                self._log_dirs.add(log_dir)
+            log = os.open(launch.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
                 proc = subprocess.Popen(
                     ["/bin/sh", "-c", _WRAPPER, "bastion-job", launch.command, exit_file],
-                    stdin=stdin,
+                    stdin=self._devnull,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=env,
@@ -105,8 +116,11 @@ class LocalRunner:
                     cwd=attempt_dir,
                     close_fds=True,
                 )
+            finally:
+                os.close(log)
         except BaseException:
-            self._gpus_in_use.pop(launch.key, None)  # nothing started: the GPUs stay free
+            with self._lock:
+                self._gpus_in_use.pop(launch.key, None)  # nothing started: the GPUs stay free
             raise
         self._children[proc.pid] = proc
         handle = {
@@ -143,7 +157,8 @@ class LocalRunner:
         """Take over an attempt started by an earlier daemon; False if it is not ours/alive."""
         if handle.get("host") != self.host:
             return False
-        self._gpus_in_use[handle["key"]] = list(handle.get("gpus") or [])
+        with self._lock:
+            self._gpus_in_use[handle["key"]] = list(handle.get("gpus") or [])
         return True
 
     def poll(self, handle: Mapping[str, Any]) -> tuple[bool, int | None]:
@@ -184,7 +199,8 @@ class LocalRunner:
     def _finish(self, handle: Mapping[str, Any]) -> None:
         """The leader is gone: kill what it left behind in its group and free its GPUs."""
         self._children.pop(int(handle["pid"]), None)
-        self._gpus_in_use.pop(handle.get("key", ""), None)
+        with self._lock:
+            self._gpus_in_use.pop(handle.get("key", ""), None)
         if self._group_id_reused(handle):
             return  # the kernel reuses a group id only once the group is empty: nothing left
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -210,12 +226,13 @@ class LocalRunner:
     def _allocate_gpus(self, key: str, count: int) -> list[int]:
         if count <= 0:
             return []
-        busy = {gpu for gpus in self._gpus_in_use.values() for gpu in gpus}
-        free = [gpu for gpu in self.gpus if gpu not in busy]
-        if len(free) < count:
-            raise RuntimeError(
-                f"job needs {count} GPUs but only {len(free)} of {len(self.gpus)} are free on "
-                f"{self.host}"
-            )
-        self._gpus_in_use[key] = free[:count]
-        return free[:count]
+        with self._lock:
+            busy = {gpu for gpus in self._gpus_in_use.values() for gpu in gpus}
+            free = [gpu for gpu in self.gpus if gpu not in busy]
+            if len(free) < count:
+                raise RuntimeError(
+                    f"job needs {count} GPUs but only {len(free)} of {len(self.gpus)} are free "
+                    f"on {self.host}"
+                )
+            self._gpus_in_use[key] = free[:count]
+            return free[:count]
