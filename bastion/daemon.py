@@ -691,6 +691,16 @@ class Daemon:
 
     # -- writing back ----------------------------------------------------------------------
 
+    def _write_back_job(self, item: tuple[Job | None, list[str]]) -> bool:
+        """A job's new log bytes, then its state if it changed (False: nothing to write)."""
+        job, logs = item
+        for name in logs:
+            try:
+                self.logs.sync(name)
+            except Exception as e:
+                log.error("%s: log upload failed; it will be retried: %s", name, e)
+        return job is not None and self._write_state(job)
+
     def _write_back(self) -> None:
         """Upload new log bytes and changed states: one pass, jobs in parallel.
 
@@ -702,22 +712,13 @@ class Daemon:
         for job in self.jobs.values():
             logs = [n for n in (job.name, Store.log_name(job.name, cleanup=True)) if n in mirrors]
             mirrors.difference_update(logs)
-            raw = job.state.dumps()
-            if logs or raw != job.written:
+            if logs or job.state.dumps() != job.written:
                 work.append((job, logs))
         work.extend((None, [name]) for name in sorted(mirrors))  # logs of jobs no longer here
 
-        def write_back(item: tuple[Job | None, list[str]]) -> bool:
-            job, logs = item
-            for name in logs:
-                try:
-                    self.logs.sync(name)
-                except Exception as e:
-                    log.error("%s: log upload failed; it will be retried: %s", name, e)
-            return job is not None and self._write_state(job)
-
+        results = self._pool.map(_quietly(self._write_back_job), work)
         changed = False
-        for (job, _), result in zip(work, self._pool.map(_quietly(write_back), work), strict=True):
+        for (job, _), result in zip(work, results, strict=True):
             if job is None:
                 continue
             changed = changed or result is not False
