@@ -25,6 +25,7 @@ class LogSync:
         self._uploaded: dict[str, int] = {}  # log -> mirror bytes known to be in the bucket
         self._attached: dict[str, str] = {}  # log -> mirror outside our directory
         self._sizes: dict[str, int] | None = None  # remote sizes, from one listing
+        self._bases: dict[str, int] = {}  # log -> its mirror's base (fixed for the mirror's life)
         os.makedirs(directory, exist_ok=True)
 
     def _remote_size(self, log_name: str) -> int:
@@ -44,6 +45,7 @@ class LogSync:
         """Sync a mirror another daemon created (adopting its running attempt)."""
         if path != os.path.join(self.directory, log_name) and os.path.exists(path + ".base"):
             self._attached[log_name] = path
+            self._bases.pop(log_name, None)
 
     def _mirror(self, log_name: str) -> str:
         return self._attached.get(log_name) or os.path.join(self.directory, log_name)
@@ -57,12 +59,16 @@ class LogSync:
             with open(path + ".base", "w") as f:
                 f.write(str(base))
             self._uploaded[log_name] = 0
+            self._bases[log_name] = base
         return path
 
     def base(self, log_name: str) -> int:
         """Remote offset where the mirror's first byte lands."""
-        with open(self.path(log_name) + ".base") as f:
-            return int(f.read().strip() or 0)
+        path = self.path(log_name)
+        if log_name not in self._bases:
+            with open(path + ".base") as f:
+                self._bases[log_name] = int(f.read().strip() or 0)
+        return self._bases[log_name]
 
     def write(self, log_name: str, text: str) -> None:
         """Append a line of our own (attempt markers) to the mirror."""
@@ -111,6 +117,7 @@ class LogSync:
                 os.unlink(leftover)
         self._uploaded.pop(log_name, None)
         self._attached.pop(log_name, None)
+        self._bases.pop(log_name, None)
 
     def mirrors(self) -> list[str]:
         own = [n[: -len(".base")] for n in os.listdir(self.directory) if n.endswith(".base")]

@@ -9,6 +9,7 @@ These classes know nothing of Bastion's paths; ``bastion.store`` does.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import importlib
@@ -182,7 +183,71 @@ class LocalObjects(Objects):
 
 
 class GcsObjects(Objects):
-    """GCS via gcsfs: generation preconditions on multipart uploads, compose for appends."""
+    """GCS via gcsfs: generation preconditions on multipart uploads, compose for appends,
+    listings split into name ranges fetched in parallel."""
+
+    PAGE = 1000  # GCS returns at most 1,000 names per page
+    RANGES_IN_FLIGHT = 16
+    _FIELDS = "items(name,size,generation),prefixes,nextPageToken"  # a tenth of the bytes
+
+    def __init__(self, fs: AbstractFileSystem) -> None:
+        super().__init__(fs)
+        self._splits: dict[str, list[str]] = {}  # directory -> names that split its listing
+
+    def list(self, directory: str) -> dict[str, ObjectInfo]:
+        """One page after another is 10 round trips for 10,000 names. The names seen last time
+        split the key space into ranges of about a page each (startOffset inclusive, endOffset
+        exclusive, the first and last open), listed concurrently: one round trip in a steady
+        state, whatever was added or deleted since, since the ranges still cover every name."""
+        bucket, key, _ = self.fs.split_path(directory)
+        prefix = key.rstrip("/") + "/" if key.strip("/") else ""
+        splits = self._splits.get(directory, [])
+        bounds = list(zip([None, *splits], [*splits, None], strict=True))
+        try:
+            pages = sync(self.fs.loop, self._list_ranges, bucket, prefix, bounds)
+        except FileNotFoundError:
+            return {}
+        found = {}
+        names = []
+        for items in pages:
+            for item in items:
+                names.append(item["name"])
+                name = item["name"][len(prefix) :]
+                if name and "/" not in name and not name.startswith("."):
+                    size, token = int(item.get("size") or 0), str(item["generation"])
+                    found[name] = ObjectInfo(name, size, token)
+        self._splits[directory] = names[self.PAGE :: self.PAGE]
+        return found
+
+    async def _list_ranges(
+        self, bucket: str, prefix: str, bounds: list[tuple[str | None, str | None]]
+    ) -> list[list[dict[str, Any]]]:
+        gate = asyncio.Semaphore(self.RANGES_IN_FLIGHT)
+
+        async def one(start: str | None, end: str | None) -> list[dict[str, Any]]:
+            items: list[dict[str, Any]] = []
+            token = None
+            async with gate:
+                while True:
+                    page = await self.fs._call(
+                        "GET",
+                        "b/{}/o",
+                        bucket,
+                        prefix=prefix,
+                        delimiter="/",
+                        startOffset=start,
+                        endOffset=end,
+                        maxResults=self.PAGE,
+                        pageToken=token,
+                        fields=self._FIELDS,
+                        json_out=True,
+                    )
+                    items.extend(page.get("items", []))
+                    token = page.get("nextPageToken")
+                    if not token:
+                        return items
+
+        return await asyncio.gather(*(one(start, end) for start, end in bounds))
 
     def write_if(self, path: str, data: bytes, expected: str | None) -> str:
         bucket, key, _ = self.fs.split_path(path)

@@ -28,6 +28,7 @@ For each N in ``--jobs`` (default 1,000 and 10,000):
 from __future__ import annotations
 
 import argparse
+import collections
 import concurrent.futures
 import os
 import random
@@ -107,6 +108,49 @@ class Proxy:
         self.proc.wait(10)
 
 
+class LatencyBucket:
+    """The daemon's bucket as a local directory that answers like a distant, scalable one.
+
+    Every request (a call on the store's ``Objects``) waits ``latency`` first and is counted;
+    a listing waits once per 1,000 names, as GCS pages it. Unlike the emulator, requests never
+    queue behind one another (its filesystem store takes a global lock per write, its memory
+    store scans every object per write): this is the GCS model, with the daemon's own work
+    (threads, parsing, process starts) all real. A growing log's append counts as one request
+    here but costs three on GCS (part, compose, delete); a burst's logs are all new (one)."""
+
+    def __init__(self, inner: Any, latency: float) -> None:
+        self.inner = inner
+        self.latency = latency
+        self.routes: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.inner, name)
+        if not callable(method):
+            return method
+
+        def request(*args: Any, **kwargs: Any) -> Any:
+            time.sleep(self.latency)
+            result = method(*args, **kwargs)
+            pages = 1
+            if name == "list" and len(result) > 1000:
+                pages = -(-len(result) // 1000)
+                time.sleep(self.latency * (pages - 1))
+            with self._lock:
+                self.routes[name] += pages
+            return result
+
+        return request
+
+    def reset(self) -> None:
+        with self._lock:
+            self.routes.clear()
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {"total": sum(self.routes.values()), "routes": dict(self.routes)}
+
+
 def submit_all(client: Client, specs: Iterable[Any], threads: int = 32) -> float:
     t0 = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
@@ -128,7 +172,7 @@ def specs(prefix: str, count: int, resource: str, command: str) -> list[Any]:
     ]
 
 
-def step(daemon: Daemon, proxy: Proxy) -> tuple[CycleReport, dict[str, Any]]:
+def step(daemon: Daemon, proxy: Proxy | LatencyBucket) -> tuple[CycleReport, dict[str, Any]]:
     """One pass of the daemon's loop (lease, then cycle), with the proxy's count of the cycle."""
     assert daemon.lease is None or daemon.lease.hold(), "the daemon lost its lease"
     proxy.reset()
@@ -195,13 +239,19 @@ def percentile(values: list[float], p: float) -> float:
 
 
 def run_one(n: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    emulator = GcsEmulator(tmp, root=tmp / "gcs" if args.backend == "filesystem" else None)
-    emulator.start()
-    emulator.create_bucket(BUCKET)
-    proxy = Proxy(emulator.endpoint, args.latency)
-    os.environ["STORAGE_EMULATOR_HOST"] = proxy.endpoint  # the daemon's gcsfs, read per call
-    root = f"gs://{BUCKET}/n{n}"
-    users = Client(store=Store(root, endpoint_url=emulator.endpoint, token="anon"))
+    emulator: GcsEmulator | None = None
+    proxy: Proxy | LatencyBucket
+    if args.backend == "model":
+        root = str(tmp / "root")
+        users = Client(store=Store(root))
+    else:
+        emulator = GcsEmulator(tmp, root=tmp / "gcs" if args.backend == "filesystem" else None)
+        emulator.start()
+        emulator.create_bucket(BUCKET)
+        proxy = Proxy(emulator.endpoint, args.latency)
+        os.environ["STORAGE_EMULATOR_HOST"] = proxy.endpoint  # the daemon's gcsfs, per call
+        root = f"gs://{BUCKET}/n{n}"
+        users = Client(store=Store(root, endpoint_url=emulator.endpoint, token="anon"))
     daemon: Daemon | None = None
     result: dict[str, Any] = {"jobs": n}
     try:
@@ -211,9 +261,11 @@ def run_one(n: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         )
         seconds = submit_all(users, specs("job", n, "cpu", "sleep 3600"))
         print(f"\n== N = {n:,} jobs, {args.latency * 1000:.0f} ms per bucket request ==")
-        print(f"submitted {n:,} specs straight to the emulator in {seconds:.1f}s")
+        print(f"submitted {n:,} specs straight to the bucket in {seconds:.1f}s")
 
         daemon = build_daemon(root, work_dir=str(tmp / "work"), lease_seconds=60)
+        if args.backend == "model":
+            proxy = daemon.store.objects = LatencyBucket(daemon.store.objects, args.latency)
         for i in range(1, 4):  # take everything in; the cycle after that is steady
             report, stats = step(daemon, proxy)
             print(
@@ -239,7 +291,11 @@ def run_one(n: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
         seconds = submit_all(users, specs("burst", args.burst, "burst", "sleep 3600"))
         print(f"burst: {args.burst:,} more specs submitted in {seconds:.1f}s")
-        meter = CpuMeter(daemon=os.getpid(), proxy=proxy.proc.pid, emulator=emulator.proc.pid)
+        meter = CpuMeter(
+            daemon=os.getpid(),
+            proxy=proxy.proc.pid if isinstance(proxy, Proxy) else None,
+            emulator=emulator.proc.pid if emulator and emulator.proc else None,
+        )
         report, stats = step(daemon, proxy)
         print(f"  CPU seconds during it: {meter.read()}; phases: {fmt_phases(report)}")
         started = sum(
@@ -275,8 +331,10 @@ def run_one(n: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             for job in list(daemon.jobs.values()):
                 if job.state.runner:
                     daemon.runner.kill(job.state.runner)
-        proxy.stop()
-        emulator.stop()
+        if emulator is not None:
+            assert isinstance(proxy, Proxy)
+            proxy.stop()
+            emulator.stop()
 
 
 def breakdown(daemon: Daemon, profile: bool) -> None:
@@ -343,9 +401,10 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="profile one steady cycle")
     parser.add_argument(
         "--backend",
-        choices=["memory", "filesystem"],
+        choices=["memory", "filesystem", "model"],
         default="memory",
-        help="the emulator's store (see the module docstring for how each scales)",
+        help="the emulator's memory or filesystem store, or a local directory with the "
+        "latency added per request (LatencyBucket); see the module docstring",
     )
     args = parser.parse_args()
     results = []

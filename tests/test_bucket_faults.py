@@ -102,7 +102,7 @@ def lost_and_repeated(log: str, expected: list[str]) -> tuple[list[str], dict[st
 def listing(prefix: str) -> str:
     """A pattern for the proxy: the daemon's listing of ROOT/<prefix>/ (not gcsfs's one-result
     listings that accompany an object lookup)."""
-    return rf"^GET /storage/v1/b/[^/]+/o\?\S*prefix=[^&]*/{prefix}/&maxResults=1000"
+    return rf"^GET /storage/v1/b/[^/]+/o\?\S*prefix=[^&]*/{prefix}/&\S*maxResults=1000"
 
 
 def parse_every_state(b: Bastion) -> int:
