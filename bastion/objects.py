@@ -187,6 +187,7 @@ class GcsObjects(Objects):
     listings split into name ranges fetched in parallel."""
 
     PAGE = 1000  # GCS returns at most 1,000 names per page
+    SPLIT_EVERY = 800  # names per range: room to grow by a quarter before it takes two pages
     RANGES_IN_FLIGHT = 16
     _FIELDS = "items(name,size,generation),prefixes,nextPageToken"  # a tenth of the bytes
 
@@ -196,9 +197,10 @@ class GcsObjects(Objects):
 
     def list(self, directory: str) -> dict[str, ObjectInfo]:
         """One page after another is 10 round trips for 10,000 names. The names seen last time
-        split the key space into ranges of about a page each (startOffset inclusive, endOffset
+        split the key space into ranges of 800 names (startOffset inclusive, endOffset
         exclusive, the first and last open), listed concurrently: one round trip in a steady
-        state, whatever was added or deleted since, since the ranges still cover every name."""
+        state, and still every name whatever was added or deleted since, as the ranges cover
+        the whole key space (a range that grew past a page takes more pages, in turn)."""
         bucket, key, _ = self.fs.split_path(directory)
         prefix = key.rstrip("/") + "/" if key.strip("/") else ""
         splits = self._splits.get(directory, [])
@@ -216,7 +218,10 @@ class GcsObjects(Objects):
                 if name and "/" not in name and not name.startswith("."):
                     size, token = int(item.get("size") or 0), str(item["generation"])
                     found[name] = ObjectInfo(name, size, token)
-        self._splits[directory] = names[self.PAGE :: self.PAGE]
+        if len(names) > self.SPLIT_EVERY:
+            self._splits[directory] = names[self.SPLIT_EVERY :: self.SPLIT_EVERY]
+        else:  # one page does: remember nothing for small directories
+            self._splits.pop(directory, None)
         return found
 
     async def _list_ranges(
@@ -247,7 +252,13 @@ class GcsObjects(Objects):
                     if not token:
                         return items
 
-        return await asyncio.gather(*(one(start, end) for start, end in bounds))
+        tasks = [asyncio.ensure_future(one(start, end)) for start, end in bounds]
+        try:
+            return await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:  # one range failed: the listing has; stop retrying the others
+                task.cancel()
+            raise
 
     def write_if(self, path: str, data: bytes, expected: str | None) -> str:
         bucket, key, _ = self.fs.split_path(path)

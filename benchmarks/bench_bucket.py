@@ -129,10 +129,12 @@ class Proxy:
 class LatencyBucket:
     """The daemon's bucket as a local directory that answers like a distant, scalable one.
 
-    Every request (a call on the store's ``Objects``) waits ``latency`` first and is counted;
-    a listing waits once per 1,000 names, as pages one after another (on GCS the daemon lists
-    name ranges in parallel, so this overstates a large listing). The quota file's lookup goes
-    through its own ``Objects`` and is not delayed (one request per cycle).
+    Every request (a call on the store's ``Objects``) waits ``latency`` first and is counted.
+    A listing counts a request per 800 names and waits once per 16 of them, as GcsObjects
+    lists name ranges 16 at a time. The quota file's lookup goes through its own ``Objects``
+    and is neither delayed nor counted (one request per cycle, which the store counters show).
+    No HTTP client runs, so gcsfs's CPU (request building, JSON parsing on its event-loop
+    thread) is missing from the daemon's figures; the emulator runs include it.
 
     Unlike the emulator, requests never queue behind one another (its filesystem store takes
     a global lock per write, its memory store scans every object per write): this is the GCS
@@ -156,8 +158,8 @@ class LatencyBucket:
             result = method(*args, **kwargs)
             pages = 1
             if name == "list" and len(result) > 1000:
-                pages = -(-len(result) // 1000)
-                time.sleep(self.latency * (pages - 1))
+                pages = -(-len(result) // 800)
+                time.sleep(self.latency * (-(-pages // 16) - 1))
             with self._lock:
                 self.routes[name] += pages
             return result
@@ -203,8 +205,9 @@ def step(daemon: Daemon, proxy: Proxy | LatencyBucket) -> tuple[CycleReport, dic
 
 
 class CpuMeter:
-    """CPU seconds used by each named process (and its children) since construction: on a
-    2-core machine the daemon, the proxy and the emulator compete, and this shows for what."""
+    """CPU seconds used by each named process since construction: on a 2-core machine the
+    daemon, the proxy and the emulator compete, and this shows for what. Children count only
+    once reaped, so the jobs' own processes (still running) are not in the daemon's figure."""
 
     def __init__(self, **pids: int | None) -> None:
         self.procs = {name: psutil.Process(pid) for name, pid in pids.items() if pid}

@@ -4,7 +4,8 @@ The ranges come from the names seen by the previous listing, so what matters is 
 still cover every name after objects were added and deleted in between, that hidden and
 nested names stay out, and that a range whose request fails is retried, not dropped. The
 reference is a plain paginated listing through fsspec (the generic ``Objects.list``). Pages
-are 50 names here instead of GCS's 1,000, so a few hundred objects make many ranges.
+are 50 names here instead of GCS's 1,000 (ranges of 40 instead of 800), so a few hundred
+objects make many ranges.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def directory() -> str:
 def _objects(endpoint: str) -> GcsObjects:
     objects = Store(f"gs://{BUCKET}/x", endpoint_url=endpoint, token="anon").objects
     assert isinstance(objects, GcsObjects)
-    objects.PAGE = 50
+    objects.PAGE, objects.SPLIT_EVERY = 50, 40
     return objects
 
 
@@ -94,3 +95,16 @@ def test_a_failed_range_is_retried_not_dropped(proxy: FaultProxy, directory: str
 
 def test_listing_a_missing_prefix_is_empty(gcs_emulator: GcsEmulator, directory: str) -> None:
     assert _objects(gcs_emulator.endpoint).list(directory) == {}
+
+
+def test_listing_a_missing_bucket_is_empty(gcs_emulator: GcsEmulator) -> None:
+    objects = _objects(gcs_emulator.endpoint)
+    assert objects.list(f"no-such-bucket-{uuid.uuid4().hex[:8]}/jobs/active") == {}
+
+
+def test_a_small_directory_keeps_no_ranges(gcs_emulator: GcsEmulator, directory: str) -> None:
+    objects = _objects(gcs_emulator.endpoint)
+    _put(objects, directory, [f"j{i:03d}" for i in range(100)])
+    assert len(objects.list(directory)) == 100 and directory in objects._splits
+    objects.fs.rm([f"{directory}/j{i:03d}" for i in range(70)])
+    assert len(objects.list(directory)) == 30 and directory not in objects._splits

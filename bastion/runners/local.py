@@ -71,7 +71,6 @@ class LocalRunner:
         self._gpus_in_use: dict[str, list[int]] = {}  # handle key -> GPU indices
         self._lock = threading.Lock()  # guards GPU allocation when attempts start in parallel
         self._log_dirs: set[str] = set()  # directories known to exist
-        self._devnull = os.open(os.devnull, os.O_RDONLY)  # every attempt's stdin
         os.makedirs(os.path.join(work_dir, "attempts"), exist_ok=True)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -82,12 +81,14 @@ class LocalRunner:
         Attempts are named by ``launch.key`` (job, submission, attempt). If a daemon started
         this very attempt and died before it could record the handle, the attempt's directory
         holds it, and that attempt is adopted instead of started a second time. Safe to call
-        from several threads at once (the daemon starts a burst of attempts in parallel)."""
+        from several threads at once."""
         attempt_dir = os.path.join(self.work_dir, "attempts", launch.key)
         recorded = os.path.join(attempt_dir, "handle.json")
         exit_file = os.path.join(attempt_dir, "exit_status")
         try:
             os.mkdir(attempt_dir)  # a fresh directory: nothing recorded, nothing stale
+        except FileNotFoundError:  # attempts/ itself was removed under us
+            os.makedirs(attempt_dir)
         except FileExistsError:
             if os.path.exists(recorded):
                 with open(recorded) as f:
@@ -105,10 +106,11 @@ class LocalRunner:
                 os.makedirs(log_dir, exist_ok=True)
                 self._log_dirs.add(log_dir)
             log = os.open(launch.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            stdin = os.open(os.devnull, os.O_RDONLY)
             try:
                 proc = subprocess.Popen(
                     ["/bin/sh", "-c", _WRAPPER, "bastion-job", launch.command, exit_file],
-                    stdin=self._devnull,
+                    stdin=stdin,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=env,
@@ -118,6 +120,7 @@ class LocalRunner:
                 )
             finally:
                 os.close(log)
+                os.close(stdin)
         except BaseException:
             with self._lock:
                 self._gpus_in_use.pop(launch.key, None)  # nothing started: the GPUs stay free
