@@ -694,9 +694,13 @@ class Daemon:
     def _write_back_job(self, item: tuple[Job | None, list[str]]) -> bool:
         """A job's new log bytes, then its state if it changed (False: nothing to write)."""
         job, logs = item
+        ended = job is not None and job.state.status is Status.COMPLETED
         for name in logs:
             try:
-                self.logs.sync(name)
+                if ended:
+                    self.logs.flush(name)  # past the per-sync chunk bound: the last bytes too
+                else:
+                    self.logs.sync(name)
             except Exception as e:
                 log.error("%s: log upload failed; it will be retried: %s", name, e)
         return job is not None and self._write_state(job)

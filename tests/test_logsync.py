@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from pathlib import Path
 
 import pytest
 
+import bastion.logsync
 from bastion.logsync import LogSync
+from bastion.service import build_daemon
 from bastion.store import Store
+from launch.api import Client, new_jobspec
 
 CHUNK = 8 << 20  # LogSync's documented per-sync bound
 
@@ -139,3 +144,33 @@ def test_flush_uploads_everything_in_bounded_chunks(store: Store, tmp_path: Path
     assert remote(store, "big") == data
     logs.close("big")
     assert remote(store, "big") == data
+
+
+def test_a_finished_jobs_state_is_written_after_its_whole_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon uploads at most one chunk per log per cycle; once a job has ended, the state
+    that says so must still wait for the log's last byte (chunks made small to test it)."""
+    monkeypatch.setattr(bastion.logsync, "_MAX_CHUNK", 1000)
+    root = str(tmp_path / "root")
+    client = Client(store=Store(root))
+    command = "head -c 20000 /dev/zero | tr '\\0' x; echo; echo done"
+    client.submit(new_jobspec(name="chatty", command=command, user_id="u", project_id="default"))
+    daemon = build_daemon(root, work_dir=str(tmp_path / "work"))
+    remote_when_completed: list[int] = []
+    write_state = daemon.store.write_state
+
+    def observed(name: str, data: bytes, expected: str | None = None) -> str:
+        if json.loads(data)["status"] == "COMPLETED":
+            remote_when_completed.append(len(daemon.store.read_log(name)))
+        return write_state(name, data, expected)
+
+    monkeypatch.setattr(daemon.store, "write_state", observed)
+    deadline = time.monotonic() + 30
+    while daemon.store.read_complete("chatty") is None:
+        assert time.monotonic() < deadline, "the job did not complete"
+        daemon.cycle(time.time())
+        time.sleep(0.1)
+    whole = daemon.store.read_log("chatty")
+    assert b"x" * 20000 + b"\ndone\n" in whole
+    assert remote_when_completed == [len(whole)]
