@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
+
+from tests.local_server import free_port, wait_until_serving
 
 
 def binary() -> str:
@@ -21,12 +21,6 @@ def binary() -> str:
     path = str(_get_binary_path())
     os.chmod(path, 0o755)
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class GcsEmulator:
@@ -61,17 +55,8 @@ class GcsEmulator:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                urllib.request.urlopen(f"{self.endpoint}/storage/v1/b", timeout=1).read()
-                return self
-            except OSError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError(
-                        f"fake-gcs-server did not start on {self.endpoint}"
-                    ) from None
-                time.sleep(0.05)
+        wait_until_serving(f"{self.endpoint}/storage/v1/b", self.proc, "fake-gcs-server")
+        return self
 
     def create_bucket(self, name: str) -> None:
         request = urllib.request.Request(

@@ -12,19 +12,13 @@ import socket
 import subprocess
 import sys
 import threading
-import time
-import urllib.request
 from pathlib import Path
+
+from tests.local_server import free_port, wait_until_serving
 
 REGION = "us-west-2"  # not us-east-1: s3fs mkdir and LocationConstraint disagree there
 ACCESS_KEY = "testing"
 SECRET_KEY = "testing"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class MotoS3Server:
@@ -54,16 +48,12 @@ class MotoS3Server:
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=1).read()
-                return self
-            except OSError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    self.stop()
-                    raise RuntimeError(f"moto server did not start on {self.endpoint}") from None
-                time.sleep(0.05)
+        try:
+            wait_until_serving(f"{self.endpoint}/moto-api/", self.proc, "moto server", 30)
+        except RuntimeError:
+            self.stop()
+            raise
+        return self
 
     def client(self):  # a plain botocore client, for setting up buckets
         import botocore.session

@@ -40,8 +40,9 @@ import bastion.store
 from bastion.store import Store
 from tests.conftest import BUCKET
 from tests.faultproxy import FaultPlan, FaultProxy
-from tests.gcs_emulator import GcsEmulator, free_port
+from tests.gcs_emulator import GcsEmulator
 from tests.harness import Bastion, gated, ticks_complete, wait_for
+from tests.local_server import free_port
 
 N_JOBS = int(os.environ.get("BASTION_FAULT_JOBS", "5"))
 FAULTS = FaultPlan(fail_rate=0.2, slow_seconds=0.3, seed=20240601)

@@ -73,13 +73,22 @@ def finish(b: Bastion, name: str, marker: Path, gate: Path) -> dict[str, Any]:
     return record
 
 
+def two_daemons(
+    b: Bastion, lease_flag: str
+) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes], str]:
+    """The first daemon holding the lease, and a second (own work dir) waiting for it."""
+    work2 = str(b.tmp / "work2")
+    first = b.start(lease_flag)
+    wait_for(lambda: held_by(b, b.work_dir), what="the first daemon to take the lease")
+    second = b.start(lease_flag, work_dir=work2)
+    wait_for(lambda: "holds the lease" in output(b, 1), what="the second one to wait")
+    return first, second, work2
+
+
 def test_second_daemon_waits_then_adopts_after_the_holder_is_killed(bastion, tmp_path):
     marker, gate = tmp_path / "started", tmp_path / "gate"
-    work1, work2 = bastion.work_dir, str(tmp_path / "work2")
-    first = bastion.start(SHORT)
-    wait_for(lambda: held_by(bastion, work1), what="the first daemon to take the lease")
-    second = bastion.start(SHORT, work_dir=work2)
-    wait_for(lambda: "holds the lease" in output(bastion, 1), what="the second one to wait")
+    work1 = bastion.work_dir
+    first, second, work2 = two_daemons(bastion, SHORT)
 
     bastion.cli("launch", "--name=shared", "--", gated(marker, gate))
     wait_for(lambda: "tick 10" in bastion.log("shared"), what="the job's log in the bucket")
@@ -105,10 +114,7 @@ def test_second_daemon_waits_then_adopts_after_the_holder_is_killed(bastion, tmp
 def test_a_paused_holder_that_lost_its_lease_stops_acting(bastion, tmp_path):
     """The holder is frozen (SIGSTOP) past its lease; on waking its renewal fails, so it stops."""
     marker, gate = tmp_path / "started", tmp_path / "gate"
-    work2 = str(tmp_path / "work2")
-    first = bastion.start(SHORT)
-    wait_for(lambda: held_by(bastion, bastion.work_dir), what="the first daemon to take the lease")
-    bastion.start(SHORT, work_dir=work2)
+    first, _, work2 = two_daemons(bastion, SHORT)
     bastion.cli("launch", "--name=paused", "--", gated(marker, gate))
     wait_for(lambda: "tick 5" in bastion.log("paused"), what="the job's log in the bucket")
 
@@ -129,11 +135,7 @@ def test_a_paused_holder_that_lost_its_lease_stops_acting(bastion, tmp_path):
 
 def test_sigterm_releases_the_lease_for_an_immediate_takeover(bastion, tmp_path):
     marker, gate = tmp_path / "started", tmp_path / "gate"
-    work2 = str(tmp_path / "work2")
-    first = bastion.start(LONG)
-    wait_for(lambda: held_by(bastion, bastion.work_dir), what="the first daemon to take the lease")
-    bastion.start(LONG, work_dir=work2)
-    wait_for(lambda: "holds the lease" in output(bastion, 1), what="the second one to wait")
+    first, _, work2 = two_daemons(bastion, LONG)
     bastion.cli("launch", "--name=handover", "--", gated(marker, gate))
     wait_for(lambda: marker.exists(), what="the job to start")
 

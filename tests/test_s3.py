@@ -17,7 +17,8 @@ from bastion.objects import PreconditionFailed
 from bastion.objects_s3 import MIN_PART, S3Objects
 from bastion.store import Store
 from tests.harness import Bastion
-from tests.s3_server import MotoS3Server, ResponseDropper, free_port
+from tests.local_server import free_port
+from tests.s3_server import MotoS3Server, ResponseDropper
 
 # The foundation's end-to-end tests, run unchanged with ROOT on s3:// (the ``bastion`` fixture
 # below replaces conftest's local/gcs one in this module): launch, logs --follow, list --all,
