@@ -193,7 +193,16 @@ class JobSpec:
     cleanup_command: str | None = None
     env_vars: dict[str, str] | None = None
     version: int = SCHEMA_VERSION
+    runner: dict[str, Any] | None = None  # {"kind": "docker", "image": ...}; None: the default
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def runner_kind(self) -> str | None:
+        return (self.runner or {}).get("kind")
+
+    @property
+    def runner_options(self) -> dict[str, Any]:
+        return {k: v for k, v in (self.runner or {}).items() if k != "kind"}
 
     def validate(self) -> JobSpec:
         """Raise SpecError if the spec could not be serialized and loaded back."""
@@ -208,6 +217,7 @@ class JobSpec:
             "cleanup_command": self.cleanup_command,
             "env_vars": dict(self.env_vars) if self.env_vars is not None else None,
             "metadata": self.metadata.to_json(),
+            **({"runner": dict(self.runner)} if self.runner else {}),
             **self.extra,
         }
 
@@ -239,7 +249,7 @@ class JobSpec:
             for key, value in env.items():
                 if not isinstance(value, str):
                     raise SpecError(f"field env_vars.{key}: expected a string value, got {value!r}")
-        known = {"version", "name", "command", "cleanup_command", "env_vars", "metadata"}
+        known = {"version", "name", "command", "cleanup_command", "env_vars", "metadata", "runner"}
         return cls(
             name=check_name(_require(data, "name", str, "")),
             command=_require(data, "command", str, ""),
@@ -247,6 +257,7 @@ class JobSpec:
             cleanup_command=_optional(data, "cleanup_command", str, ""),
             env_vars=env,
             version=version,
+            runner=_check_runner(data.get("runner")),
             extra={k: v for k, v in data.items() if k not in known},
         )
 
@@ -257,6 +268,23 @@ class JobSpec:
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise SpecError(f"spec is not valid JSON: {e}") from None
         return cls.from_json(data)
+
+
+def _check_runner(value: Any) -> dict[str, Any] | None:
+    """The optional ``runner`` object: ``{"kind": KIND, OPTION: VALUE, ...}`` (JSON values)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise SpecError('field runner: expected an object such as {"kind": "docker", "image": IMG}')
+    kind = value.get("kind")
+    if not isinstance(kind, str) or not re.fullmatch(r"[a-z][a-z0-9-]{0,31}", kind):
+        raise SpecError(
+            f"field runner.kind: {kind!r} is not a runner kind; use e.g. 'local' or 'docker'"
+        )
+    for key in value:
+        if not isinstance(key, str) or not re.fullmatch(r"[a-z][a-z0-9_]{0,63}", key):
+            raise SpecError(f"field runner: option name {key!r} must be lower_snake_case")
+    return dict(value)
 
 
 def new_jobspec(
@@ -270,6 +298,7 @@ def new_jobspec(
     cleanup_command: str | None = None,
     env_vars: Mapping[str, str] | None = None,
     creation_time: dt.datetime | None = None,
+    runner: Mapping[str, Any] | None = None,
 ) -> JobSpec:
     """Build and validate a spec; raises SpecError naming the bad field."""
     spec = JobSpec(
@@ -277,6 +306,7 @@ def new_jobspec(
         command=command,
         cleanup_command=cleanup_command,
         env_vars=dict(env_vars) if env_vars else None,
+        runner=dict(runner) if runner else None,
         metadata=JobMetadata(
             user_id=user_id,
             project_id=project_id,

@@ -1,0 +1,222 @@
+"""The runner contract: one small interface for every place a job can run.
+
+The daemon decides *what* should run; a runner knows *how* it runs somewhere (a process on this
+machine, a container, a TPU slice, a GPU VM). The daemon never looks inside a runner's handle:
+it stores it opaquely in the job state and passes it back.
+
+Every operation is idempotent and keyed by the attempt's deterministic name
+(:func:`attempt_name`, derived from the daemon's root, the job, the daemon's own submission id
+and the attempt number), so a daemon killed at any moment and restarted finds what it made:
+
+- ``start``: create if absent, never twice; returns at once (provisioning may take minutes).
+  A create whose answer was lost is adopted, not repeated.
+- ``poll``: read-only; an :class:`Observation` (queued, provisioning, running, succeeded,
+  failed with a code, preempted by the provider, lost) with a reason and whether a new
+  attempt is worth it.
+- ``stop``: ask the attempt to stop by ``deadline`` (wall-clock seconds); called every cycle
+  until the attempt is gone, so the runner owns the escalation (SIGTERM then SIGKILL at the
+  deadline; ``docker kill``; a cloud delete) without the daemon knowing any signal.
+- ``delete``: tear down whatever is left (files, containers, VMs); True only once verified gone.
+- ``list_owned``: what this daemon owns (by name prefix or labels), for adoption and orphans.
+- ``read_output``: the attempt's output from a byte offset: the daemon appends it to the job's
+  log. Offsets are the daemon's to keep (it derives them from the log it wrote), so a runner
+  keeps no cursor.
+
+Runners are found by kind in a registry with lazy imports (like fsspec's protocols), so an SDK
+that is not installed costs nothing until a job asks for that runner.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import hashlib
+import importlib
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+Handle = dict[str, Any]  # JSON-able; opaque to the daemon
+
+
+class Phase(enum.StrEnum):
+    QUEUED = "QUEUED"  # waiting for capacity at the provider (queued resource, Slurm PENDING)
+    PROVISIONING = "PROVISIONING"  # capacity granted, machines or containers being made
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"  # the command failed (exit_code) or the runner could not run it
+    PREEMPTED = "PREEMPTED"  # the provider took the machines away: not the job's failure
+    LOST = "LOST"  # nothing left to ask: host gone, record missing, worker stopped reporting
+
+    @property
+    def finished(self) -> bool:
+        return self in _FINISHED
+
+
+_FINISHED = frozenset({Phase.SUCCEEDED, Phase.FAILED, Phase.PREEMPTED, Phase.LOST})
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What ``poll`` saw. ``retryable``: a new attempt may succeed (stockout, preemption)."""
+
+    phase: Phase
+    reason: str = ""
+    exit_code: int | None = None
+    retryable: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.phase.finished
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """Everything a runner needs to start one attempt (or one cleanup) of a job."""
+
+    name: str  # deterministic, DNS-safe, unique per (root, job, submission, attempt, purpose)
+    job: str
+    attempt: int
+    command: str
+    env: Mapping[str, str]
+    resources: Mapping[str, int] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)  # the spec's runner options
+    labels: Mapping[str, str] = field(default_factory=dict)  # for the provider's own listing
+
+
+@dataclass(frozen=True)
+class Owned:
+    """Something a runner found that this daemon made: its attempt name and handle."""
+
+    name: str
+    handle: Handle
+    finished: bool = False
+
+
+class RunnerError(Exception):
+    """A runner cannot do what was asked; the message is for the job's user."""
+
+
+class Runner(abc.ABC):
+    kind: str = ""
+
+    @abc.abstractmethod
+    def start(self, attempt: Attempt) -> Handle:
+        """Create the attempt if absent (never twice) and return its handle, at once."""
+
+    @abc.abstractmethod
+    def poll(self, handle: Handle) -> Observation:
+        """Read-only: where the attempt is now."""
+
+    @abc.abstractmethod
+    def stop(self, handle: Handle, deadline: float) -> None:
+        """Ask the attempt to end; force it once ``time.time() >= deadline``. Repeatable."""
+
+    @abc.abstractmethod
+    def delete(self, handle: Handle) -> bool:
+        """Remove what the attempt left (its process group, container, files); True once gone."""
+
+    @abc.abstractmethod
+    def list_owned(self) -> list[Owned]:
+        """Attempts this daemon made that still exist here (running or finished)."""
+
+    @abc.abstractmethod
+    def read_output(self, handle: Handle, offset: int, limit: int) -> bytes:
+        """Up to ``limit`` bytes of the attempt's output starting at byte ``offset``."""
+
+    def close(self) -> None:  # noqa: B027 (optional: most runners hold nothing)
+        """Release clients and sockets when the daemon stops."""
+
+
+# -- names -----------------------------------------------------------------------------------
+
+_SLUG = re.compile(r"[^a-z0-9]+")
+MAX_ATTEMPT_NAME = 63  # RFC 1035 label: GCE instances, TPU nodes, pods, containers
+
+
+def root_tag(root_url: str) -> str:
+    """A short id for the daemon's root, so two roots' attempts never share a name."""
+    return hashlib.sha1(root_url.rstrip("/").encode()).hexdigest()[:4]
+
+
+def attempt_name(root_url: str, job: str, submission: str, attempt: int, purpose: str) -> str:
+    """``bst-<root>-<slug>-<hash>-a<N>[c]``: lowercase RFC 1035, at most 63 characters.
+
+    The hash covers the full job name and the submission id, so equal slugs of different jobs
+    and a resubmission of the same name never collide; ``c`` marks the cleanup command."""
+    digest = hashlib.sha1(f"{job}\0{submission}".encode()).hexdigest()[:8]
+    suffix = f"-{digest}-a{attempt}{'c' if purpose == 'cleanup' else ''}"
+    head = f"bst-{root_tag(root_url)}-"
+    slug = _SLUG.sub("-", job.lower()).strip("-")[: MAX_ATTEMPT_NAME - len(head) - len(suffix)]
+    return f"{head}{slug.rstrip('-') or 'job'}{suffix}"
+
+
+def name_prefix(root_url: str) -> str:
+    """Every attempt name of this root starts with it (for runners that list by name)."""
+    return f"bst-{root_tag(root_url)}-"
+
+
+# -- registry --------------------------------------------------------------------------------
+
+RunnerFactory = Callable[[Mapping[str, Any]], Runner]
+
+# kind -> "module:factory"; imported on first use, so a missing SDK costs nothing until then.
+_KNOWN: dict[str, str] = {
+    "local": "bastion.runners.local:from_settings",
+    "docker": "bastion.runners.docker:from_settings",
+    "fake": "bastion.runners.fake:from_settings",
+}
+_registered: dict[str, RunnerFactory] = {}
+
+
+def register(kind: str, factory: RunnerFactory | str) -> None:
+    """Add a runner kind: a factory, or ``"module:function"`` to import on first use."""
+    if isinstance(factory, str):
+        _KNOWN[kind] = factory
+        _registered.pop(kind, None)
+    else:
+        _registered[kind] = factory
+
+
+def known_kinds() -> list[str]:
+    return sorted(set(_KNOWN) | set(_registered))
+
+
+def factory_for(kind: str) -> RunnerFactory:
+    if kind in _registered:
+        return _registered[kind]
+    target = _KNOWN.get(kind)
+    if target is None:
+        raise RunnerError(
+            f"runner kind {kind!r} is not known; use one of {', '.join(known_kinds())}"
+        )
+    module, _, function = target.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module), function)
+    except ImportError as e:
+        raise RunnerError(f"runner {kind!r} cannot load: {e} (is its package installed?)") from e
+    _registered[kind] = factory
+    return factory
+
+
+class Runners:
+    """The daemon's runners, one per kind, made on first use from the daemon's settings."""
+
+    def __init__(self, settings: Mapping[str, Mapping[str, Any]], default: str = "local") -> None:
+        self.settings = settings
+        self.default = default
+        self._made: dict[str, Runner] = {}
+
+    def get(self, kind: str | None) -> Runner:
+        kind = kind or self.default
+        if kind not in self._made:
+            self._made[kind] = factory_for(kind)(self.settings.get(kind, {}))
+        return self._made[kind]
+
+    def made(self) -> list[Runner]:
+        return list(self._made.values())
+
+    def close(self) -> None:
+        for runner in self._made.values():
+            runner.close()
