@@ -3,6 +3,7 @@ import uuid
 
 import pytest
 
+from tests.docker_engine import docker_engine  # noqa: F401 (a session fixture)
 from tests.gcs_emulator import GcsEmulator
 from tests.harness import Bastion
 
