@@ -124,7 +124,7 @@ def test_toml_syntax_error_names_the_line() -> None:
     (("v4 = 0.6", "v4 = -0.6"), "[project_resources.project1] v4: fraction must be >= 0"),
     (("v4 = 0.6", 'v4 = "0.6"'), "[project_resources.project1] v4: fraction must be a number"),
     (("v4 = 0.6", "v4 = nan"), "[project_resources.project1] v4: fraction must be a number"),
-    (('"user1", "user2"', '"user(1"'), "[project_membership] project1: regular expression"),
+    (('"user1", "user2"', '"user(1"'), "[project_membership] project1[0]: regular expression"),
     (('["user1", "user2"]', '"user1"'), "[project_membership] project1: must be a list"),
     (('version = "1"', 'version = "2"'), "[toml-schema] version: unsupported version '2'"),
     (('version = "1"', 'version = "1"\nflavour = 2'), "[toml-schema] flavour: unknown key"),
