@@ -34,7 +34,7 @@ def test_check_prints_every_problem_and_fails(tmp_path: Path) -> None:
     assert check(str(bad), out) == 1
     lines = out.getvalue().splitlines()
     assert len(lines) == 2
-    assert lines[0].startswith(f"{bad}: [project_membership] interns: regular expression")
+    assert lines[0].startswith(f"{bad}: [project_membership] interns[0]: regular expression")
     assert lines[1].startswith(f"{bad}: [project_resources.research] v4: fraction must be >= 0")
 
 
