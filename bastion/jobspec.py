@@ -25,10 +25,39 @@ _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _RESERVED_SUFFIX = ".cleanup"
 _AXLEARN_TIME_FORMAT = "%Y-%m-%d %H:%M:%S.%f"
 MIN_PRIORITY, MAX_PRIORITY, DEFAULT_PRIORITY = 1, 5, 5
+# Bounds on what a bucket writer can make the daemon parse. A real spec is a few KiB and nests
+# a few levels; without them a deep spec crashed json (RecursionError) and a huge one cost
+# memory every cycle.
+MAX_SPEC_BYTES = 1 << 20
+MAX_DEPTH = 32  # nested JSON objects and arrays
+MAX_COUNT = 2**53  # resource counts and versions: exact as floats, which the scheduler uses
+MAX_SHOWN = 80  # characters of a user's value that an error message echoes
+MAX_MESSAGE = 1000
 
 
 class SpecError(ValueError):
-    """A spec that cannot be accepted; the message names the field and the fix."""
+    """A spec that cannot be accepted; the message names the field and the fix.
+
+    The message becomes a job's reason, shown by `bastion list` and stored in its state, so it
+    is bounded whatever the user wrote (values are shortened by ``show`` where they are echoed;
+    this cap is the backstop)."""
+
+    def __init__(self, message: str) -> None:
+        if len(message) > MAX_MESSAGE:
+            message = message[: MAX_MESSAGE - 1] + "…"
+        super().__init__(message)
+
+
+def show(value: Any, limit: int = MAX_SHOWN) -> str:
+    """``repr(value)`` for an error message, at most ``limit`` characters plus its length."""
+    try:
+        text = repr(value)
+    except ValueError:  # an integer over Python's 4,300-digit conversion limit
+        return f"<an integer of {value.bit_length()} bits>"
+    if len(text) <= limit:
+        return text
+    size = len(value) if isinstance(value, str | bytes | list | dict) else len(text)
+    return f"{text[:limit]}…({size} characters)"
 
 
 def name_problem(name: str) -> str | None:
@@ -36,14 +65,17 @@ def name_problem(name: str) -> str | None:
     if not isinstance(name, str) or not name:
         return "job name must be a non-empty string"
     if len(name) > MAX_NAME_LENGTH:
-        return f"job name {name!r} is {len(name)} characters long; the limit is {MAX_NAME_LENGTH}"
+        return (
+            f"job name {show(name, MAX_NAME_LENGTH)} is {len(name)} characters long; "
+            f"the limit is {MAX_NAME_LENGTH}"
+        )
     if not _NAME_RE.fullmatch(name):
         return (
-            f"job name {name!r} is not a safe identifier: use letters, digits, '-', '_' and '.', "
-            "starting with a letter or digit"
+            f"job name {show(name)} is not a safe identifier: use letters, digits, '-', '_' "
+            "and '.', starting with a letter or digit"
         )
     if name.endswith(_RESERVED_SUFFIX):
-        return f"job name {name!r} ends with the reserved suffix {_RESERVED_SUFFIX!r}"
+        return f"job name {show(name)} ends with the reserved suffix {_RESERVED_SUFFIX!r}"
     return None
 
 
@@ -64,22 +96,24 @@ def parse_time(value: Any, field_name: str) -> dt.datetime:
     if not isinstance(value, str):
         raise SpecError(f"field {field_name}: expected a time string, got {type(value).__name__}")
     try:
-        parsed = dt.datetime.strptime(value, _AXLEARN_TIME_FORMAT)
-    except ValueError:
         try:
-            parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+            parsed = dt.datetime.strptime(value, _AXLEARN_TIME_FORMAT)
         except ValueError:
-            raise SpecError(
-                f"field {field_name}: {value!r} is not a time; "
-                "write e.g. '2026-01-01 12:00:00.000000'"
-            ) from None
-    if parsed.tzinfo is not None:
-        parsed = parsed.astimezone(dt.UTC).replace(tzinfo=None)
+            parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        if parsed.tzinfo is not None:  # may leave the range of years 1..9999: OverflowError
+            parsed = parsed.astimezone(dt.UTC).replace(tzinfo=None)
+    except (ValueError, OverflowError):
+        raise SpecError(
+            f"field {field_name}: {show(value)} is not a time between years 1 and 9999 (UTC); "
+            "write e.g. '2026-01-01 12:00:00.000000'"
+        ) from None
     return parsed
 
 
 def format_time(value: dt.datetime) -> str:
-    return value.strftime(_AXLEARN_TIME_FORMAT)
+    """AXLearn's format; isoformat, unlike strftime's %Y, pads years before 1000 to 4 digits
+    (so every time it writes parses back)."""
+    return value.isoformat(sep=" ", timespec="microseconds")
 
 
 def parse_resources(text: str) -> dict[str, int]:
@@ -102,10 +136,13 @@ def _check_resources(value: Any, field_name: str) -> dict[str, int]:
             f"field {field_name}: expected an object of type -> count, e.g. {{'v4': 8}}"
         )
     for key, count in value.items():
+        where = f"field {field_name}.{show(key)[1:-1]}"
         if not isinstance(count, int) or isinstance(count, bool):
-            raise SpecError(f"field {field_name}.{key}: expected an integer count, got {count!r}")
+            raise SpecError(f"{where}: expected an integer count, got {show(count)}")
         if count < 0:
-            raise SpecError(f"field {field_name}.{key}: count {count} must not be negative")
+            raise SpecError(f"{where}: count {show(count)} must not be negative")
+        if count > MAX_COUNT:
+            raise SpecError(f"{where}: count {show(count)} is over the limit of {MAX_COUNT}")
     return {str(k): int(v) for k, v in value.items() if v}
 
 
@@ -118,8 +155,23 @@ def _require(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], p
             kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
         )
         raise SpecError(
-            f"field {prefix}{key}: expected {expected}, got {type(value).__name__} {value!r}"
+            f"field {prefix}{key}: expected {expected}, got {type(value).__name__} {show(value)}"
         )
+    if isinstance(value, str):
+        _check_text(value, prefix + key)
+    return value
+
+
+def _check_text(value: str, field_name: str) -> str:
+    """Strings reach a shell, an environment or a container API: no NUL, valid Unicode."""
+    if "\x00" in value:
+        raise SpecError(f"field {field_name}: contains a NUL character; remove it")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise SpecError(
+            f"field {field_name}: is not valid Unicode (an unpaired surrogate such as \\ud800)"
+        ) from None
     return value
 
 
@@ -161,7 +213,7 @@ class JobMetadata:
         priority = DEFAULT_PRIORITY if priority is None else priority
         if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
             raise SpecError(
-                f"field metadata.priority: {priority} is out of range; "
+                f"field metadata.priority: {show(priority)} is out of range; "
                 f"use {MIN_PRIORITY} (highest) to {MAX_PRIORITY} (lowest)"
             )
         known = {
@@ -173,6 +225,9 @@ class JobMetadata:
             "job_id",
             "version",
         }
+        version = _optional(data, "version", int, p)
+        if version is not None and not 0 <= version <= MAX_COUNT:
+            raise SpecError(f"field metadata.version: {show(version)} must be 0 to {MAX_COUNT}")
         return cls(
             user_id=_require(data, "user_id", str, p),
             project_id=_require(data, "project_id", str, p),
@@ -180,7 +235,7 @@ class JobMetadata:
             resources=_check_resources(data.get("resources") or {}, p + "resources"),
             priority=priority,
             job_id=_optional(data, "job_id", str, p),
-            version=_optional(data, "version", int, p),
+            version=version,
             extra={k: v for k, v in data.items() if k not in known},
         )
 
@@ -241,14 +296,19 @@ class JobSpec:
         version = _require(data, "version", int, "")
         if version != SCHEMA_VERSION:
             raise SpecError(
-                f"field version: schema version {version} is not supported; this Bastion reads "
-                f"version {SCHEMA_VERSION}"
+                f"field version: schema version {show(version)} is not supported; this Bastion "
+                f"reads version {SCHEMA_VERSION}"
             )
         env = _optional(data, "env_vars", dict, "")
         if env is not None:
             for key, value in env.items():
+                where = f"env_vars.{show(key)[1:-1]}"
+                if not key or "=" in key:
+                    raise SpecError(f"field {where}: a variable name must be non-empty, no '='")
+                _check_text(key, where)
                 if not isinstance(value, str):
-                    raise SpecError(f"field env_vars.{key}: expected a string value, got {value!r}")
+                    raise SpecError(f"field {where}: expected a string value, got {show(value)}")
+                _check_text(value, where)
         known = {"version", "name", "command", "cleanup_command", "env_vars", "metadata", "runner"}
         return cls(
             name=check_name(_require(data, "name", str, "")),
@@ -263,11 +323,49 @@ class JobSpec:
 
     @classmethod
     def loads(cls, raw: bytes | str) -> JobSpec:
+        """Parse a spec; any input at all either loads or raises SpecError with a short reason
+        (the daemon rejects the job with it; anything else would be retried every cycle)."""
+        text = _spec_text(raw)
         try:
-            data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            return cls.from_json(json.loads(text))
+        except SpecError:
+            raise
+        except json.JSONDecodeError as e:
             raise SpecError(f"spec is not valid JSON: {e}") from None
-        return cls.from_json(data)
+        except (ValueError, TypeError, OverflowError, RecursionError) as e:
+            # e.g. an integer over Python's 4,300-digit limit (ValueError)
+            reason = str(e).split(";")[0].split(":")[0]
+            raise SpecError(f"spec is not acceptable JSON: {show(reason, 200)[1:-1]}") from None
+
+
+# A JSON string (with its escapes) or one bracket: enough to measure nesting without parsing.
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+
+
+def _spec_text(raw: bytes | str) -> str:
+    """The spec's text, refused before parsing when it is too large or nests too deeply."""
+    size = len(raw) if isinstance(raw, bytes) else len(raw.encode(errors="surrogatepass"))
+    if size > MAX_SPEC_BYTES:
+        raise SpecError(
+            f"spec is {size:,} bytes; the limit is {MAX_SPEC_BYTES:,} bytes (1 MiB): "
+            "keep large data elsewhere and pass its location"
+        )
+    if isinstance(raw, bytes):
+        try:  # as json.loads decodes bytes (UTF-8, -16 or -32)
+            raw = raw.decode(json.detect_encoding(raw), "surrogatepass")
+        except UnicodeDecodeError as e:
+            raise SpecError(f"spec is not valid JSON: not UTF-8 text ({e.reason})") from None
+    if raw.count("[") + raw.count("{") > MAX_DEPTH:
+        depth = 0
+        for token in _JSON_TOKEN.finditer(raw):
+            bracket = token.group()
+            if bracket in ("[", "{"):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise SpecError(f"spec nests objects and arrays deeper than {MAX_DEPTH} levels")
+            elif bracket in ("]", "}"):
+                depth -= 1
+    return raw
 
 
 def _check_runner(value: Any) -> dict[str, Any] | None:
@@ -279,11 +377,11 @@ def _check_runner(value: Any) -> dict[str, Any] | None:
     kind = value.get("kind")
     if not isinstance(kind, str) or not re.fullmatch(r"[a-z][a-z0-9-]{0,31}", kind):
         raise SpecError(
-            f"field runner.kind: {kind!r} is not a runner kind; use e.g. 'local' or 'docker'"
+            f"field runner.kind: {show(kind)} is not a runner kind; use e.g. 'local' or 'docker'"
         )
     for key in value:
         if not isinstance(key, str) or not re.fullmatch(r"[a-z][a-z0-9_]{0,63}", key):
-            raise SpecError(f"field runner: option name {key!r} must be lower_snake_case")
+            raise SpecError(f"field runner: option name {show(key)} must be lower_snake_case")
     return dict(value)
 
 
