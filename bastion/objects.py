@@ -5,19 +5,28 @@ directory, GCS and S3 is how to replace an object atomically, create it only if 
 replace it only if nobody else changed it (compare-and-swap on a generation), and append.
 One class per backend, picked by ``objects_for(fs)`` from a small registry, like fsspec's own.
 These classes know nothing of Bastion's paths; ``bastion.store`` does.
+
+Anyone who can write to the bucket can put anything in it. On a local root that includes
+symbolic links, FIFOs, directories and devices where objects are expected: LocalObjects opens
+only regular files, never follows a link inside the root, never blocks, and reads at most what
+the caller allows; anything else raises UnacceptableObject, whose message says what it is.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import importlib
 import json
 import logging
 import os
+import shutil
+import stat
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +39,45 @@ log = logging.getLogger(__name__)
 
 class PreconditionFailed(Exception):
     """A conditional write lost: the object changed (or appeared) since it was read."""
+
+
+class UnacceptableObject(ValueError):
+    """An object Bastion will not read or write: not a regular file (a symbolic link, a
+    directory, a FIFO, a device), or over the caller's size limit. The message is for users
+    (it becomes a rejected job's reason): ``<path> <what>; <rule>``, a few dozen characters."""
+
+    REGULAR = "objects must be regular files"
+
+    def __init__(self, path: str, what: str, rule: str = REGULAR) -> None:
+        if len(path) > 120:
+            path = f"{path[:100]}…({len(path)} characters)"
+        super().__init__(f"{path} {what}; {rule}")
+        self.path, self.what, self.rule = path, what, rule
+
+
+def format_size(size: int) -> str:
+    """1536 -> "1.5 KiB": sizes in messages, in binary units as the limits are."""
+    if size < 1024:
+        return f"{size} bytes"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        size /= 1024
+        if size < 1024 or unit == "TiB":
+            return f"{size:.1f}".removesuffix(".0") + f" {unit}"
+    raise AssertionError("unreachable")
+
+
+_KINDS = (
+    (stat.S_ISLNK, "is a symbolic link"),
+    (stat.S_ISDIR, "is a directory"),
+    (stat.S_ISFIFO, "is a FIFO"),
+    (stat.S_ISSOCK, "is a socket"),
+    (stat.S_ISCHR, "is a character device"),
+    (stat.S_ISBLK, "is a block device"),
+)
+
+
+def _kind(mode: int) -> str:
+    return next((what for test, what in _KINDS if test(mode)), "is not a regular file")
 
 
 @dataclass(frozen=True)
@@ -46,6 +94,18 @@ class Objects:
 
     def __init__(self, fs: AbstractFileSystem) -> None:
         self.fs = fs
+        self.root: str | None = None  # Bastion's root, to name objects relative to it
+
+    def _name(self, path: str) -> str:
+        """``path`` as a user knows it: relative to the root."""
+        if self.root and path.startswith(self.root + "/"):
+            return path[len(self.root) + 1 :]
+        return path
+
+    def _too_large(self, path: str, size: int, limit: int) -> UnacceptableObject:
+        return UnacceptableObject(
+            self._name(path), f"is {format_size(size)}", f"the limit is {format_size(limit)}"
+        )
 
     @staticmethod
     def token(info: dict[str, Any]) -> str:
@@ -76,15 +136,26 @@ class Objects:
             return None
         return ObjectInfo(path.rsplit("/", 1)[-1], int(info.get("size") or 0), self.token(info))
 
-    def read(self, path: str, start: int | None = None) -> bytes | None:
+    def read(self, path: str, start: int | None = None, limit: int | None = None) -> bytes | None:
+        """The object from ``start`` on; None when absent. ``limit``: refuse a larger object
+        (UnacceptableObject), downloading at most ``limit + 1`` bytes of it."""
+        end = None if limit is None else (start or 0) + limit + 1
         try:
-            return self.fs.cat_file(path, start=start)
+            data = self.fs.cat_file(path, start=start, end=end)
         except FileNotFoundError:
             return None
         except Exception as e:
-            if start and getattr(e, "code", None) == 416:  # offset at the end: nothing new
+            if (start or end) and getattr(e, "code", None) == 416:  # nothing at or after start
                 return b""
             raise
+        return self._within(path, data, limit)
+
+    def _within(self, path: str, data: bytes, limit: int | None) -> bytes:
+        """``data`` if within ``limit``; else UnacceptableObject with the object's whole size."""
+        if limit is None or len(data) <= limit:
+            return data
+        whole = self.info(path)
+        raise self._too_large(path, whole.size if whole else len(data), limit)
 
     def write(self, path: str, data: bytes) -> None:
         self.fs.pipe_file(path, data)
@@ -124,62 +195,223 @@ class Objects:
             self.fs.rm_file(path)
 
 
+_NEW = os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
 class LocalObjects(Objects):
-    """A local directory: rename for atomicity, link for create, a lock file for conditions."""
+    """A local directory: rename for atomicity, link for create, a lock file for conditions.
+
+    Every operation opens the object's directory one component at a time from ``root`` with
+    O_NOFOLLOW, then works relative to that directory (``dir_fd``): a symbolic link planted at
+    ``history/jobs/NAME`` or ``logs`` cannot send a write outside the root. Objects are opened
+    with O_NOFOLLOW (a link is refused, never followed) and O_NONBLOCK (a FIFO cannot hang the
+    daemon), then checked with fstat to be regular files. Without a ``root`` (a quota file given
+    by path) directories and links are followed, as the admin who named the file intends; only
+    regular files are still read."""
 
     @staticmethod
     def token(info: dict[str, Any]) -> str:
         return f"{info.get('ino')}:{info.get('mtime')}:{info.get('size')}"
 
-    def _stat_token(self, path: str) -> str | None:
+    def _confined(self, path: str) -> bool:
+        return self.root is not None and path.startswith(self.root + "/")
+
+    @contextlib.contextmanager
+    def _directory(self, path: str, create: bool = False) -> Iterator[tuple[int, str]]:
+        """(fd of the directory holding ``path``, its last component); FileNotFoundError when
+        that directory does not exist and ``create`` is False."""
+        directory, name = path.rsplit("/", 1)
+        if not self._confined(path):
+            if create:
+                os.makedirs(directory, exist_ok=True)
+            fd = os.open(directory or "/", _DIRECTORY)
+        else:
+            assert self.root is not None
+            if create:
+                os.makedirs(self.root, exist_ok=True)
+            fd = os.open(self.root, _DIRECTORY)  # the root itself may be a link: its owner's
+            done = self.root
+            try:
+                for part in directory[len(self.root) + 1 :].split("/") if directory != done else []:
+                    done += "/" + part
+                    if part in ("", ".", ".."):
+                        raise UnacceptableObject(self._name(path), "is not a plain path")
+                    parent, fd = fd, self._subdirectory(fd, part, done, create)
+                    os.close(parent)
+            except BaseException:
+                os.close(fd)
+                raise
         try:
-            st = os.stat(path)
+            yield fd, name
+        finally:
+            os.close(fd)
+
+    def _subdirectory(self, fd: int, part: str, path: str, create: bool) -> int:
+        """Open ``part`` of directory ``fd`` without following a link."""
+        try:
+            return os.open(part, _DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+        except FileNotFoundError:
+            if not create:
+                raise
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, dir_fd=fd)
+            return os.open(part, _DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+        except OSError as e:
+            if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            mode = os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode
+            if stat.S_ISREG(mode):  # a file where a directory belongs: as a missing one
+                raise
+            raise UnacceptableObject(
+                self._name(path), _kind(mode), "Bastion follows no links in its root"
+            ) from None
+
+    def _open(self, dir_fd: int, name: str, path: str, flags: int, mode: int = 0o666) -> int:
+        """Open a regular file in directory ``dir_fd``: never a link (unless unconfined), never
+        blocking; UnacceptableObject naming what it is otherwise."""
+        nofollow = os.O_NOFOLLOW if self._confined(path) else 0
+        flags |= os.O_NONBLOCK | os.O_CLOEXEC | nofollow
+        try:
+            fd = os.open(name, flags, mode, dir_fd=dir_fd)
+        except OSError as e:
+            if e.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+                raise
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            raise UnacceptableObject(self._name(path), _kind(st.st_mode)) from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise UnacceptableObject(self._name(path), _kind(st.st_mode))
+        return fd
+
+    def _lstat_token(self, fd: int, name: str) -> tuple[int, str] | None:
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
         except FileNotFoundError:
             return None
-        return self.token({"ino": st.st_ino, "mtime": st.st_mtime, "size": st.st_size})
+        return st.st_size, self.token({"ino": st.st_ino, "mtime": st.st_mtime, "size": st.st_size})
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def list(self, directory: str) -> dict[str, ObjectInfo]:
+        """Every name but dot-names, whatever it is (a directory or FIFO in jobs/active/ is
+        listed so that the daemon rejects it): lstat only, nothing is opened."""
+        found = {}
+        try:
+            with self._directory(directory + "/.") as (fd, _), os.scandir(fd) as entries:
+                for entry in entries:
+                    if entry.name.startswith("."):
+                        continue  # temporary files and the lock
+                    with contextlib.suppress(FileNotFoundError):  # removed since listed
+                        st = entry.stat(follow_symlinks=False)
+                        token = self.token(
+                            {"ino": st.st_ino, "mtime": st.st_mtime, "size": st.st_size}
+                        )
+                        found[entry.name] = ObjectInfo(entry.name, st.st_size, token)
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+        return found
 
     def info(self, path: str) -> ObjectInfo | None:
-        token = self._stat_token(path)
-        if token is None:
+        try:
+            with self._directory(path) as (fd, name):
+                sized = self._lstat_token(fd, name)
+        except (FileNotFoundError, NotADirectoryError):
             return None
-        return ObjectInfo(path.rsplit("/", 1)[-1], os.path.getsize(path), token)
+        return ObjectInfo(path.rsplit("/", 1)[-1], *sized) if sized else None
 
-    def _temp(self, path: str, data: bytes) -> str:
-        directory, name = path.rsplit("/", 1)
-        os.makedirs(directory, exist_ok=True)
-        tmp = f"{directory}/.{name}.{uuid.uuid4().hex[:8]}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
+    def read(self, path: str, start: int | None = None, limit: int | None = None) -> bytes | None:
+        try:
+            with self._directory(path) as (dir_fd, name):
+                fd = self._open(dir_fd, name, path, os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        with os.fdopen(fd, "rb") as f:
+            size = os.fstat(fd).st_size
+            if limit is not None and size > limit:
+                raise self._too_large(path, size, limit)
+            f.seek(start or 0)
+            data = f.read(-1 if limit is None else limit + 1)  # it may have grown meanwhile
+        return self._within(path, data, limit)
+
+    # -- writing: a temporary file in the same directory, renamed over the object ------------
+
+    def _temp(self, fd: int, data: bytes) -> str:
+        """A short name (``.tmp-`` and 16 hex digits): ``.<name>.tmp`` exceeded NAME_MAX for a
+        250-character object name."""
+        tmp = f".tmp-{uuid.uuid4().hex[:16]}"
+        out = os.open(tmp, os.O_WRONLY | os.O_EXCL | _NEW, 0o666, dir_fd=fd)
+        try:
+            with os.fdopen(out, "wb") as f:
+                f.write(data)
+        except BaseException:
+            os.unlink(tmp, dir_fd=fd)
+            raise
         return tmp
 
+    def _replace(self, fd: int, name: str, data: bytes) -> None:
+        """Atomic: readers see the old or the new bytes, never half. rename replaces a link
+        planted at ``name`` itself, not what it points to."""
+        tmp = self._temp(fd, data)
+        try:
+            os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=fd)
+            raise
+
     def write(self, path: str, data: bytes) -> None:
-        os.replace(self._temp(path, data), path)  # readers see old or new bytes, never half
+        with self._directory(path, create=True) as (fd, name):
+            self._replace(fd, name, data)
 
     def create(self, path: str, data: bytes) -> bool:
-        tmp = self._temp(path, data)
-        try:
-            os.link(tmp, path)  # atomic create-if-absent
-        except FileExistsError:
-            return self.read(path) == data  # idempotent, as on a bucket that retries
-        finally:
-            os.unlink(tmp)
+        with self._directory(path, create=True) as (fd, name):
+            tmp = self._temp(fd, data)
+            try:
+                os.link(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)  # atomic create-if-absent
+            except FileExistsError:
+                try:
+                    return self.read(path) == data  # idempotent, as on a bucket that retries
+                except UnacceptableObject:
+                    return False  # a link or a directory holds the name
+            finally:
+                os.unlink(tmp, dir_fd=fd)
         return True
 
     def write_if(self, path: str, data: bytes, expected: str | None) -> str:
-        directory = path.rsplit("/", 1)[0]
-        os.makedirs(directory, exist_ok=True)
-        with open(f"{directory}/.lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            current = self._stat_token(path)
-            if current != expected:
-                raise PreconditionFailed(f"{path} changed since it was read")
-            self.write(path, data)
-            return self._stat_token(path) or ""
+        with self._directory(path, create=True) as (fd, name):
+            lock = self._open(fd, ".lock", path.rsplit("/", 1)[0] + "/.lock", os.O_WRONLY | _NEW)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                current = self._lstat_token(fd, name)
+                if (current and current[1]) != expected:
+                    raise PreconditionFailed(f"{path} changed since it was read")
+                self._replace(fd, name, data)
+                after = self._lstat_token(fd, name)
+                return after[1] if after else ""
+            finally:
+                os.close(lock)
 
     def append(self, path: str, data: bytes, size: int | None = None) -> None:
-        os.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-        with open(path, "ab") as f:
+        """O_APPEND on the object itself, which must be a regular file (O_NOFOLLOW)."""
+        with self._directory(path, create=True) as (dir_fd, name):
+            fd = self._open(dir_fd, name, path, os.O_WRONLY | os.O_APPEND | _NEW)
+        with os.fdopen(fd, "wb") as f:
             f.write(data)
+
+    def delete(self, path: str) -> None:
+        """Unlinks what is there, a link itself (never its target); a directory planted where
+        an object belongs (e.g. in jobs/active/) is removed with its contents, without
+        following links (shutil.rmtree with dir_fd)."""
+        try:
+            with self._directory(path) as (fd, name):
+                try:
+                    os.unlink(name, dir_fd=fd)
+                except IsADirectoryError:
+                    shutil.rmtree(name, dir_fd=fd)
+        except (FileNotFoundError, NotADirectoryError):
+            return
 
 
 class GcsObjects(Objects):
@@ -368,7 +600,14 @@ def register(protocol: str, objects: type[Objects] | str) -> None:
     _REGISTRY[protocol] = objects
 
 
-def objects_for(fs: AbstractFileSystem) -> Objects:
+def objects_for(fs: AbstractFileSystem, root: str | None = None) -> Objects:
+    """``root``: on a local filesystem, the directory within which no link is followed."""
+    objects = _objects_for(fs)
+    objects.root = root.rstrip("/") if root else None
+    return objects
+
+
+def _objects_for(fs: AbstractFileSystem) -> Objects:
     if isinstance(fs, LocalFileSystem):
         return LocalObjects(fs)
     protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)

@@ -188,19 +188,22 @@ class S3Objects(Objects):
             path.rsplit("/", 1)[-1], int(head.get("ContentLength") or 0), _etag(head["ETag"])
         )
 
-    def read(self, path: str, start: int | None = None) -> bytes | None:
-        """The object from ``start`` on, in one GET; b"" when ``start`` is at or past the end."""
+    def read(self, path: str, start: int | None = None, limit: int | None = None) -> bytes | None:
+        """The object from ``start`` on, in one GET; b"" when ``start`` is at or past the end.
+        ``limit``: at most ``limit + 1`` bytes are fetched; more is UnacceptableObject."""
+        end = None if limit is None else (start or 0) + limit + 1
         try:
-            return self._request(  # max_concurrency=1: one GET, without asking for the size first
-                lambda: self.fs.cat_file(path, start=start or None, max_concurrency=1),
+            data = self._request(  # max_concurrency=1: one GET, without asking for the size first
+                lambda: self.fs.cat_file(path, start=start or None, end=end, max_concurrency=1),
                 f"read {path}",
             )
         except FileNotFoundError:
             return None
         except OSError as e:
-            if start and _status(e) == 416:  # InvalidRange: nothing at or after ``start``
+            if (start or end) and _status(e) == 416:  # InvalidRange: nothing at or after start
                 return b""
             raise
+        return self._within(path, data, limit)
 
     # -- writes ------------------------------------------------------------------------------
 

@@ -19,9 +19,17 @@ from typing import Any
 
 import fsspec
 
-from bastion.objects import LocalObjects, ObjectInfo, PreconditionFailed, objects_for
+from bastion.jobspec import MAX_SPEC_BYTES
+from bastion.objects import (
+    LocalObjects,
+    ObjectInfo,
+    Objects,
+    PreconditionFailed,
+    UnacceptableObject,
+    objects_for,
+)
 
-__all__ = ["ObjectInfo", "PreconditionFailed", "Store", "resolve_root"]
+__all__ = ["ObjectInfo", "PreconditionFailed", "Store", "UnacceptableObject", "resolve_root"]
 
 ACTIVE, STATES, USER_STATES, COMPLETE = "active", "states", "user_states", "complete"
 DAEMON_LOG_PREFIX = "_bastion-"  # names starting with "_" are never job names
@@ -69,7 +77,7 @@ class Store:
         self.root_url = root
         self.fs, path = fsspec.core.url_to_fs(root, **_default_options(root, storage_options))
         self.root = path.rstrip("/")
-        self.objects = objects_for(self.fs)
+        self.objects = objects_for(self.fs, self.root)
         self.ops: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
         if isinstance(self.objects, LocalObjects):  # so a user browsing the root sees the layout
@@ -95,9 +103,11 @@ class Store:
         self._count("list")
         return self.objects.list(self._path(directory))
 
-    def _read(self, *parts: str) -> bytes | None:
+    def _read(self, *parts: str, limit: int | None = None) -> bytes | None:
+        """The object's bytes, None when absent. UnacceptableObject: over ``limit``, or on a
+        local root not a regular file (a link, directory, FIFO...)."""
         self._count("read")
-        return self.objects.read(self._path(*parts))
+        return self.objects.read(self._path(*parts), limit=limit)
 
     def _write(self, data: bytes, *parts: str) -> None:
         """Replace an object atomically: readers see the old or the new bytes, never half."""
@@ -140,7 +150,15 @@ class Store:
         return self._list(f"jobs/{ACTIVE}")
 
     def read_spec(self, name: str) -> bytes | None:
-        return self._read("jobs", ACTIVE, name)
+        """A spec's bytes, at most MAX_SPEC_BYTES. UnacceptableObject (its message is the
+        rejection reason) for a larger one and, on a local root, for anything but a regular
+        file: a link to a secret must never have its content copied into jobs/complete/."""
+        try:
+            return self._read("jobs", ACTIVE, name, limit=MAX_SPEC_BYTES)
+        except UnacceptableObject as e:
+            if e.rule == UnacceptableObject.REGULAR:
+                raise UnacceptableObject(e.path, e.what, "specs must be regular files") from None
+            raise
 
     def submit_spec(self, name: str, data: bytes) -> bool:
         """Create a spec; False when a job of that name is already active."""
@@ -297,18 +315,27 @@ class Store:
     def default_quota_url(self) -> str:
         return self.url("project-quotas", "project-quotas.config")
 
+    def _objects_of(self, url: str) -> tuple[Objects, str]:
+        """The objects of any URL; this root's own (which follow no link) for a local path
+        inside the root, such as the default quota file."""
+        fs, path = fsspec.core.url_to_fs(url, **_default_options(url, {}))
+        local = isinstance(fs, type(self.fs)) and isinstance(self.objects, LocalObjects)
+        if local and path.startswith(self.root + "/"):
+            return self.objects, path
+        return objects_for(fs), path
+
     def url_token(self, url: str) -> str | None:
         """Change token of any object (the quota file may live in another bucket)."""
         self._count("info")
-        fs, path = fsspec.core.url_to_fs(url, **_default_options(url, {}))
-        info = objects_for(fs).info(path)
+        objects, path = self._objects_of(url)
+        info = objects.info(path)
         return info.token if info else None
 
     def read_url(self, url: str) -> bytes:
         """Through the backend's primitives, so every backend's timeouts and errors apply."""
         self._count("read")
-        fs, path = fsspec.core.url_to_fs(url, **_default_options(url, {}))
-        data = objects_for(fs).read(path)
+        objects, path = self._objects_of(url)
+        data = objects.read(path)
         if data is None:
             raise FileNotFoundError(url)
         return data

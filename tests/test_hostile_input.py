@@ -4,16 +4,22 @@ echoes megabytes back."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
 import sys
 import textwrap
+import threading
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bastion.jobspec import JobSpec, SpecError, name_problem
+from bastion.store import Store, UnacceptableObject
 from quota.config import QuotaError, parse_quota
 from tests.harness import REPO
 
@@ -253,3 +259,166 @@ def test_every_echoed_value_is_bounded(spec: dict[str, object]) -> None:
     with pytest.raises(SpecError) as e:
         JobSpec.loads(json.dumps(spec).encode())
     assert len(str(e.value)) < 300, str(e.value)[:400]
+
+
+# -- items 9, 10, 12: a local root opens only regular files and follows no link -------------
+
+
+def unblock(fifo: Path) -> None:
+    """Open the FIFO's write end, so a reader stuck opening it goes on (and sees EOF)."""
+    with contextlib.suppress(OSError):
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def finishes(call: Callable[[], object], fifo: Path | None = None, seconds: float = 10) -> object:
+    """``call()``'s result or exception, failing the test if it blocks (on the old code a FIFO
+    blocked its reader forever)."""
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except Exception as e:
+            box["value"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        if fifo:
+            unblock(fifo)
+        pytest.fail(f"blocked for {seconds}s")
+    return box["value"]
+
+
+@pytest.fixture
+def hostile_root(tmp_path: Path) -> tuple[Store, Path]:
+    """A local root whose jobs/active/ holds one good spec and every kind of non-file."""
+    store = Store(str(tmp_path / "root"))
+    active = tmp_path / "root" / "jobs" / "active"
+    store.submit_spec("good", json.dumps(spec_dict(name="good")).encode())
+    (active / "a-directory").mkdir()
+    (active / "a-dangling-link").symlink_to(tmp_path / "nowhere")
+    os.mkfifo(active / "a-fifo")
+    (active / "a-link-to-a-directory").symlink_to(tmp_path)
+    (tmp_path / "secret").write_text("SECRET-CONTENT")
+    (active / "a-link-to-a-secret").symlink_to(tmp_path / "secret")
+    (active / "too-big").write_bytes(b" " * (2 << 20))
+    return store, active
+
+
+def test_listing_names_every_entry_and_opens_none(hostile_root) -> None:
+    store, active = hostile_root
+    listed = finishes(store.list_specs, active / "a-fifo")
+    assert sorted(listed) == sorted(os.listdir(active))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("a-directory", "jobs/active/a-directory is a directory; specs must be regular files"),
+        ("a-dangling-link", "jobs/active/a-dangling-link is a symbolic link; specs must be"),
+        ("a-fifo", "jobs/active/a-fifo is a FIFO; specs must be regular files"),
+        ("a-link-to-a-directory", "jobs/active/a-link-to-a-directory is a symbolic link;"),
+        ("a-link-to-a-secret", "jobs/active/a-link-to-a-secret is a symbolic link; specs must"),
+        ("too-big", "jobs/active/too-big is 2 MiB; the limit is 1 MiB"),
+    ],
+)
+def test_reading_a_spec_that_is_no_regular_file_says_what_it_is(hostile_root, name, message):
+    store, active = hostile_root
+    error = finishes(lambda: store.read_spec(name), active / "a-fifo")
+    assert isinstance(error, UnacceptableObject), error
+    assert isinstance(error, ValueError) and str(error).startswith(message)
+    assert len(str(error)) < 200
+
+
+def test_a_spec_linked_to_dev_zero_is_refused_without_reading_it(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "root"))
+    (tmp_path / "root" / "jobs" / "active" / "zero").symlink_to("/dev/zero")
+    with pytest.raises(UnacceptableObject, match="is a symbolic link"):
+        store.read_spec("zero")
+
+
+def test_a_spec_over_the_limit_is_refused_with_its_size_on_every_backend(bastion) -> None:
+    bastion.put("jobs", "active", "big", data=b"x" * ((1 << 20) + 1))
+    bastion.put("jobs", "active", "empty", data=b"")
+    with pytest.raises(UnacceptableObject, match=r"big is 1 MiB; the limit is 1 MiB"):
+        bastion.store.read_spec("big")
+    assert bastion.store.read_spec("empty") == b""
+    assert bastion.store.read_spec("missing") is None
+
+
+def test_a_250_character_name_gets_a_state_a_record_and_history(store: Store) -> None:
+    name = "n" * 250
+    token = store.write_state(name, b"{}")
+    assert store.write_state(name, b"{}", token)
+    store.write_complete(name, {"state": {}})
+    store.save_history(name, "000-x", [{"event": "PENDING"}])
+    store.append_log(name, b"line\n")
+    assert store.read_complete(name) == {"state": {}} and store.read_log(name) == b"line\n"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    return Store(str(tmp_path / "root"))
+
+
+@pytest.fixture
+def elsewhere(tmp_path: Path) -> Path:
+    """What a planted link points to: must never be written."""
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "file").write_text("untouched")
+    return target
+
+
+def test_a_link_planted_at_a_log_is_refused_not_followed(store: Store, tmp_path, elsewhere):
+    (tmp_path / "root" / "logs").mkdir()
+    (tmp_path / "root" / "logs" / "job").symlink_to(elsewhere / "file")
+    with pytest.raises(UnacceptableObject, match="logs/job is a symbolic link"):
+        store.append_log("job", b"appended\n")
+    assert (elsewhere / "file").read_text() == "untouched"
+
+
+def test_a_link_planted_at_a_history_directory_is_refused(store: Store, tmp_path, elsewhere):
+    (tmp_path / "root" / "history" / "jobs").mkdir(parents=True)
+    (tmp_path / "root" / "history" / "jobs" / "job").symlink_to(elsewhere)
+    with pytest.raises(UnacceptableObject, match="history/jobs/job is a symbolic link"):
+        store.save_history("job", "file", [{"event": "x"}])
+    with pytest.raises(UnacceptableObject):
+        store.read_history("job").__next__()
+    for parent in ("../../history/jobs/job", "../../history/jobs/./job"):
+        with pytest.raises(UnacceptableObject):  # no delete through the link, nor out of it
+            store.delete_spec(f"{parent}/file")
+    assert os.listdir(elsewhere) == ["file"]
+    assert (elsewhere / "file").read_text() == "untouched"
+
+
+def test_a_link_planted_at_a_record_or_state_is_replaced_not_followed(
+    store: Store, tmp_path, elsewhere
+):
+    states, complete = (
+        tmp_path / "root" / "jobs" / "states",
+        tmp_path / "root" / "jobs" / "complete",
+    )
+    (complete / "job").symlink_to(elsewhere / "file")
+    (states / "job").symlink_to(elsewhere / "file")
+    store.write_complete("job", {"state": {}})
+    store.write_state("job", b"{}", store.list_states()["job"].token)
+    assert not (complete / "job").is_symlink() and not (states / "job").is_symlink()
+    assert (elsewhere / "file").read_text() == "untouched"
+
+
+def test_a_link_planted_at_the_lock_is_refused(store: Store, tmp_path, elsewhere) -> None:
+    (tmp_path / "root" / "jobs" / "states" / ".lock").symlink_to(elsewhere / "created")
+    with pytest.raises(UnacceptableObject):
+        store.write_state("job", b"{}")
+    assert os.listdir(elsewhere) == ["file"]
+
+
+def test_deleting_removes_a_link_or_directory_itself(hostile_root, elsewhere) -> None:
+    store, active = hostile_root
+    (active / "a-link-to-elsewhere").symlink_to(elsewhere)
+    for name in os.listdir(active):
+        store.delete_spec(name)
+    assert os.listdir(active) == [] and os.listdir(elsewhere) == ["file"]
