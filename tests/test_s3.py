@@ -15,7 +15,7 @@ import pytest
 
 from bastion.objects import PreconditionFailed
 from bastion.objects_s3 import MIN_PART, S3Objects
-from bastion.store import Store
+from bastion.store import Store, UnacceptableObject
 from tests.harness import Bastion
 from tests.local_server import free_port
 from tests.s3_server import MotoS3Server, ResponseDropper
@@ -319,3 +319,11 @@ def test_large_job_log_on_s3(bastion):
     assert bastion.store.objects.info(f"{bastion.store.root}/logs/chatty").token.count("-") == 1
     follow = bastion.cli("logs", "chatty")
     assert follow.stdout.count("row ") == lines * 5
+
+
+def test_read_spec_fetches_at_most_the_limit_and_says_the_size(store):
+    store.objects.write(path(store, "jobs", "active", "big"), b"x" * (3 << 20))
+    store.objects.write(path(store, "jobs", "active", "empty"), b"")
+    with pytest.raises(UnacceptableObject, match="jobs/active/big is 3 MiB; the limit is 1 MiB"):
+        store.read_spec("big")
+    assert store.read_spec("empty") == b""
