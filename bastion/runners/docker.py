@@ -1,0 +1,457 @@
+"""The Docker runner: one container per attempt, on a Docker engine this daemon can reach.
+
+The container *is* the record: it is named after the attempt and labelled with the daemon's
+root, so a restarted daemon finds everything it made by asking the engine (``list_owned``), a
+create whose answer was lost is adopted on the 409 Conflict of the second create, and GPUs
+handed out survive a restart in each container's ``bastion.gpus`` label. The runner keeps no
+files of its own.
+
+Settings (``from_settings``):
+
+- ``root``: the daemon's root URL (required). A local root (a path or ``file://``) is
+  bind-mounted read-write at the same path, so the job reaches the bucket as the daemon does.
+- ``work_dir``: the daemon's work directory (unused: the engine keeps the output).
+- ``docker_host``: the engine, e.g. ``unix:///run/docker.sock`` (default: ``$DOCKER_HOST``,
+  else the SDK's default).
+- ``image``: the image of jobs whose options name none.
+- ``network``: the network mode (default ``host``: the daemon's bucket on 127.0.0.1 and the
+  host's names are reachable, and no bridge is needed).
+- ``gpus``: the GPU indices this runner may hand out (default: ``nvidia-smi``'s).
+- ``mounts``: extra ``host:container[:ro]`` binds for every job.
+
+Per-job options (the spec's runner options): ``image``, ``network``, ``env`` (a mapping, under
+the daemon's own variables), ``mounts`` (more binds), ``shm_size``, ``user``, ``workdir``.
+
+Commands run as ``/bin/sh -c COMMAND`` under the engine's init (tini) with
+``TINI_KILL_PROCESS_GROUP=1``, so SIGTERM reaches the whole job (a ``python`` under ``sh`` gets
+it too, as with the local runner) and ends in status 143 unless the job handles it.
+"""
+
+from __future__ import annotations
+
+import calendar
+import contextlib
+import os
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import docker
+import requests
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from docker.types import DeviceRequest
+
+from bastion.runners.base import Attempt, Handle, Observation, Owned, Phase, Runner, RunnerError
+from bastion.runners.base import root_tag as make_root_tag
+
+OPTIONS = frozenset({"image", "network", "env", "mounts", "shm_size", "user", "workdir"})
+_LIVE = frozenset({"created", "running", "restarting", "paused"})
+_RUNNING = frozenset({"running", "restarting", "paused"})
+# Log lines of stdout and stderr are stamped by two goroutines, each just before it takes the
+# log file's lock, so the log can hold a line stamped a little earlier than the one before it.
+# Reading ``since`` this much before the newest line read keeps such a line (what is re-read is
+# skipped by the byte counts we kept); it also bounds what each read fetches again.
+_OVERLAP_NS = 20_000_000
+_CLIENT_TIMEOUT = 30
+
+
+def from_settings(settings: Mapping[str, Any]) -> DockerRunner:
+    root = str(settings.get("root") or "")
+    if not root:
+        raise RunnerError("the docker runner needs settings['root'] (the daemon's root URL)")
+    gpus = settings.get("gpus")
+    return DockerRunner(
+        root,
+        docker_host=settings.get("docker_host") or os.environ.get("DOCKER_HOST") or None,
+        image=settings.get("image") or None,
+        network=str(settings.get("network") or "host"),
+        gpus=None if gpus is None else [int(g) for g in gpus],
+        mounts=list(settings.get("mounts") or []),
+    )
+
+
+@dataclass
+class _Cursor:
+    """Where the last read of a container's output ended (see ``read_output``)."""
+
+    pos: int = 0  # byte offset in the output reached
+    since_ns: int = 0  # the next read asks for lines stamped at or after this (0: all)
+    window: list[tuple[int, int]] = field(default_factory=list)  # (stamp, bytes read) >= since
+
+
+class DockerRunner(Runner):
+    kind = "docker"
+
+    def __init__(
+        self,
+        root: str,
+        docker_host: str | None = None,
+        image: str | None = None,
+        network: str = "host",
+        gpus: Sequence[int] | None = None,
+        mounts: Sequence[str] = (),
+    ) -> None:
+        self.root = root
+        self.tag = make_root_tag(root)
+        self.docker_host = docker_host
+        self.image = image
+        self.network = network
+        self.mounts = list(mounts)
+        split = urllib.parse.urlsplit(root)
+        if split.scheme in ("", "file"):  # the job sees the bucket where the daemon does
+            path = os.path.abspath(split.path if split.scheme else root)
+            self.mounts.insert(0, f"{path}:{path}:rw")
+        self._gpus = None if gpus is None else list(gpus)
+        self._client: docker.DockerClient | None = None
+        self._lock = threading.Lock()  # the client is made once
+        self._gpu_lock = threading.Lock()  # two parallel starts must not pick the same GPUs
+        self._termed: set[str] = set()  # container ids sent SIGTERM by this instance
+        self._cursors: dict[str, _Cursor] = {}
+
+    # -- the contract ----------------------------------------------------------------------
+
+    def start(self, attempt: Attempt) -> Handle:
+        options = _check_options(attempt.options)
+        image = options.get("image") or self.image
+        if not image:
+            raise RunnerError(
+                "the job names no image (runner option 'image') and the docker "
+                "runner has no default image"
+            )
+        labels = {
+            **{str(k): str(v) for k, v in attempt.labels.items()},
+            "bastion.root": self.tag,
+            "bastion.job": attempt.job,
+            "bastion.attempt": str(attempt.attempt),
+            "bastion.name": attempt.name,
+        }
+        env = {**options.get("env", {}), **attempt.env}
+        count = int(attempt.resources.get("gpu", 0) or 0)
+        try:
+            with self._gpu_lock if count else contextlib.nullcontext():
+                gpus = self._allocate_gpus(attempt.name, count)
+                host_config: dict[str, Any] = {
+                    "network_mode": options.get("network") or self.network,
+                    "binds": self.mounts + list(options.get("mounts", [])),
+                    "init": True,
+                }
+                if gpus:
+                    labels["bastion.gpus"] = ",".join(map(str, gpus))
+                    # The container sees only its GPUs, numbered from 0 like on a small host.
+                    env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(len(gpus))))
+                    host_config["device_requests"] = [
+                        DeviceRequest(device_ids=[str(g) for g in gpus], capabilities=[["gpu"]])
+                    ]
+                if "shm_size" in options:
+                    host_config["shm_size"] = options["shm_size"]
+                create = {
+                    "image": image,
+                    "entrypoint": ["/bin/sh", "-c"],  # replaces the image's, if any
+                    "command": [attempt.command],
+                    "name": attempt.name,
+                    "labels": labels,
+                    "environment": {**env, "TINI_KILL_PROCESS_GROUP": "1"},
+                    "user": options.get("user"),
+                    "working_dir": options.get("workdir"),
+                    "detach": True,
+                    "use_config_proxy": False,
+                }
+                container_id = self._create(create, host_config)
+        except (DockerException, requests.RequestException) as e:
+            raise RunnerError(f"docker could not create {attempt.name}: {_one_line(e)}") from e
+        if container_id is None:  # 409: it exists already
+            return self._adopt(attempt.name)
+        self._start(container_id, attempt.name, remove_on_failure=True)
+        return {"kind": self.kind, "name": attempt.name, "id": container_id, "gpus": gpus}
+
+    def poll(self, handle: Handle) -> Observation:
+        try:
+            info = self._api().inspect_container(_ref(handle))
+        except NotFound:
+            return Observation(Phase.LOST, f"container {handle['name']} is gone from the engine")
+        state = info["State"]
+        status = state.get("Status", "")
+        if status == "created":
+            return Observation(Phase.PROVISIONING, "container created, not started yet")
+        if status in _RUNNING:
+            return Observation(Phase.RUNNING)
+        if status == "removing":
+            return Observation(Phase.LOST, f"container {handle['name']} is being removed")
+        code = int(state.get("ExitCode", -1))
+        if state.get("OOMKilled"):
+            return Observation(Phase.FAILED, "killed: out of memory (OOMKilled)", code)
+        if code == 0 and status == "exited":
+            return Observation(Phase.SUCCEEDED, "exited with status 0", 0)
+        reason = f"exited with status {code}"
+        if code > 128:
+            reason += f" (signal {code - 128})"
+        if state.get("Error"):
+            reason += f": {_one_line(state['Error'])}"
+        return Observation(Phase.FAILED, reason, code)
+
+    def stop(self, handle: Handle, deadline: float) -> None:
+        """SIGTERM once, SIGKILL from the deadline on; never waits (the daemon calls again)."""
+        ref = _ref(handle)
+        if time.time() >= deadline:
+            signal = "SIGKILL"
+        elif ref in self._termed:
+            return
+        else:
+            signal = "SIGTERM"
+        try:
+            self._api().kill(ref, signal)
+        except NotFound:
+            return  # gone already
+        except APIError as e:
+            if e.status_code != 409:  # 409: not running, nothing to signal
+                raise
+        if signal == "SIGTERM":
+            self._termed.add(ref)
+
+    def delete(self, handle: Handle) -> bool:
+        ref = _ref(handle)
+        api = self._api()
+        try:
+            api.remove_container(ref, force=True)
+        except NotFound:
+            pass
+        except APIError as e:
+            if e.status_code != 409:  # 409: a removal is in progress already
+                raise
+        try:
+            api.inspect_container(ref)
+            return False
+        except NotFound:
+            self._termed.discard(ref)
+            self._cursors.pop(ref, None)
+            return True
+
+    def list_owned(self) -> list[Owned]:
+        found = self._api().containers(all=True, filters={"label": f"bastion.root={self.tag}"})
+        return [
+            Owned(c["Labels"]["bastion.name"], _handle(c), finished=c["State"] not in _LIVE)
+            for c in found
+            if c.get("Labels", {}).get("bastion.name")
+        ]
+
+    def read_output(self, handle: Handle, offset: int, limit: int) -> bytes:
+        """Bytes ``offset`` to ``offset + limit`` of the container's stdout and stderr.
+
+        The engine can only start a log at a time (``since``), not at a byte. So we remember,
+        per container, the byte offset reached, the stamp to ask from next time (a little
+        before the newest line read) and how many bytes of the lines stamped since then we
+        returned already; the next read asks for those lines only and skips those bytes, so a
+        job's steady output costs O(new bytes). Lines may share a stamp (a long line comes in
+        16 KiB pieces stamped alike), hence counts of bytes rather than "after this stamp".
+        Without a cursor for this offset (a restarted daemon) we read from the start."""
+        if limit <= 0:
+            return b""
+        ref = _ref(handle)
+        cursor = self._cursors.get(ref)
+        if cursor is None or cursor.pos != offset:
+            cursor = _Cursor()
+        skip = offset - cursor.pos + sum(n for _, n in cursor.window)
+        since = cursor.since_ns
+        out = bytearray()
+        window: list[tuple[int, int]] = []  # (stamp, bytes passed) of every line from `since`
+        newest = since
+        try:
+            for stamp, line in self._log_lines(ref, since):
+                if stamp < since:
+                    continue  # the engine's `since` is a float: it may send a little more
+                taken = 0
+                if skip >= len(line):
+                    skip -= len(line)
+                    taken = len(line)
+                else:
+                    piece = line[skip : skip + limit - len(out)]
+                    out += piece
+                    taken, skip = skip + len(piece), 0
+                window.append((stamp, taken))
+                newest = max(newest, stamp)
+                if len(window) > 4096:  # reading from the start: keep only the recent lines
+                    window = [w for w in window if w[0] >= newest - _OVERLAP_NS]
+                if len(out) >= limit:
+                    break
+        except NotFound:
+            return b""
+        if skip:  # the output is shorter than `offset`: nothing to return, nothing to keep
+            self._cursors.pop(ref, None)
+            return b""
+        since = max(since, newest - _OVERLAP_NS)
+        self._cursors[ref] = _Cursor(
+            offset + len(out), since, [w for w in window if w[0] >= since and w[1]]
+        )
+        return bytes(out)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _api(self) -> docker.APIClient:
+        """The engine's low-level client, made on first use (making it asks the engine)."""
+        if self._client is None:
+            with self._lock:
+                if self._client is None:
+                    try:
+                        if self.docker_host:
+                            self._client = docker.DockerClient(
+                                base_url=self.docker_host, timeout=_CLIENT_TIMEOUT
+                            )
+                        else:
+                            self._client = docker.from_env(timeout=_CLIENT_TIMEOUT)
+                    except (DockerException, requests.RequestException) as e:
+                        where = self.docker_host or "the default socket"
+                        raise RunnerError(
+                            f"docker engine at {where} unreachable: {_one_line(e)}"
+                        ) from e
+        return self._client.api
+
+    def _create(self, create: dict[str, Any], host_config: dict[str, Any]) -> str | None:
+        """The new container's id; None when the name is taken (a create whose answer was
+        lost). A missing image is pulled once, then the create is tried again."""
+        api = self._api()
+        create = {**create, "host_config": api.create_host_config(**host_config)}
+        image = create["image"]
+        try:
+            return _create_once(api, create)
+        except ImageNotFound:
+            pass
+        try:
+            api.pull(image)  # "repo" alone pulls "repo:latest"
+        except (APIError, requests.RequestException) as e:
+            raise RunnerError(
+                f"image {image} not found locally or in its registry: {_one_line(e)}"
+            ) from e
+        return _create_once(api, create)
+
+    def _start(self, container_id: str, name: str, remove_on_failure: bool) -> None:
+        try:
+            self._api().start(container_id)
+        except APIError as e:
+            # It will never run (no such GPU driver, a bad bind): leave nothing behind.
+            if remove_on_failure:
+                with contextlib.suppress(APIError):
+                    self._api().remove_container(container_id, force=True)
+            raise RunnerError(f"docker could not start {name}: {_one_line(e)}") from e
+
+    def _adopt(self, name: str) -> Handle:
+        try:
+            info = self._api().inspect_container(name)
+        except NotFound as e:  # removed between our create and this look
+            raise RunnerError(f"container {name} vanished while it was being adopted") from e
+        labels = info["Config"].get("Labels") or {}
+        if labels.get("bastion.root") != self.tag:
+            raise RunnerError(
+                f"a container named {name} exists but is not this daemon's "
+                f"(bastion.root={labels.get('bastion.root')!r}, ours is {self.tag!r})"
+            )
+        if info["State"].get("Status") == "created":  # created, then the daemon died
+            self._start(info["Id"], name, remove_on_failure=False)
+        return _handle({"Id": info["Id"], "Labels": labels})
+
+    def _allocate_gpus(self, name: str, count: int) -> list[int]:
+        """``count`` GPUs no live container of any Bastion daemon on this engine holds."""
+        if count <= 0:
+            return []
+        if self._gpus is None:
+            from bastion.runners.local import detect_gpus
+
+            self._gpus = detect_gpus()
+        busy: set[int] = set()
+        for c in self._api().containers(all=True, filters={"label": "bastion.gpus"}):
+            if c["State"] in _LIVE and c["Labels"].get("bastion.name") != name:
+                busy.update(_parse_gpus(c["Labels"]["bastion.gpus"]))
+        free = [g for g in self._gpus if g not in busy]
+        if len(free) < count:
+            raise RunnerError(
+                f"the job needs {count} GPUs but only {len(free)} of {len(self._gpus)} are free "
+                f"on this docker runner"
+            )
+        return free[:count]
+
+    def _log_lines(self, ref: str, since_ns: int) -> Iterator[tuple[int, bytes]]:
+        """(stamp in ns, bytes) per log line. Each line is one frame of the engine's stream, so
+        a line without a newline (a 16 KiB piece, the last one) is never confused with the
+        next line's stamp."""
+        since = max(since_ns / 1e9 - 1e-6, 0.0) or None  # the float loses ns: ask a bit earlier
+        stream = self._api().logs(
+            ref, stdout=True, stderr=True, timestamps=True, stream=True, follow=False, since=since
+        )
+        try:
+            for frame in stream:
+                stamp, _, line = frame.partition(b" ")
+                yield _parse_stamp(stamp), line
+        finally:
+            stream.close()
+
+
+def _create_once(api: docker.APIClient, create: dict[str, Any]) -> str | None:
+    try:
+        return api.create_container(**create)["Id"]
+    except APIError as e:
+        if e.status_code == 409:
+            return None
+        raise
+
+
+def _check_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(options) - OPTIONS)
+    if unknown:
+        raise RunnerError(
+            f"runner option(s) {', '.join(unknown)} not understood by the docker runner; "
+            f"it takes {', '.join(sorted(OPTIONS))}"
+        )
+    checked = dict(options)
+    env = checked.get("env", {})
+    if not isinstance(env, Mapping):
+        raise RunnerError("runner option 'env' must be a mapping of names to strings")
+    checked["env"] = {str(k): str(v) for k, v in env.items()}
+    mounts = checked.get("mounts", [])
+    if isinstance(mounts, str) or not all(isinstance(m, str) and ":" in m for m in mounts):
+        raise RunnerError("runner option 'mounts' must be a list of 'host:container[:ro]'")
+    for key in ("image", "network", "user", "workdir"):
+        if key in checked and not isinstance(checked[key], str):
+            raise RunnerError(f"runner option {key!r} must be a string")
+    return checked
+
+
+def _ref(handle: Handle) -> str:
+    return str(handle.get("id") or handle["name"])
+
+
+def _handle(summary: Mapping[str, Any]) -> Handle:
+    labels = summary.get("Labels") or {}
+    return {
+        "kind": DockerRunner.kind,
+        "name": labels.get("bastion.name", ""),
+        "id": summary["Id"],
+        "gpus": _parse_gpus(labels.get("bastion.gpus", "")),
+    }
+
+
+def _parse_gpus(label: str) -> list[int]:
+    return [int(g) for g in label.split(",") if g.strip().isdigit()]
+
+
+def _one_line(error: object) -> str:
+    text = getattr(error, "explanation", None) or str(error)
+    return " ".join(str(text).split())
+
+
+@lru_cache(maxsize=256)
+def _second(prefix: bytes) -> int:
+    return calendar.timegm(time.strptime(prefix.decode(), "%Y-%m-%dT%H:%M:%S"))
+
+
+def _parse_stamp(stamp: bytes) -> int:
+    """``2024-05-20T11:14:27.123456789Z`` (always UTC, nanoseconds) as ns since the epoch."""
+    fraction = stamp[20:].rstrip(b"Z")
+    return _second(stamp[:19]) * 1_000_000_000 + int(fraction.ljust(9, b"0")[:9] or 0)
