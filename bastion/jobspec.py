@@ -48,6 +48,11 @@ class SpecError(ValueError):
         super().__init__(message)
 
 
+def shorten(text: str, limit: int = MAX_SHOWN) -> str:
+    """``text``, or its first ``limit`` characters and its length."""
+    return text if len(text) <= limit else f"{text[:limit]}…({len(text)} characters)"
+
+
 def show(value: Any, limit: int = MAX_SHOWN) -> str:
     """``repr(value)`` for an error message, at most ``limit`` characters plus its length."""
     try:
@@ -136,7 +141,7 @@ def _check_resources(value: Any, field_name: str) -> dict[str, int]:
             f"field {field_name}: expected an object of type -> count, e.g. {{'v4': 8}}"
         )
     for key, count in value.items():
-        where = f"field {field_name}.{show(key)[1:-1]}"
+        where = f"field {field_name}.{shorten(str(key))}"
         if not isinstance(count, int) or isinstance(count, bool):
             raise SpecError(f"{where}: expected an integer count, got {show(count)}")
         if count < 0:
@@ -302,7 +307,7 @@ class JobSpec:
         env = _optional(data, "env_vars", dict, "")
         if env is not None:
             for key, value in env.items():
-                where = f"env_vars.{show(key)[1:-1]}"
+                where = f"env_vars.{shorten(str(key))}"
                 if not key or "=" in key:
                     raise SpecError(f"field {where}: a variable name must be non-empty, no '='")
                 _check_text(key, where)
@@ -335,7 +340,7 @@ class JobSpec:
         except (ValueError, TypeError, OverflowError, RecursionError) as e:
             # e.g. an integer over Python's 4,300-digit limit (ValueError)
             reason = str(e).split(";")[0].split(":")[0]
-            raise SpecError(f"spec is not acceptable JSON: {show(reason, 200)[1:-1]}") from None
+            raise SpecError(f"spec is not acceptable JSON: {shorten(reason, 200)}") from None
 
 
 # A JSON string (with its escapes) or one bracket: enough to measure nesting without parsing.

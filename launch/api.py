@@ -25,9 +25,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from bastion.jobspec import JobSpec, SpecError, check_name, new_jobspec
+from bastion.jobspec import JobSpec, SpecError, check_name, new_jobspec, shorten
 from bastion.jobstate import JobState, Outcome, Status
-from bastion.store import Store, resolve_root
+from bastion.store import Store, UnacceptableObject, resolve_root
 
 __all__ = [
     "Client",
@@ -68,13 +68,18 @@ class JobInfo:
     spec: JobSpec | None
     state: JobState | None  # None: the daemon has not seen the spec yet
     finished: bool = False  # True once the daemon moved it to jobs/complete/
+    problem: str = ""  # why its spec, state or record could not be read or parsed
 
     @property
     def status(self) -> str:
-        return self.state.display_status if self.state else "SUBMITTED"
+        if self.state:
+            return self.state.display_status
+        return "UNREADABLE" if self.problem else "SUBMITTED"
 
     @property
     def reason(self) -> str:
+        if self.problem:
+            return self.problem
         if self.state is None:
             return "waiting for the daemon to pick it up"
         return self.state.reason
@@ -94,6 +99,8 @@ class JobInfo:
                 creation_time=meta.creation_time.isoformat() + "Z",
             )
         data["state"] = self.state.to_json() if self.state else None
+        if self.problem:
+            data["problem"] = self.problem
         return data
 
 
@@ -133,7 +140,7 @@ class Client:
 
     def _active_spec(self, name: str) -> JobSpec:
         check_name(name)
-        raw = self.store.read_spec(name)
+        raw = self._read_spec(name)
         if raw is None:
             record = self.store.read_complete(name)
             if record:
@@ -141,6 +148,13 @@ class Client:
                 raise UnknownJob(f"job {name!r} has already finished ({status})")
             raise UnknownJob(self._unknown(name))
         return JobSpec.loads(raw)
+
+    def _read_spec(self, name: str) -> bytes | None:
+        """A spec's bytes; SpecError when it is no regular file or too large (local root)."""
+        try:
+            return self.store.read_spec(name)
+        except UnacceptableObject as e:
+            raise SpecError(str(e)) from None
 
     def _unknown(self, name: str) -> str:
         return (
@@ -151,32 +165,53 @@ class Client:
 
     def get(self, name: str) -> JobInfo:
         check_name(name)
-        raw_spec = self.store.read_spec(name)
-        if raw_spec is not None:
-            raw_state = self.store.read_state(name)
-            return JobInfo(
-                name, _spec_or_none(raw_spec), JobState.loads(raw_state) if raw_state else None
-            )
-        record = self.store.read_complete(name)
-        if record is None:
+        job = self._active(name)
+        if job is not None:
+            return job
+        job = self._completed(name)
+        if job is None:
             raise UnknownJob(self._unknown(name))
-        return _from_record(name, record)
+        return job
 
     def list_jobs(self, include_completed: bool = False) -> list[JobInfo]:
+        """Every job; one whose objects cannot be read or parsed (any bucket writer can put
+        anything there) is a row with the reason (``problem``), never an error for the list."""
         names = sorted(self.store.list_specs())
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
-            specs = list(pool.map(self.store.read_spec, names))
-            states = list(pool.map(self.store.read_state, names))
-            jobs = [
-                JobInfo(n, _spec_or_none(s), JobState.loads(st) if st else None)
-                for n, s, st in zip(names, specs, states, strict=True)
-                if s is not None
-            ]
+            jobs = [job for job in pool.map(self._active, names) if job is not None]
             if include_completed:
                 done = sorted(set(self.store.list_complete()) - set(names))
-                records = pool.map(self.store.read_complete, done)
-                jobs += [_from_record(n, r) for n, r in zip(done, records, strict=True) if r]
+                jobs += [job for job in pool.map(self._completed, done) if job is not None]
         return sorted(jobs, key=lambda j: j.name)
+
+    def _active(self, name: str) -> JobInfo | None:
+        """An active job from its spec and state; None when it has no spec (any more)."""
+        spec, problem = None, ""
+        try:
+            raw = self.store.read_spec(name)
+            if raw is None:
+                return None
+            spec = JobSpec.loads(raw)
+        except (SpecError, UnacceptableObject) as e:
+            problem = f"spec rejected: {e}"  # as the daemon will reject it
+        except Exception as e:
+            problem = f"spec unreadable: {_brief(e)}"
+        state = None
+        try:
+            raw_state = self.store.read_state(name)
+            state = JobState.loads(raw_state) if raw_state else None
+        except Exception as e:
+            problem = problem or f"state unreadable: {_brief(e)}"
+        return JobInfo(name, spec, state, problem=problem)
+
+    def _completed(self, name: str) -> JobInfo | None:
+        try:
+            record = self.store.read_complete(name)
+            return _from_record(name, record) if record is not None else None
+        except Exception as e:
+            return JobInfo(
+                name, None, None, finished=True, problem=f"record unreadable: {_brief(e)}"
+            )
 
     def history(self, name: str, all_submissions: bool = False) -> list[dict[str, Any]]:
         """This submission's lifecycle events; with ``all_submissions``, every job ever run
@@ -248,11 +283,9 @@ class Client:
             time.sleep(poll_seconds)
 
 
-def _spec_or_none(raw: bytes) -> JobSpec | None:
-    try:
-        return JobSpec.loads(raw)
-    except SpecError:
-        return None
+def _brief(error: BaseException) -> str:
+    """An exception as one bounded line for a row of `bastion list`."""
+    return shorten(f"{type(error).__name__}: {error}".replace("\n", " "), 200)
 
 
 def _from_record(name: str, record: dict[str, Any]) -> JobInfo:

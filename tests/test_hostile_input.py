@@ -422,3 +422,77 @@ def test_deleting_removes_a_link_or_directory_itself(hostile_root, elsewhere) ->
     for name in os.listdir(active):
         store.delete_spec(name)
     assert os.listdir(active) == [] and os.listdir(elsewhere) == ["file"]
+
+
+# -- item 9 (readers): one bad object never breaks `bastion list` ----------------------------
+
+
+def plant_hostile_specs(root: Path, tmp_path: Path) -> list[str]:
+    active = root / "jobs" / "active"
+    Store(str(root))  # makes the layout
+    (active / "a-directory").mkdir()
+    os.mkfifo(active / "a-fifo")
+    (active / "a-dangling-link").symlink_to(tmp_path / "nowhere")
+    (active / "deep").write_text(deep(10_000))
+    (active / "huge-int").write_text(
+        json.dumps(spec_dict(name="huge-int")).replace('"version": 1', '"version": ' + "1" * 5000)
+    )
+    return sorted(os.listdir(active))
+
+
+def test_list_shows_every_job_when_some_objects_are_hostile(local_bastion, tmp_path) -> None:
+    local_bastion.cli("launch", "--name=good", "--", "true")
+    root = Path(local_bastion.root)
+    names = plant_hostile_specs(root, tmp_path)
+    (root / "jobs" / "states" / "deep").write_text(deep(10_000))
+    (root / "jobs" / "complete" / "broken").write_text("[1, 2")
+    try:
+        table = local_bastion.cli("list", "--all", timeout=30).stdout
+        listed = json.loads(local_bastion.cli("list", "--all", "--json", timeout=30).stdout)
+    finally:
+        unblock(root / "jobs" / "active" / "a-fifo")
+    rows = {line.split()[0]: line for line in table.splitlines()[1:]}
+    assert sorted(rows) == sorted([*names, "broken"])
+    assert "SUBMITTED" in rows["good"]
+    assert "is a FIFO" in rows["a-fifo"] and "is a directory" in rows["a-directory"]
+    assert "symbolic link" in rows["a-dangling-link"] and "deeper than" in rows["deep"]
+    assert "UNREADABLE" in rows["huge-int"] and "UNREADABLE" in rows["broken"]
+    by_name = {job["name"]: job for job in listed}
+    assert by_name["good"]["status"] == "SUBMITTED" and "problem" not in by_name["good"]
+    assert all(by_name[n]["problem"] for n in names if n != "good")
+
+
+def everything_under(root: Path) -> bytes:
+    """The content of every regular file under ``root``, links not followed."""
+    data = b""
+    for directory, _, files in os.walk(root):
+        for name in files:
+            path = Path(directory, name)
+            if path.is_file() and not path.is_symlink():
+                data += path.read_bytes()
+    return data
+
+
+def test_a_spec_linked_to_a_secret_never_has_the_secret_copied(local_bastion, tmp_path) -> None:
+    (tmp_path / "secret").write_text("SECRET-CONTENT")
+    link = Path(local_bastion.root, "jobs", "active", "leak")
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(tmp_path / "secret")
+    for _ in range(2):
+        local_bastion.cli("start", "--once", f"--work_dir={local_bastion.work_dir}", check=False)
+    assert b"SECRET-CONTENT" not in everything_under(Path(local_bastion.root))
+    assert b"SECRET-CONTENT" not in everything_under(Path(local_bastion.work_dir))
+
+
+def test_a_spec_that_is_no_regular_file_ends_rejected_with_what_it_is(local_bastion, tmp_path):
+    """The daemon's part: UnacceptableObject or SpecError from a spec rejects it, once."""
+    names = plant_hostile_specs(Path(local_bastion.root), tmp_path)
+    local_bastion.start()
+    try:
+        for name in names:
+            record = local_bastion.wait_complete(name, timeout=20)
+            assert record["state"]["outcome"] == "REJECTED"
+            assert len(record["state"]["reason"]) < 300
+        assert local_bastion.listdir("jobs", "active") == []
+    finally:
+        unblock(Path(local_bastion.root, "jobs", "active", "a-fifo"))
