@@ -83,8 +83,15 @@ REGISTRY=$(cat "$STATE/registry.addr" 2>/dev/null || true)
 if registry_answers "$REGISTRY"; then
     log "registry already answers on $REGISTRY"
 else
-    port=5000
-    if (exec 8<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; then # 5000 is taken by someone else
+    # The previous port (so images tagged with the address stay valid), else 5000, else any.
+    port=
+    for candidate in "${REGISTRY##*:}" 5000; do
+        if [[ -n $candidate ]] && ! (exec 8<>"/dev/tcp/127.0.0.1/$candidate") 2>/dev/null; then
+            port=$candidate
+            break
+        fi
+    done
+    if [[ -z $port ]]; then
         port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     fi
     REGISTRY=127.0.0.1:$port

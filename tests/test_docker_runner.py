@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import time
 import uuid
 
@@ -136,6 +137,45 @@ def test_reading_costs_the_new_bytes_not_the_whole_log(docker_runner, docker_eng
     assert out.count(b"\n") == 4000
     print(f"{fetched} lines fetched for 4000")
     assert fetched < 3 * 4000, fetched  # from the start every time would be ~ 60 times more
+
+
+@pytest.mark.parametrize("limit", [1, 5, 64, 1000, 1 << 20])
+@pytest.mark.parametrize("seed", range(3))
+def test_read_output_against_a_modelled_log(limit, seed):
+    """No engine: a log whose lines share stamps, arrive up to 5 ms out of stamp order (two
+    streams) and grow between reads; read in pieces, then from an offset by a new runner."""
+    rng = random.Random(seed)
+    log: list[tuple[int, bytes]] = []
+    stamp = 1_700_000_000 * 10**9
+    for i in range(400):
+        stamp += rng.choice([0, 0, 1, 1000, 3_000_000, 50_000_000])
+        skew = rng.choice([0, 0, 0, -rng.randrange(5_000_000)])  # the other stream's stamp
+        line = (b"%d " % i) + b"z" * rng.choice([0, 3, 40]) + rng.choice([b"\n", b""])
+        log.append((stamp + skew, line))
+    visible = 0
+
+    def log_lines(ref, since_ns):  # the engine: lines stamped >= since (a float: ~1 us early)
+        for line_stamp, line in log[:visible]:
+            if line_stamp >= since_ns - 1000:
+                yield line_stamp, line
+
+    runner = DockerRunner("gs://b/model", docker_host="unix:///nonexistent", image="x")
+    runner._log_lines = log_lines
+    handle = {"name": "bst-model", "id": "model"}
+    whole = b"".join(line for _, line in log)
+    out = bytearray()
+    while True:
+        visible = min(len(log), visible + rng.randrange(0, 40))
+        piece = runner.read_output(handle, len(out), limit)
+        out += piece
+        if not piece and visible == len(log):
+            break
+    assert bytes(out) == whole
+    assert runner.read_output(handle, len(out), limit) == b""
+    restarted = DockerRunner("gs://b/model", docker_host="unix:///nonexistent", image="x")
+    restarted._log_lines = log_lines
+    middle = len(whole) // 2
+    assert restarted.read_output(handle, middle, 1 << 20) == whole[middle:]
 
 
 def test_exit_code_is_a_failure(docker_runner, root):

@@ -116,51 +116,11 @@ class DockerRunner(Runner):
 
     def start(self, attempt: Attempt) -> Handle:
         options = _check_options(attempt.options)
-        image = options.get("image") or self.image
-        if not image:
-            raise RunnerError(
-                "the job names no image (runner option 'image') and the docker "
-                "runner has no default image"
-            )
-        labels = {
-            **{str(k): str(v) for k, v in attempt.labels.items()},
-            "bastion.root": self.tag,
-            "bastion.job": attempt.job,
-            "bastion.attempt": str(attempt.attempt),
-            "bastion.name": attempt.name,
-        }
-        env = {**options.get("env", {}), **attempt.env}
         count = int(attempt.resources.get("gpu", 0) or 0)
         try:
             with self._gpu_lock if count else contextlib.nullcontext():
                 gpus = self._allocate_gpus(attempt.name, count)
-                host_config: dict[str, Any] = {
-                    "network_mode": options.get("network") or self.network,
-                    "binds": self.mounts + list(options.get("mounts", [])),
-                    "init": True,
-                }
-                if gpus:
-                    labels["bastion.gpus"] = ",".join(map(str, gpus))
-                    # The container sees only its GPUs, numbered from 0 like on a small host.
-                    env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(len(gpus))))
-                    host_config["device_requests"] = [
-                        DeviceRequest(device_ids=[str(g) for g in gpus], capabilities=[["gpu"]])
-                    ]
-                if "shm_size" in options:
-                    host_config["shm_size"] = options["shm_size"]
-                create = {
-                    "image": image,
-                    "entrypoint": ["/bin/sh", "-c"],  # replaces the image's, if any
-                    "command": [attempt.command],
-                    "name": attempt.name,
-                    "labels": labels,
-                    "environment": {**env, "TINI_KILL_PROCESS_GROUP": "1"},
-                    "user": options.get("user"),
-                    "working_dir": options.get("workdir"),
-                    "detach": True,
-                    "use_config_proxy": False,
-                }
-                container_id = self._create(create, host_config)
+                container_id = self._create(*self._container_spec(attempt, options, gpus))
         except (DockerException, requests.RequestException) as e:
             raise RunnerError(f"docker could not create {attempt.name}: {_one_line(e)}") from e
         if container_id is None:  # 409: it exists already
@@ -258,23 +218,23 @@ class DockerRunner(Runner):
         since = cursor.since_ns
         out = bytearray()
         window: list[tuple[int, int]] = []  # (stamp, bytes passed) of every line from `since`
-        newest = since
+        newest, keep = since, 4096
         try:
             for stamp, line in self._log_lines(ref, since):
                 if stamp < since:
                     continue  # the engine's `since` is a float: it may send a little more
-                taken = 0
                 if skip >= len(line):
                     skip -= len(line)
-                    taken = len(line)
+                    window.append((stamp, len(line)))
                 else:
                     piece = line[skip : skip + limit - len(out)]
                     out += piece
-                    taken, skip = skip + len(piece), 0
-                window.append((stamp, taken))
+                    window.append((stamp, skip + len(piece)))
+                    skip = 0
                 newest = max(newest, stamp)
-                if len(window) > 4096:  # reading from the start: keep only the recent lines
+                if len(window) > keep:  # reading from the start: keep only the recent lines
                     window = [w for w in window if w[0] >= newest - _OVERLAP_NS]
+                    keep = max(4096, 2 * len(window))
                 if len(out) >= limit:
                     break
         except NotFound:
@@ -313,6 +273,53 @@ class DockerRunner(Runner):
                             f"docker engine at {where} unreachable: {_one_line(e)}"
                         ) from e
         return self._client.api
+
+    def _container_spec(
+        self, attempt: Attempt, options: Mapping[str, Any], gpus: list[int]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The arguments of ``create_container`` and of its host config."""
+        image = options.get("image") or self.image
+        if not image:
+            raise RunnerError(
+                "the job names no image (runner option 'image') and the docker runner has no "
+                "default image (setting 'image')"
+            )
+        labels = {
+            **{str(k): str(v) for k, v in attempt.labels.items()},
+            "bastion.root": self.tag,
+            "bastion.job": attempt.job,
+            "bastion.attempt": str(attempt.attempt),
+            "bastion.name": attempt.name,
+        }
+        # tini (init) signals the whole process group, as the local runner does.
+        env = {**options.get("env", {}), **attempt.env, "TINI_KILL_PROCESS_GROUP": "1"}
+        host_config: dict[str, Any] = {
+            "network_mode": options.get("network") or self.network,
+            "binds": self.mounts + list(options.get("mounts", [])),
+            "init": True,
+        }
+        if gpus:
+            labels["bastion.gpus"] = ",".join(map(str, gpus))
+            # The container sees only its GPUs, numbered from 0 as on a host of that size.
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(len(gpus))))
+            host_config["device_requests"] = [
+                DeviceRequest(device_ids=[str(g) for g in gpus], capabilities=[["gpu"]])
+            ]
+        if "shm_size" in options:
+            host_config["shm_size"] = options["shm_size"]
+        create = {
+            "image": image,
+            "entrypoint": ["/bin/sh", "-c"],  # replaces the image's, if any
+            "command": [attempt.command],
+            "name": attempt.name,
+            "labels": labels,
+            "environment": env,
+            "user": options.get("user"),
+            "working_dir": options.get("workdir"),
+            "detach": True,
+            "use_config_proxy": False,  # no proxies from ~/.docker/config.json
+        }
+        return create, host_config
 
     def _create(self, create: dict[str, Any], host_config: dict[str, Any]) -> str | None:
         """The new container's id; None when the name is taken (a create whose answer was
