@@ -25,6 +25,11 @@ the daemon's own variables), ``mounts`` (more binds), ``shm_size``, ``user``, ``
 Commands run as ``/bin/sh -c COMMAND`` under the engine's init (tini) with
 ``TINI_KILL_PROCESS_GROUP=1``, so SIGTERM reaches the whole job (a ``python`` under ``sh`` gets
 it too, as with the local runner) and ends in status 143 unless the job handles it.
+
+A job asking for ``resources["gpu"] = N`` gets N of ``gpus`` that no live Bastion container on
+this engine holds, as a device request; inside, they are the container's only GPUs, so
+``CUDA_VISIBLE_DEVICES`` is ``0..N-1`` there (the host's indices would name GPUs it lacks).
+``list_owned`` counts a created-but-not-started container as not finished: it holds its GPUs.
 """
 
 from __future__ import annotations
