@@ -1,15 +1,27 @@
-"""The daemon: one cycle lists the bucket, reads what changed, decides, acts and writes back.
+"""The daemon: one cycle lists the bucket, reads what changed, decides, writes, then acts.
+
+Decide, then act. A cycle turns what it sees (spec changes, user requests, runners'
+observations, the policy's decisions) into events for the lifecycle table
+(:mod:`bastion.lifecycle`), which returns the job's next state and the effects to carry out.
+The states are written to the bucket first; only then are the effects (start, stop, delete an
+attempt) handed to the I/O pool, so every attempt is recorded in the bucket, by name, before it
+exists, and a daemon that dies at any moment finds it again. The scheduling loop never waits
+on a runner: effects finish in the pool and their results are taken in next cycle.
+
+Fencing: every effect first checks that the lease is certainly ours for longer than the effect
+can take (see :mod:`bastion.lease`); a daemon that cannot prove it starts nothing and drops
+what it knows.
 
 A cycle is cheap when nothing changed: specs and user requests are re-read only when their
-listing token (generation, ETag or mtime/inode) changes, states are written only when their
-bytes change, and logs upload only new bytes. Every per-job step is wrapped so one bad input
-or one failed call is recorded on that job and never stops the cycle for the others.
+listing token changes, states are written only when their bytes change, and logs upload only
+new bytes. Every per-job step is wrapped so one bad input or one failed call is recorded on
+that job and never stops the cycle for the others.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import hashlib
+import contextlib
 import json
 import logging
 import os
@@ -17,17 +29,20 @@ import signal
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from bastion import lifecycle
 from bastion.jobspec import JobSpec, SpecError, name_problem
-from bastion.jobstate import JobState, Outcome, Status, StopKind
+from bastion.jobstate import JobState, Status
 from bastion.lease import Lease
+from bastion.lifecycle import CLEANUP, RUN
 from bastion.logsync import LogSync
-from bastion.objects import ObjectInfo, PreconditionFailed
+from bastion.objects import ObjectInfo, PreconditionFailed, UnacceptableObject
 from bastion.quotas import QuotaSource
-from bastion.runners.local import Launch, LocalRunner
+from bastion.runners.base import Attempt, Observation, Phase, Runners, attempt_name
 from bastion.scheduling import job_request
 from bastion.store import Store
 from quota.policy import Decision, Verdict, schedule
@@ -36,6 +51,9 @@ log = logging.getLogger("bastion.daemon")
 
 DEFAULT_GRACE_SECONDS = 30.0
 DECISION_RECORDS_KEPT = 1000
+OUTPUT_CHUNK = 8 << 20  # bytes of one attempt's output copied per read
+SWEEP_EVERY_CYCLES = 20  # orphaned attempts are looked for this often (and at recovery)
+MAX_SPEC_ENV_BYTES = 64 << 10  # the spec rides in an environment variable only below this
 
 
 @dataclass
@@ -50,6 +68,9 @@ class Job:
     state_token: str | None = None  # token of the state object we wrote/read; None: absent
     attempted: list[bytes] = field(default_factory=list)  # writes not yet confirmed
     gone_from_bucket: bool = False
+    effects: list[lifecycle.Effect] = field(default_factory=list)  # decided, not yet carried out
+    inflight: int = 0  # effects handed to the pool whose results are not taken in yet
+    pending_log: list[tuple[str, str]] = field(default_factory=list)  # lines a full disk refused
 
 
 @dataclass
@@ -62,14 +83,6 @@ class CycleReport:
     def slowest(self, count: int = 3) -> str:
         top = sorted(self.phases.items(), key=lambda kv: -kv[1])[:count]
         return ", ".join(f"{name} {seconds:.2f}s" for name, seconds in top)
-
-
-def _identity_hash(state: JobState) -> str:
-    return hashlib.sha1(state.job_identity.encode()).hexdigest()[:8]
-
-
-def _attempt_key(name: str, state: JobState, kind: str) -> str:
-    return f"{name}.{_identity_hash(state)}.{state.attempt}.{kind}"
 
 
 def _quietly(call: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -100,15 +113,15 @@ def _retrying(call: Callable[[Any], Any], attempts: int = 4) -> Callable[[Any], 
     return wrapped
 
 
-def _fmt_time(t: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) + "Z"
+class NotHolding(Exception):
+    """The lease is not certainly ours: nothing may be started or stopped."""
 
 
 class Daemon:
     def __init__(
         self,
         store: Store,
-        runner: LocalRunner,
+        runners: Runners,
         work_dir: str,
         quota: QuotaSource,
         grace_seconds: float = DEFAULT_GRACE_SECONDS,
@@ -117,7 +130,7 @@ class Daemon:
     ) -> None:
         self.store = store
         self.lease = lease
-        self.runner = runner
+        self.runners = runners
         self.quota = quota
         self.grace_seconds = grace_seconds
         self.logs = LogSync(store, os.path.join(work_dir, "logs"))
@@ -126,6 +139,11 @@ class Daemon:
         self.cycles = 0
         self._decision_records = 0
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers)
+        self._done: list[tuple[str, lifecycle.Event | None]] = []  # effect results to take in
+        self._done_lock = threading.Lock()
+        self._deleting: dict[str, tuple[str, dict[str, Any] | None]] = {}  # name -> kind, handle
+        self._undeleted: list[tuple[str, str, dict[str, Any] | None]] = []  # from the pool
+        self._futures: list[concurrent.futures.Future[None]] = []
         self._stop = threading.Event()
         self._lost_ownership = False
         self._recovered = False
@@ -149,9 +167,19 @@ class Daemon:
                 self._stop.wait(max(0.0, poll_seconds - (time.monotonic() - started)))
         finally:
             log.info("stopping; running jobs keep running and are adopted by the next daemon")
+            self.settle()
+            if self.lease is None or self.lease.held:
+                with contextlib.suppress(Exception):
+                    self._write_back()  # what the last effects changed (handles), then let go
             if self.lease is not None:
                 self.lease.release()
             self._sync_daemon_log()
+
+    def close(self) -> None:
+        """After the last ``run``: the I/O pool and the runners' clients."""
+        self.settle()
+        self._pool.shutdown(wait=True)
+        self.runners.close()
 
     def _run_cycle(self, poll_seconds: float) -> None:
         try:
@@ -163,12 +191,15 @@ class Daemon:
                     poll_seconds,
                     report.slowest(),
                 )
+        except NotHolding:
+            log.error("the lease is not certainly ours; acting no more")
+            self._lost_ownership = True
         except Exception:  # a failed listing (bucket outage): log it and try again
             log.exception("cycle %d failed; retrying in %ss", self.cycles, poll_seconds)
         if self._lost_ownership:
-            log.error("a state changed under us: another daemon acts on this root; stopping")
+            log.error("another daemon may act on this root; stopping")
             if self.lease is not None:
-                self.lease.token = None
+                self.lease.release()
             self._forget()
 
     def _forget(self) -> None:
@@ -176,9 +207,26 @@ class Daemon:
         if self.jobs or self._recovered:
             log.info("not acting on %s; forgetting in-memory state", self.store.root_url)
         self.jobs.clear()
+        self._deleting.clear()
+        with self._done_lock:
+            self._done.clear()
+            self._undeleted.clear()
         self.cycles = 0
         self._recovered = False
         self._lost_ownership = False
+
+    def settle(self, timeout: float = 60.0) -> None:
+        """Wait for the effects in flight and take in their results (tests, shutdown)."""
+        with self._done_lock:
+            futures, self._futures = self._futures, []
+        concurrent.futures.wait(futures, timeout=timeout)
+        self._take_in_results()
+
+    def _may_act(self) -> None:
+        """Before every effect. The lease's validity already ends a margin (a quarter of its
+        term) before a standby may take over; that margin bounds one effect's duration."""
+        if self.lease is not None and not self.lease.valid():
+            raise NotHolding
 
     def cycle(self, now: float) -> CycleReport:
         ops_before = dict(self.store.ops)
@@ -198,18 +246,21 @@ class Daemon:
             self._recovered = True
             done("recover")
         self.cycles += 1
+        self._take_in_results()
         self.quota.refresh()
         done("quota")
         self._read_specs(specs, now)
         done("read_specs")
         self._apply_requests(requests, now)
         done("requests")
-        self._each(self._supervise, now)
-        done("supervise")
+        self._observe(now)
+        done("observe")
         self._schedule(now)
         done("schedule")
         self._write_back()
         done("write_back")
+        self._carry_out(now)
+        done("effects")
         self._each(self._finalize, now)
         done("finalize")
         self._sync_daemon_log()
@@ -227,174 +278,51 @@ class Daemon:
         for job in list(self.jobs.values()):
             try:
                 step(job, now)
+            except NotHolding:
+                raise
             except Exception as e:
                 log.exception("%s: %s failed; retrying next cycle", job.name, step.__name__)
                 if job.state.status is not Status.COMPLETED:  # keep the outcome's reason
                     job.state.reason = f"internal error in {step.__name__.strip('_')}: {e}"
 
-    # -- reading the bucket ----------------------------------------------------------------
+    # -- the lifecycle table -----------------------------------------------------------------
 
-    def _recover(self, specs: dict[str, ObjectInfo]) -> None:
-        """First cycle: load every state so running attempts are adopted, not started again."""
-        if self.info:
-            self.store.write_daemon_info({**self.info, "acting_since": time.time()})
-        self.logs.forget_remote()
-        states = self.store.list_states()
-        names = sorted(states)
-        raws = list(self._pool.map(_retrying(self.store.read_state), names))
-        self.jobs.clear()
-        for name, raw in zip(names, raws, strict=True):
-            if raw is None:
-                continue
-            try:
-                state = JobState.loads(raw)
-            except (ValueError, TypeError, KeyError) as e:
-                log.error("%s: unreadable state file (%s); treating the job as new", name, e)
-                continue
-            job = Job(name=name, state=state, written=raw, state_token=states[name].token)
-            self.jobs[name] = job
-            if name not in specs and state.status is not Status.COMPLETED:
-                job.gone_from_bucket = True
-            for attr in ("runner", "cleanup_runner"):
-                handle = getattr(state, attr)
-                if handle and handle.get("log_path"):
-                    log_name = Store.log_name(name, cleanup=attr == "cleanup_runner")
-                    self.logs.attach(log_name, handle["log_path"])
-                if handle and not self.runner.adopt(handle):
-                    log.warning(
-                        "%s: attempt %d ran on host %s; it cannot be adopted here",
-                        name,
-                        state.attempt,
-                        handle.get("host"),
-                    )
-                    setattr(state, attr, {**handle, "lost": True})
-            log.info(
-                "%s: recovered in state %s (attempt %d)", name, state.status.value, state.attempt
-            )
-        self._kill_orphans(set(specs) | set(states))
-
-    def _kill_orphans(self, known: set[str]) -> None:
-        """Attempts still running for a job the bucket no longer has (deleted while we were
-        down) belong to nobody: stop them rather than let them hold the machine."""
-        for handle in self.runner.live_attempts():
-            name = str(handle["key"]).rsplit(".", 3)[0]
-            if name not in known:
-                log.warning("killing attempt %s: its job is gone from the bucket", handle["key"])
-                self.runner.kill(handle)
-
-    def _read_specs(self, specs: dict[str, ObjectInfo], now: float) -> None:
-        changed = [
-            n for n, info in specs.items() if n not in self.jobs or self.jobs[n].token != info.token
-        ]
-        raws = dict(
-            zip(
-                changed,
-                self._pool.map(_quietly(self.store.read_spec), changed),
-                strict=True,
-            )
-        )
-        for name in changed:
-            if isinstance(raws[name], Exception):
-                log.error("%s: could not read spec: %s", name, raws[name])
-                continue
-            if raws[name] is None:
-                continue  # deleted between the listing and the read
-            try:
-                self._absorb_spec(name, raws[name], specs[name].token, now)
-            except Exception:
-                log.exception("%s: could not take in the spec", name)
-        for name, job in self.jobs.items():
-            if name not in specs and job.token:
-                job.gone_from_bucket = True
-
-    def _absorb_spec(self, name: str, raw: bytes, token: str, now: float) -> None:
-        job = self.jobs.get(name)
-        spec, problem = self._parse_spec(name, raw)
-        if job is None:
-            job = self.jobs[name] = Job(name=name, state=JobState(submit_time=now))
-        job.token = token
-        job.gone_from_bucket = False
-        state = job.state
-        if spec is None:
-            if job.spec is None and not state.attempt:
-                job.spec = None
-                self._complete(job, Outcome.REJECTED, f"spec rejected: {problem}", now)
-            else:
-                state.reason = (
-                    f"spec update ignored, the job keeps its last good spec: {problem}; "
-                    f"fix {self.store.url('jobs', 'active', name)}"
+    def _apply(self, job: Job, event: lifecycle.Event, now: float) -> None:
+        """Feed one event to the table; keep its effects (log lines are written at once:
+        they are local appends that later offsets depend on)."""
+        has_cleanup = bool(job.spec and job.spec.cleanup_command)
+        result = lifecycle.transition(job.state, event, now, job=job.name, has_cleanup=has_cleanup)
+        job.state = result.state
+        for name, reason in result.events:
+            self._event(job, name, reason)
+        for effect in result.effects:
+            if isinstance(effect, lifecycle.Log):
+                self._log_line(job, effect.purpose, effect.text)
+            elif isinstance(effect, lifecycle.NeedsCleanup):
+                log_name = Store.log_name(job.name, cleanup=True)
+                self._apply(
+                    job,
+                    lifecycle.CleanupAdmit(
+                        attempt_name=self._attempt_name(job, CLEANUP),
+                        runner_kind=self._runner_kind(job),
+                        log_size=self.logs.total(log_name),
+                    ),
+                    now,
                 )
-                log.error("%s: %s", name, state.reason)
-            return
-        if not state.job_identity:
-            state.job_identity = spec.identity
-            state.spec_digest = spec.digest()
-            job.spec = spec
-            self._event(job, "PENDING", f"spec detected (job_id={spec.metadata.job_id})")
-            return
-        if state.job_identity != spec.identity:
-            log.warning("%s: a new submission replaced job %s", name, state.job_identity)
-        job.spec = spec
-        if spec.digest() == state.spec_digest:
-            return
-        if state.status is Status.PENDING:
-            state.spec_digest = spec.digest()
-            state.job_identity = spec.identity
-            self._event(job, "UPDATED", "spec updated while pending")
-        elif state.status is Status.ACTIVE and state.runner:
-            self._stop_attempt(job, StopKind.UPDATE, "spec updated; restarting with it", now)
+            elif isinstance(effect, lifecycle.Delete):
+                self._deleting[effect.name] = (effect.kind, effect.handle)
+            else:
+                job.effects.append(effect)
 
-    def _parse_spec(self, name: str, raw: bytes) -> tuple[JobSpec | None, str]:
-        problem = name_problem(name)
-        if problem:
-            return None, f"file name: {problem}"
+    def _log_line(self, job: Job, purpose: str, text: str) -> None:
+        log_name = Store.log_name(job.name, cleanup=purpose == CLEANUP)
+        job.pending_log.append((log_name, text))
         try:
-            spec = JobSpec.loads(raw)
-        except SpecError as e:
-            return None, str(e)
-        if spec.name != name:
-            return None, (
-                f"field name: spec says {spec.name!r} but its file is jobs/active/{name}; "
-                "the file name is the job's key, make them equal"
-            )
-        return spec, ""
-
-    def _apply_requests(self, requests: dict[str, ObjectInfo], now: float) -> None:
-        """Requests are deleted once applied, so any that is listed still needs applying."""
-        for name in requests:
-            try:
-                self._apply_request(name, now)
-            except Exception:
-                log.exception("%s: could not apply the user request; will retry", name)
-
-    def _apply_request(self, name: str, now: float) -> None:
-        raw = self.store.read_request(name)
-        if raw is None:
-            return
-        job = self.jobs.get(name)
-        try:
-            request = json.loads(raw)
-            status = str(request.get("status", "")).upper()
-        except (ValueError, AttributeError):
-            request, status = {}, ""
-        target = request.get("job_identity") if isinstance(request, dict) else None
-        live = job is not None and job.spec is not None and not job.gone_from_bucket
-        if not live or (target and target != job.state.job_identity):
-            log.info(
-                "%s: deleting a stale request (no such job, or it targets an earlier job "
-                "of this name)",
-                name,
-            )
-        elif status != "CANCELLING":
-            log.warning(
-                "%s: ignoring request with status %r (only CANCELLING is understood)", name, status
-            )
-        else:
-            who = request.get("user_id") or "a user"
-            self._cancel(job, f"cancelled by {who}", now)
-        self.store.delete_request(name)
-
-    # -- the state machine -----------------------------------------------------------------
+            while job.pending_log:
+                self.logs.write(*job.pending_log[0])
+                job.pending_log.pop(0)
+        except OSError as e:  # a full work-dir disk: the line waits, the job goes on
+            log.error("%s: could not write to the local log mirror (retrying): %s", job.name, e)
 
     def _event(self, job: Job, event: str, reason: str) -> None:
         """Record a lifecycle event in the job's state: written with it, at no extra cost."""
@@ -410,154 +338,446 @@ class Daemon:
         )
         log.info("%s: %s: %s", job.name, event, reason)
 
-    def _cancel(self, job: Job, reason: str, now: float) -> None:
-        state = job.state
-        if state.status is Status.PENDING:
-            self._complete(job, Outcome.CANCELLED, reason, now)
-        elif state.status is Status.ACTIVE:
-            state.status = Status.CANCELLING
-            self._stop_attempt(job, StopKind.CANCEL, reason, now)
+    def _runner_kind(self, job: Job) -> str:
+        return (job.spec.runner_kind if job.spec else None) or self.runners.default
 
-    def _stop_attempt(
-        self,
-        job: Job,
-        kind: StopKind,
-        reason: str,
-        now: float,
-        by: str | None = None,
-        grace: float | None = None,
-    ) -> None:
-        """SIGTERM now; SIGKILL to the whole group once ``grace`` seconds have passed."""
+    def _attempt_name(self, job: Job, purpose: str) -> str:
         state = job.state
-        if state.stop and state.stop["kind"] == StopKind.CANCEL.value:
-            return  # a cancel already in progress wins
-        since = state.stop["since"] if state.stop else now
-        state.stop = {
-            "kind": kind.value,
-            "since": since,
-            "by": by,
-            "killed": False,
-            "grace": self.grace_seconds if grace is None else grace,
-        }
-        if state.runner and not state.runner.get("lost"):
-            self.logs.write(
-                job.name,
-                f"=== [bastion] stopping attempt {state.attempt} ({kind.value}) at "
-                f"{_fmt_time(now)}: {reason} ===",
+        return attempt_name(self.store.root_url, job.name, state.submission, state.attempt, purpose)
+
+    # -- reading the bucket ----------------------------------------------------------------
+
+    def _recover(self, specs: dict[str, ObjectInfo]) -> None:
+        """First cycle: load every state, so attempts are found by name, never started again."""
+        if self.info:
+            self.store.write_daemon_info({**self.info, "acting_since": time.time()})
+        self.logs.forget_remote()
+        states = self.store.list_states()
+        names = sorted(states)
+        raws = list(self._pool.map(_retrying(self._read_state_or_problem), names))
+        self.jobs.clear()
+        for name, raw in zip(names, raws, strict=True):
+            if raw is None:
+                continue
+            try:
+                if isinstance(raw, UnacceptableObject):
+                    raise raw
+                state = JobState.loads(raw)
+            except Exception as e:
+                log.error("%s: unreadable state file (%s); treating the job as new", name, e)
+                continue
+            job = Job(name=name, state=state, written=raw, state_token=states[name].token)
+            self.jobs[name] = job
+            if name not in specs and state.status is not Status.COMPLETED:
+                job.gone_from_bucket = True
+            for purpose in (RUN, CLEANUP):
+                record = lifecycle.attempt_record(state, purpose)
+                if record is not None and not isinstance(record.get("name"), str):
+                    # A state written before attempts had names: nothing to find it by.
+                    self._apply(
+                        job,
+                        lifecycle.Observed(
+                            purpose,
+                            Observation(
+                                Phase.LOST, "recorded by an older daemon without an attempt name"
+                            ),
+                        ),
+                        time.time(),
+                    )
+                elif record is not None and record.get("handle") is None:
+                    job.effects.append(lifecycle.Start(purpose))  # recorded, maybe never made
+            log.info(
+                "%s: recovered in state %s (attempt %d)", name, state.status.value, state.attempt
             )
-            self.runner.terminate(state.runner)
-        self._event(job, kind.value.upper(), reason)
+        self._sweep()
 
-    def _supervise(self, job: Job, now: float) -> None:
-        state = job.state
-        if job.gone_from_bucket and state.status in (Status.PENDING, Status.ACTIVE):
-            self._cancel(job, "spec deleted from the bucket", now)
-        if state.status in (Status.ACTIVE, Status.CANCELLING) and state.runner:
-            self._supervise_attempt(job, now)
-        elif state.status is Status.CANCELLING:  # cancelled between attempts
-            self._enter_cleaning(job, Outcome.CANCELLED, state.reason, now)
-        if state.status is Status.CLEANING:
-            self._supervise_cleanup(job, now)
-
-    def _supervise_attempt(self, job: Job, now: float) -> None:
-        state = job.state
-        handle = state.runner
-        assert handle is not None
-        if handle.get("lost"):
-            finished, code = True, None
-        else:
-            finished, code = self.runner.poll(handle)
-        if not finished:
-            stop = state.stop
-            grace = stop.get("grace", self.grace_seconds) if stop else 0.0
-            if stop and not stop["killed"] and now - stop["since"] >= grace:
-                self.runner.kill(handle)
-                stop["killed"] = True
-                self._event(
-                    job,
-                    "KILLED",
-                    f"still running {grace:g}s after SIGTERM; sent SIGKILL to its process group",
-                )
-            return
-        state.exit_code = code
-        state.end_time = now
-        state.runner = None
-        how = (
-            "lost (its host is gone)"
-            if handle.get("lost")
-            else (f"exited with status {code}" if code is not None else "was killed")
-        )
-        self.logs.write(
-            job.name, f"=== [bastion] attempt {state.attempt} {how} at {_fmt_time(now)} ==="
-        )
-        stop = state.stop
-        state.stop = None
-        if stop and stop["kind"] != StopKind.CANCEL.value:
-            state.status = Status.PENDING
-            state.tier = None
-            what = "preempted" if stop["kind"] == StopKind.PREEMPT.value else "updated"
-            self._event(job, "REQUEUED", f"attempt {state.attempt} {what}; waiting to restart")
-        elif stop:
-            self._enter_cleaning(job, Outcome.CANCELLED, state.reason, now)
-        elif code == 0:
-            self._enter_cleaning(job, Outcome.SUCCEEDED, "command exited with status 0", now)
-        else:
-            self._enter_cleaning(job, Outcome.FAILED, f"command {how}", now)
-
-    def _enter_cleaning(self, job: Job, outcome: Outcome, reason: str, now: float) -> None:
-        state = job.state
-        state.outcome = outcome
-        spec = job.spec
-        if spec is None or not spec.cleanup_command:
-            self._complete(job, outcome, reason, now)
-            return
-        state.status = Status.CLEANING
-        self._event(job, "CLEANING", f"{reason}; running the cleanup command")
-        launch = Launch(
-            key=_attempt_key(job.name, state, "cleanup"),
-            command=spec.cleanup_command,
-            env=self._job_env(job),
-            log_path=self.logs.path(Store.log_name(job.name, cleanup=True)),
-        )
+    def _read_state_or_problem(self, name: str) -> bytes | UnacceptableObject | None:
         try:
-            state.cleanup_runner = self.runner.start(launch)
-        except Exception as e:
-            self._complete(job, outcome, f"{reason}; the cleanup command could not start: {e}", now)
+            return self.store.read_state(name)
+        except UnacceptableObject as e:  # not a regular file: a problem, not a retry
+            return e
 
-    def _supervise_cleanup(self, job: Job, now: float) -> None:
+    def _live_attempts(self) -> set[str]:
+        names = set()
+        for job in self.jobs.values():
+            for record in (job.state.runner, job.state.cleanup_runner):
+                if record and record.get("name"):
+                    names.add(str(record["name"]))
+        return names
+
+    def _sweep(self) -> None:
+        """Attempts a runner holds that no job's state names (their job ended or was deleted
+        while we were down, or a daemon died between an attempt's end and its deletion) are
+        orphans: delete them. Only runners already in use are asked."""
+        live = self._live_attempts()
+        kinds = {self.runners.default} | {
+            str(r["kind"])
+            for job in self.jobs.values()
+            for r in (job.state.runner, job.state.cleanup_runner)
+            if r and r.get("kind")
+        }
+        for kind in sorted(kinds):
+            try:
+                owned = self.runners.get(kind).list_owned()
+            except Exception as e:
+                log.error("could not list the attempts of runner %s: %s", kind, e)
+                continue
+            for item in owned:
+                if item.name not in live and item.name not in self._deleting:
+                    log.warning("deleting attempt %s: no job of this root names it", item.name)
+                    self._deleting[item.name] = (kind, item.handle)
+
+    def _read_specs(self, specs: dict[str, ObjectInfo], now: float) -> None:
+        changed = [
+            n for n, info in specs.items() if n not in self.jobs or self.jobs[n].token != info.token
+        ]
+        raws = dict(
+            zip(
+                changed,
+                self._pool.map(_quietly(self.store.read_spec), changed),
+                strict=True,
+            )
+        )
+        for name in changed:
+            raw = raws[name]
+            if isinstance(raw, ValueError):  # not a regular file, too large: the spec is bad
+                raw = str(raw).encode()
+                self._absorb_spec(name, b"", specs[name].token, now, problem=str(raws[name]))
+                continue
+            if isinstance(raw, Exception):
+                log.error("%s: could not read spec: %s", name, raw)
+                continue
+            if raw is None:
+                continue  # deleted between the listing and the read
+            try:
+                self._absorb_spec(name, raw, specs[name].token, now)
+            except Exception:
+                log.exception("%s: could not take in the spec", name)
+        for name, job in self.jobs.items():
+            if name not in specs and job.token:
+                job.gone_from_bucket = True
+
+    def _absorb_spec(
+        self, name: str, raw: bytes, token: str, now: float, problem: str = ""
+    ) -> None:
+        job = self.jobs.get(name)
+        spec, problem = (None, problem) if problem else self._parse_spec(name, raw)
+        if job is None:
+            state = JobState(submit_time=now, submission=uuid.uuid4().hex[:12])
+            job = self.jobs[name] = Job(name=name, state=state)
+        job.token = token
+        job.gone_from_bucket = False
         state = job.state
-        handle = state.cleanup_runner
-        if handle and not handle.get("lost"):
-            finished, code = self.runner.poll(handle)
-            if not finished:
-                return
+        if spec is None:
+            if job.spec is None and not state.attempt:
+                self._apply(job, lifecycle.Reject(f"spec rejected: {problem}"), now)
+            else:
+                state.reason = (
+                    f"spec update ignored, the job keeps its last good spec: {problem}; "
+                    f"fix {self.store.url('jobs', 'active', name)}"
+                )
+                log.error("%s: %s", name, state.reason)
+            return
+        if not state.job_identity:
+            state.job_identity = spec.identity
+            state.spec_digest = spec.digest()
+            state.submission = state.submission or uuid.uuid4().hex[:12]
+            job.spec = spec
+            self._event(job, "PENDING", f"spec detected (job_id={spec.metadata.job_id})")
+            return
+        if state.job_identity != spec.identity:
+            log.warning("%s: a new submission replaced job %s", name, state.job_identity)
+        job.spec = spec
+        if spec.digest() == state.spec_digest:
+            return
+        if state.status is Status.PENDING:
+            state.spec_digest = spec.digest()
+            state.job_identity = spec.identity
+            self._event(job, "UPDATED", "spec updated while pending")
+        elif state.status is Status.ACTIVE and state.runner:
+            self._apply(
+                job, lifecycle.Update("spec updated; restarting with it", self.grace_seconds), now
+            )
+
+    def _parse_spec(self, name: str, raw: bytes) -> tuple[JobSpec | None, str]:
+        problem = name_problem(name)
+        if problem:
+            return None, f"file name: {problem}"
+        try:
+            spec = JobSpec.loads(raw)
+        except (SpecError, RecursionError, ValueError, OverflowError) as e:
+            return None, str(e)[:500]
+        if spec.name != name:
+            return None, (
+                f"field name: spec says {spec.name[:80]!r} but its file is jobs/active/{name}; "
+                "the file name is the job's key, make them equal"
+            )
+        return spec, ""
+
+    def _apply_requests(self, requests: dict[str, ObjectInfo], now: float) -> None:
+        """Requests are deleted once applied, so any that is listed still needs applying."""
+        for name in requests:
+            try:
+                self._apply_request(name, now)
+            except Exception:
+                log.exception("%s: could not apply the user request; will retry", name)
+
+    def _apply_request(self, name: str, now: float) -> None:
+        try:
+            raw = self.store.read_request(name)
+        except ValueError as e:  # not a regular file or too large: drop it
+            log.warning("%s: deleting an unreadable request: %s", name, e)
+            self.store.delete_request(name)
+            return
+        if raw is None:
+            return
+        job = self.jobs.get(name)
+        try:
+            request = json.loads(raw)
+            status = str(request.get("status", "")).upper()
+        except (ValueError, AttributeError, RecursionError):
+            request, status = {}, ""
+        target = request.get("job_identity") if isinstance(request, dict) else None
+        live = job is not None and job.spec is not None and not job.gone_from_bucket
+        if not live or (target and target != job.state.job_identity):
+            log.info(
+                "%s: deleting a stale request (no such job, or it targets an earlier job "
+                "of this name)",
+                name,
+            )
+        elif status != "CANCELLING":
+            log.warning(
+                "%s: ignoring request with status %r (only CANCELLING is understood)",
+                name,
+                status[:80],
+            )
         else:
-            code = None
-        note = "" if code == 0 else f" (cleanup exited with status {code})"
-        state.cleanup_runner = None
-        self._complete(job, state.outcome or Outcome.FAILED, f"{state.reason}{note}", now)
+            who = str(request.get("user_id") or "a user")[:80]
+            self._apply(job, lifecycle.Cancel(f"cancelled by {who}", self.grace_seconds), now)
+        self.store.delete_request(name)
 
-    def _complete(self, job: Job, outcome: Outcome, reason: str, now: float) -> None:
-        state = job.state
-        state.status = Status.COMPLETED
-        state.outcome = outcome
-        state.end_time = state.end_time or now
-        state.stop = None
-        self._event(job, outcome.value, reason)
+    # -- watching attempts -------------------------------------------------------------------
+
+    def _observe(self, now: float) -> None:
+        """Poll every attempt and copy its new output, in parallel; then feed what was seen."""
+        for job in self.jobs.values():
+            if job.gone_from_bucket and job.state.status in (Status.PENDING, Status.ACTIVE):
+                self._apply(
+                    job, lifecycle.Cancel("spec deleted from the bucket", self.grace_seconds), now
+                )
+        work = [
+            (job, purpose)
+            for job in self.jobs.values()
+            if not job.inflight
+            for purpose in (RUN, CLEANUP)
+            if (lifecycle.attempt_record(job.state, purpose) or {}).get("handle") is not None
+        ]
+        results = self._pool.map(_quietly(self._watch), work)
+        for (job, purpose), result in zip(work, results, strict=True):
+            if isinstance(result, Exception):
+                log.error("%s: could not watch its %s attempt: %s", job.name, purpose, result)
+                job.state.reason = f"could not watch attempt {job.state.attempt}: {result}"[:500]
+                continue
+            try:
+                self._apply(job, lifecycle.Observed(purpose, result), now)
+            except Exception:
+                log.exception("%s: could not take in what its runner reported", job.name)
+        for job in self.jobs.values():
+            if job.state.stop and not job.inflight:
+                self._apply(job, lifecycle.Tick(), now)
+
+    def _watch(self, item: tuple[Job, str]) -> Observation:
+        """Poll first, then copy output: a finished attempt's output is read to its end."""
+        job, purpose = item
+        record = lifecycle.attempt_record(job.state, purpose)
+        assert record is not None
+        runner = self.runners.get(record["kind"])
+        observation = runner.poll(record["handle"])
+        log_name = Store.log_name(job.name, cleanup=purpose == CLEANUP)
+        while True:
+            offset = max(0, self.logs.total(log_name) - int(record.get("origin") or 0))
+            data = runner.read_output(record["handle"], offset, OUTPUT_CHUNK)
+            if data:
+                self.logs.append(log_name, data)
+            if len(data) < OUTPUT_CHUNK or not observation.finished:
+                break
+        return observation
+
+    # -- carrying out effects ----------------------------------------------------------------
+
+    def _carry_out(self, now: float) -> None:
+        """Hand decided effects to the pool, for jobs whose state (the write-ahead record of
+        what is about to happen) is in the bucket. Results are taken in next cycle."""
+        ready = [
+            job
+            for job in self.jobs.values()
+            if job.effects and not job.inflight and job.written == job.state.dumps()
+        ]
+        deletes = list(self._deleting.items())
+        if not ready and not deletes:
+            if self.cycles % SWEEP_EVERY_CYCLES == 0:
+                self._sweep()
+            return
+        self._may_act()
+        for job in ready:
+            effects, job.effects = job.effects, []
+            job.inflight += 1
+            attempt = {
+                p: self._attempt_for(job, p)
+                for p in (RUN, CLEANUP)
+                if any(isinstance(e, lifecycle.Start) and e.purpose == p for e in effects)
+            }
+            records = {p: lifecycle.attempt_record(job.state, p) for p in (RUN, CLEANUP)}
+            self._submit(self._effects_of, job.name, effects, records, attempt)
+        for name, (kind, handle) in deletes:
+            self._deleting.pop(name, None)
+            self._submit(self._delete_attempt, name, kind, handle)
+        if self.cycles % SWEEP_EVERY_CYCLES == 0:
+            self._sweep()
+
+    def _submit(self, call: Callable[..., None], *args: Any) -> None:
+        future = self._pool.submit(call, *args)
+        with self._done_lock:
+            self._futures = [f for f in self._futures if not f.done()]
+            self._futures.append(future)
+
+    def _attempt_for(self, job: Job, purpose: str) -> Attempt | None:
+        record = lifecycle.attempt_record(job.state, purpose)
+        spec = job.spec
+        if record is None or spec is None:
+            return None
+        command = spec.command if purpose == RUN else (spec.cleanup_command or "true")
+        return Attempt(
+            name=str(record["name"]),
+            job=job.name,
+            attempt=job.state.attempt,
+            command=command,
+            env=self._job_env(job),
+            resources=dict(spec.metadata.resources),
+            options=spec.runner_options,
+            labels={
+                "bastion-job": job.name[:63].lower(),
+                "bastion-attempt": str(job.state.attempt),
+            },
+        )
+
+    def _effects_of(
+        self,
+        job_name: str,
+        effects: list[lifecycle.Effect],
+        records: dict[str, dict[str, Any] | None],
+        attempts: dict[str, Attempt | None],
+    ) -> None:
+        """In the pool: one job's effects, in order; results go to ``_done``."""
+        results: list[lifecycle.Event] = []
+        try:
+            for effect in effects:
+                record = records.get(effect.purpose)
+                if record is None:
+                    continue
+                runner = self.runners.get(record["kind"])
+                self._may_act()
+                if isinstance(effect, lifecycle.Start):
+                    attempt = attempts.get(effect.purpose)
+                    if attempt is None:
+                        continue
+                    try:
+                        handle = runner.start(attempt)
+                    except Exception as e:
+                        log.error("%s: could not start %s: %s", job_name, attempt.name, e)
+                        results.append(lifecycle.StartFailed(effect.purpose, str(e)[:1000]))
+                        continue
+                    record = {**record, "handle": handle}
+                    records[effect.purpose] = record
+                    results.append(lifecycle.Started(effect.purpose, handle))
+                elif isinstance(effect, lifecycle.Stop) and record.get("handle") is not None:
+                    runner.stop(record["handle"], effect.deadline)
+        except NotHolding:
+            log.error("%s: effects not carried out: the lease is not certainly ours", job_name)
+        except Exception:
+            log.exception("%s: carrying out effects failed; retried next cycle", job_name)
+        with self._done_lock:
+            self._done.extend((job_name, event) for event in results)
+            self._done.append((job_name, None))  # marks the batch as finished
+
+    def _delete_attempt(self, name: str, kind: str, handle: dict[str, Any] | None) -> None:
+        try:
+            self._may_act()
+            runner = self.runners.get(kind)
+            gone = runner.delete(handle) if handle is not None else True
+        except NotHolding:
+            return
+        except Exception as e:
+            log.error("could not delete attempt %s (will retry): %s", name, e)
+            gone = False
+        if not gone:
+            with self._done_lock:
+                self._undeleted.append((name, kind, handle))
+
+    def _take_in_results(self) -> None:
+        with self._done_lock:
+            done, self._done = self._done, []
+            undeleted, self._undeleted = self._undeleted, []
+        for name, kind, handle in undeleted:  # retried next cycle until verified gone
+            self._deleting.setdefault(name, (kind, handle))
+        now = time.time()
+        for job_name, event in done:
+            job = self.jobs.get(job_name)
+            if job is None:
+                continue
+            if event is None:
+                job.inflight = max(0, job.inflight - 1)
+                continue
+            self._apply(job, event, now)
+
+    def _job_env(self, job: Job) -> dict[str, str]:
+        spec, state = job.spec, job.state
+        assert spec is not None
+        env = {
+            "BASTION_JOB_NAME": job.name,
+            "BASTION_ATTEMPT": str(state.attempt),
+            "BASTION_ROOT": self.store.root_url,
+            "BASTION_JOB_ID": spec.metadata.job_id or "",
+            "BASTION_PROJECT_ID": spec.metadata.project_id,
+            "BASTION_USER_ID": spec.metadata.user_id,
+            "BASTION_TIER": "" if state.tier is None else str(state.tier),
+            "BASTION_SPEC_URL": self.store.url("jobs", "active", job.name),
+        }
+        serialized = json.dumps(spec.to_json())
+        if len(serialized) <= MAX_SPEC_ENV_BYTES:  # AXLearn's variable; past this, the URL
+            env["_BASTION_SERIALIZED_JOBSPEC"] = serialized
+        if spec.metadata.version:
+            env["BASTION_JOB_VERSION"] = str(spec.metadata.version)
+        env.update(spec.env_vars or {})
+        return env
+
+    # -- finishing ---------------------------------------------------------------------------
 
     def _finalize(self, job: Job, now: float) -> None:
         """A COMPLETED job (its state already written): record it in complete/, then forget it."""
-        if job.state.status is not Status.COMPLETED or job.written != job.state.dumps():
+        state = job.state
+        if (
+            state.status is not Status.COMPLETED
+            or job.written != state.dumps()
+            or job.inflight
+            or job.effects
+        ):
             return
-        for log_name in (job.name, Store.log_name(job.name, cleanup=True)):
-            if log_name in self._mirrors():
-                self.logs.close(log_name)
-        record = {"spec": job.spec.to_json() if job.spec else None, "state": job.state.to_json()}
+        valid_name = name_problem(job.name) is None
+        if valid_name:  # a rejected name owns no log: it may be spelled like another's
+            for log_name in (job.name, Store.log_name(job.name, cleanup=True)):
+                if log_name in self._mirrors():
+                    self.logs.close(log_name)
+        record = {"spec": job.spec.to_json() if job.spec else None, "state": state.to_json()}
         if job.spec is None:
-            raw = self.store.read_spec(job.name)
-            record["spec_text"] = raw.decode(errors="replace") if raw else None
-        submission = f"{int(job.state.submit_time or now):012d}-{_identity_hash(job.state)}"
-        self.store.save_history(job.name, submission, job.state.events)  # long-term record
+            try:
+                raw = self.store.read_spec(job.name)
+            except ValueError as e:  # a symlink or an oversized object: never copied
+                raw = f"<not copied: {e}>".encode()
+            record["spec_text"] = raw.decode(errors="replace")[:10_000] if raw else None
+        submission = f"{int(state.submit_time or now):012d}-{state.submission or 'x'}"
+        if valid_name:
+            self.store.save_history(job.name, submission, state.events)  # long-term record
         self.store.write_complete(job.name, record)
         self.store.delete_spec(job.name)
         self.store.delete_state(job.name)
@@ -581,18 +801,49 @@ class Daemon:
                     job.state.reason = f"waiting for a valid quota file: {self.quota.error}"
             return
         plan = schedule(config, requests, self.quota.usage_for(requests, now), now)
+        grace = config.scheduling.preemption_grace_seconds
         changed = []
         for name, decision in sorted(plan.decisions.items()):
             job = self.jobs[name]
             before = (job.state.status, job.state.reason)
             try:
-                self._act(job, decision, now, config.scheduling.preemption_grace_seconds)
+                event = self._event_for(job, decision, grace)
+                if event is not None:
+                    self._apply(job, event, now)
             except Exception as e:
                 log.exception("%s: acting on %s failed", name, decision.verdict)
                 job.state.reason = f"could not {decision.verdict.value.lower()}: {e}"
             if (job.state.status, job.state.reason) != before:
                 changed.append(decision)
         self._record_decisions(changed, now)
+
+    def _event_for(self, job: Job, decision: Decision, grace: float) -> lifecycle.Event | None:
+        state, verdict = job.state, decision.verdict
+        if verdict is Verdict.START and state.status is Status.PENDING:
+            if job.spec is None:
+                return None
+            state.spec_digest = job.spec.digest()
+            if state.attempt == 0:
+                state.log_start = self.logs.total(job.name)
+            name = attempt_name(
+                self.store.root_url, job.name, state.submission, state.attempt + 1, RUN
+            )
+            return lifecycle.Admit(
+                tier=decision.tier,
+                reason=decision.reason,
+                attempt_name=name,
+                runner_kind=self._runner_kind(job),
+                log_size=self.logs.total(job.name),
+            )
+        if verdict is Verdict.PREEMPT:
+            return lifecycle.Preempt(decision.reason, decision.preempted_by, grace)
+        if verdict is Verdict.REJECT:
+            return lifecycle.Reject(decision.reason)
+        if verdict is Verdict.WAIT:
+            return lifecycle.Wait(decision.reason)
+        if verdict is Verdict.KEEP and decision.tier is not None and state.tier != decision.tier:
+            state.tier = decision.tier  # recorded, never a restart
+        return None
 
     def _record_decisions(self, changed: list[Decision], now: float) -> None:
         """One bounded decision-log record per cycle in which a decision changed."""
@@ -620,75 +871,6 @@ class Daemon:
         except Exception:
             log.exception("could not write the decision log")
 
-    def _act(self, job: Job, decision: Decision, now: float, grace: float) -> None:
-        state = job.state
-        verdict = decision.verdict
-        if verdict is Verdict.START and state.status is Status.PENDING:
-            self._start_attempt(job, decision.tier, decision.reason, now)
-        elif verdict is Verdict.PREEMPT and state.status is Status.ACTIVE and not state.stop:
-            state.preemptions += 1
-            self._stop_attempt(
-                job, StopKind.PREEMPT, decision.reason, now, decision.preempted_by, grace
-            )
-        elif verdict is Verdict.REJECT and state.status is Status.PENDING:
-            self._complete(job, Outcome.REJECTED, decision.reason, now)
-        elif verdict is Verdict.WAIT and state.status is Status.PENDING:
-            state.reason = decision.reason
-        elif verdict is Verdict.KEEP and decision.tier is not None and state.tier != decision.tier:
-            state.tier = decision.tier  # recorded, never a restart
-
-    def _job_env(self, job: Job) -> dict[str, str]:
-        spec, state = job.spec, job.state
-        assert spec is not None
-        env = {
-            "BASTION_JOB_NAME": job.name,
-            "BASTION_ATTEMPT": str(state.attempt),
-            "BASTION_ROOT": self.store.root_url,
-            "BASTION_JOB_ID": spec.metadata.job_id or "",
-            "BASTION_PROJECT_ID": spec.metadata.project_id,
-            "BASTION_USER_ID": spec.metadata.user_id,
-            "BASTION_TIER": "" if state.tier is None else str(state.tier),
-            "_BASTION_SERIALIZED_JOBSPEC": json.dumps(spec.to_json()),
-        }
-        if spec.metadata.version:
-            env["BASTION_JOB_VERSION"] = str(spec.metadata.version)
-        env.update(spec.env_vars or {})
-        return env
-
-    def _start_attempt(self, job: Job, tier: int | None, reason: str, now: float) -> None:
-        spec, state = job.spec, job.state
-        assert spec is not None
-        if state.attempt == 0:
-            state.log_start = self.logs.base(job.name)
-        state.attempt += 1
-        state.tier = tier
-        state.spec_digest = spec.digest()
-        state.start_time = now
-        state.end_time = None
-        state.exit_code = None
-        self.logs.write(
-            job.name,
-            f"=== [bastion] attempt {state.attempt} of {job.name} started "
-            f"at {_fmt_time(now)} (tier {tier}) ===",
-        )
-        launch = Launch(
-            key=_attempt_key(job.name, state, "run"),
-            command=spec.command,
-            env=self._job_env(job),
-            log_path=self.logs.path(job.name),
-            gpus=int(spec.metadata.resources.get("gpu", 0)),
-        )
-        try:
-            state.runner = self.runner.start(launch)
-        except Exception as e:
-            self.logs.write(
-                job.name, f"=== [bastion] attempt {state.attempt} could not start: {e} ==="
-            )
-            self._complete(job, Outcome.FAILED, f"could not start the command: {e}", now)
-            return
-        state.status = Status.ACTIVE
-        self._event(job, "STARTED", f"attempt {state.attempt} started: {reason}")
-
     # -- writing back ----------------------------------------------------------------------
 
     def _write_back_job(self, item: tuple[Job | None, list[str]]) -> bool:
@@ -703,7 +885,10 @@ class Daemon:
                     self.logs.sync(name)
             except Exception as e:
                 log.error("%s: log upload failed; it will be retried: %s", name, e)
-        return job is not None and self._write_state(job)
+        if job is None:
+            return False
+        self._may_act()
+        return self._write_state(job)
 
     def _write_back(self) -> None:
         """Upload new log bytes and changed states: one pass, jobs in parallel.
@@ -726,10 +911,12 @@ class Daemon:
             if job is None:
                 continue
             changed = changed or result is not False
-            if isinstance(result, PreconditionFailed):
+            if isinstance(result, (PreconditionFailed, NotHolding)):
                 self._lost_ownership = True
             elif isinstance(result, Exception):
                 log.error("%s: could not write state (will retry): %s", job.name, result)
+        if self._lost_ownership:
+            raise NotHolding
         if changed:
             try:
                 self.quota.save_usage()  # only needed when something changed (see QuotaSource)
@@ -753,10 +940,24 @@ class Daemon:
         except PreconditionFailed:
             # Our own earlier write may have landed with its answer lost, or its new token
             # may be unknown: then the object holds bytes we wrote or tried, and we carry
-            # on from its token. Otherwise another daemon wrote it.
+            # on from its token. Otherwise another daemon (or someone else) wrote it.
             current = self.store.read_state_with_token(job.name)
             if current is None or current[0] not in (job.written, *job.attempted):
-                raise
+                if self.lease is None or not self.lease.valid():
+                    raise
+                # We hold the lease, so no daemon wrote this: a foreign write. Our state
+                # stands; the forged bytes are reported and replaced, never acted on.
+                log.error(
+                    "%s: its state was overwritten by someone else (not a daemon); "
+                    "restoring the daemon's own state",
+                    job.name,
+                )
+                job.state_token = self.store.write_state(
+                    job.name, raw, current[1] if current else None
+                )
+                job.written = raw
+                job.attempted.clear()
+                return True
             job.state_token = current[1]
             if current[0] != raw:
                 job.state_token = self.store.write_state(job.name, raw, job.state_token)

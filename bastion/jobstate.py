@@ -53,9 +53,14 @@ class JobState:
     end_time: float | None = None
     exit_code: int | None = None
     tier: int | None = None
-    runner: dict[str, Any] | None = None  # handle of the running attempt (pid, pgid, ...)
+    submission: str = ""  # the daemon's own id for this submission: attempt names derive from it
+    # The daemon's record of the current attempt: {"kind", "name", "handle", "origin", "phase"};
+    # "handle" is the runner's, opaque to the daemon (see bastion.lifecycle).
+    runner: dict[str, Any] | None = None
     cleanup_runner: dict[str, Any] | None = None
-    stop: dict[str, Any] | None = None  # {"kind": StopKind, "since": t, "by": ..., "killed": bool}
+    stop: dict[str, Any] | None = None  # {"kind": StopKind, "since": t, "by": ..., "deadline": t}
+    running_since: float | None = None  # when the runner first reported RUNNING (min runtime)
+    provider_preemptions: int = 0  # attempts the provider took away (not the job's failures)
     log_start: int = 0  # offset in logs/<name> where this submission's output begins
     preemptions: int = 0
     events: list[dict[str, Any]] = field(default_factory=list)  # lifecycle, bounded
@@ -85,6 +90,9 @@ class JobState:
         known = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in known}
         kwargs["status"] = Status(str(data.get("status", "PENDING")).upper())
+        stop = kwargs.get("stop")
+        if isinstance(stop, dict) and "deadline" not in stop:  # written before deadlines
+            stop["deadline"] = float(stop.get("since", 0)) + float(stop.get("grace", 30.0))
         if data.get("outcome"):
             kwargs["outcome"] = Outcome(data["outcome"])
         return cls(**kwargs)
@@ -104,6 +112,9 @@ class JobState:
         """What users read: COMPLETED jobs show their outcome."""
         if self.status is Status.COMPLETED and self.outcome:
             return self.outcome.value
+        phase = (self.runner or {}).get("phase")
+        if self.status is Status.ACTIVE and phase in ("STARTING", "QUEUED", "PROVISIONING"):
+            return str(phase)
         return self.status.value
 
 

@@ -1,17 +1,40 @@
-"""One daemon per root: a lease object written only with compare-and-swap.
+"""One daemon per root: a lease object written only with compare-and-swap, and self-fencing.
 
-The holder renews the lease every third of its duration, each write conditioned on the
-generation it last wrote; a renewal that loses the race means someone took over, and the holder
-stops acting at once. A waiter never trusts the holder's clock: it takes over only after the
-lease object has stayed unchanged for a whole duration on its *own* monotonic clock, so clock
-skew between machines cannot make two daemons act at once.
+The rules, and why no two daemons ever act at once:
+
+- **Holder.** Before each renewal write the holder reads its monotonic clock (``sent``). When
+  the write succeeds, the lease is valid until ``sent + duration - margin`` on the holder's
+  clock. The holder renews on its own thread every third of the duration, so no cycle length
+  can lose it. Before every effect that starts or stops anything, the daemon asks
+  :meth:`Lease.valid` with the time the effect may take; when it cannot prove the lease valid
+  for that long it starts nothing more and drops what it knows.
+- **Standby.** A waiter never trusts the holder's clock: it takes over only after the lease
+  object has stayed unchanged (same token) for a whole ``duration`` on its *own* monotonic
+  clock, counted from when it first *saw* that token, which is after the holder's write
+  completed, hence after ``sent``. So the standby takes over no earlier than
+  ``sent + duration``, strictly later than the holder stopped acting
+  (``sent + duration - margin``), even if the holder is frozen (SIGSTOP, a long GC, a VM
+  pause): a frozen holder wakes to an expired lease on its own clock and acts no more.
+  ``margin`` covers clock-rate differences and the longest single effect.
+- **Identity** is unique per daemon process (host, pid, process start time, boot id, and a
+  random id), never "host plus path": a VM cloned from the holder's image has the same host
+  name and paths. A restarted installation takes over at once only when it proves the old
+  process gone: same boot id (the same running kernel) and that pid no longer alive with that
+  start time. Anything else waits the full duration.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import threading
 import time
+import uuid
 from collections.abc import Callable
+from typing import Any
+
+import psutil
 
 from bastion.objects import PreconditionFailed
 from bastion.store import Store
@@ -19,62 +42,158 @@ from bastion.store import Store
 log = logging.getLogger("bastion.lease")
 
 
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def process_identity(work_dir: str) -> dict[str, Any]:
+    """Who this daemon process is, as written into the lease."""
+    me = psutil.Process()
+    return {
+        "owner": f"{socket.gethostname()}:{me.pid}:{uuid.uuid4().hex[:12]}",
+        "host": socket.gethostname(),
+        "pid": me.pid,
+        "pid_started": me.create_time(),
+        "boot_id": _boot_id(),
+        "work_dir": work_dir,
+    }
+
+
+def provably_gone(record: dict[str, Any], me: dict[str, Any]) -> bool:
+    """The lease's holder was an earlier process of this installation and is dead for sure."""
+    if not me.get("boot_id") or record.get("boot_id") != me["boot_id"]:
+        return False  # another machine (or a reboot we cannot see through): wait it out
+    if record.get("work_dir") != me.get("work_dir"):
+        return False
+    try:
+        proc = psutil.Process(int(record.get("pid", 0)))
+        return abs(proc.create_time() - float(record.get("pid_started", 0))) > 0.05
+    except (psutil.NoSuchProcess, ValueError, TypeError):
+        return True
+    except psutil.AccessDenied:
+        return False
+
+
 class Lease:
     def __init__(
         self,
         store: Store,
-        owner: str,
+        identity: dict[str, Any] | str,
         duration: float = 60.0,
-        same_owner: Callable[[dict], bool] | None = None,
+        margin: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
-        self.owner = owner
+        self.identity = identity if isinstance(identity, dict) else {"owner": identity}
+        self.owner = str(self.identity["owner"])
         self.duration = duration
-        self.same_owner = same_owner or (lambda record: False)
+        self.margin = duration / 4 if margin is None else margin
         self.clock = clock
         self.token: str | None = None  # set while we hold it
-        self._renewed = 0.0
+        self._valid_until = 0.0
         self._seen: tuple[str, float] | None = None  # (token, first seen) of another's lease
         self._waiting_for = ""
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- what the daemon asks ----------------------------------------------------------------
 
     @property
     def held(self) -> bool:
-        return self.token is not None
+        return self.token is not None and self.valid()
+
+    def valid(self, need: float = 0.0) -> bool:
+        """True when the lease is certainly ours for ``need`` more seconds."""
+        return self.token is not None and self.clock() + need < self._valid_until
 
     def hold(self) -> bool:
-        """Acquire or renew as needed; True while this daemon may act."""
-        now = self.clock()
+        """Acquire if we do not hold it (and start renewing); True while this daemon may act."""
         if self.token is not None:
-            if now - self._renewed < self.duration / 3:
+            if self.valid():
                 return True
-            return self._renew(now)
-        return self._try_acquire(now)
-
-    def _record(self) -> dict:
-        return {"owner": self.owner, "renewed": time.time(), "duration": self.duration}
-
-    def _renew(self, now: float) -> bool:
-        try:
-            self.token = self.store.write_lease(self._record(), self.token)
-            self._renewed = now
-            return True
-        except PreconditionFailed:
-            log.error(
-                "lease on %s was taken by another daemon; stopping at once", self.store.root_url
-            )
-            self.token = None
+            self._lose("the lease expired before it could be renewed")
             return False
-        except Exception as e:  # bucket unreachable: we hold it until it would expire
-            still = now - self._renewed < self.duration * 0.9
+        if not self._try_acquire(self.clock()):
+            return False
+        self._start_renewing()
+        return True
+
+    def release(self) -> None:
+        self._stop_renewing()
+        with self._lock:
+            token, self.token = self.token, None
+        if token is None:
+            return
+        try:
+            self.store.write_lease({**self._record(), "released": True}, token)
+        except Exception as e:
+            log.warning("could not release the lease: %s", e)
+
+    # -- renewing ------------------------------------------------------------------------------
+
+    def _start_renewing(self) -> None:
+        self._stop_renewing()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew_loop, name="lease", daemon=True)
+        self._thread.start()
+
+    def _stop_renewing(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self._thread = None
+
+    def _renew_loop(self) -> None:
+        stop = self._stop
+        while not stop.wait(self.duration / 3):
+            if self.token is None or not self.renew():
+                return
+
+    def renew(self) -> bool:
+        """One renewal write; False once the lease is lost."""
+        sent = self.clock()
+        with self._lock:
+            token = self.token
+        if token is None:
+            return False
+        try:
+            new = self.store.write_lease(self._record(), token)
+        except PreconditionFailed:
+            self._lose("the lease was taken by another daemon")
+            return False
+        except Exception as e:  # bucket unreachable: valid until it would expire, then paused
             log.warning(
-                "could not renew the lease (%s); %s",
+                "could not renew the lease (%s); still valid for %.0fs",
                 e,
-                "still within its term" if still else "it may expire: pausing",
+                max(0.0, self._valid_until - self.clock()),
             )
-            if not still:
-                self.token = None
-            return still
+            if not self.valid():
+                self._lose("the lease could not be renewed before it expired")
+                return False
+            return True
+        with self._lock:
+            if self.token == token:
+                self.token = new
+                self._valid_until = sent + self.duration - self.margin
+        return True
+
+    def _lose(self, why: str) -> None:
+        with self._lock:
+            if self.token is None:
+                return
+            self.token = None
+            self._valid_until = 0.0
+        log.error("%s on %s; acting no more", why, self.store.root_url)
+
+    # -- acquiring -----------------------------------------------------------------------------
+
+    def _record(self) -> dict[str, Any]:
+        return {**self.identity, "renewed": time.time(), "duration": self.duration}
 
     def _try_acquire(self, now: float) -> bool:
         try:
@@ -82,8 +201,10 @@ class Lease:
             if current is None:
                 return self._take(None, now, "no lease existed")
             record, token = current
-            if record.get("released") or self.same_owner(record):
+            if record.get("released"):
                 return self._take(token, now, f"lease of {record.get('owner')} was released")
+            if provably_gone(record, self.identity):
+                return self._take(token, now, f"the holder {record.get('owner')} is gone")
             if self._seen is None or self._seen[0] != token:
                 self._seen = (token, now)
             waited = now - self._seen[1]
@@ -109,22 +230,19 @@ class Lease:
 
     def _take(self, expected: str | None, now: float, why: str) -> bool:
         try:
-            self.token = self.store.write_lease(self._record(), expected)
+            token = self.store.write_lease(self._record(), expected)
         except PreconditionFailed:
             log.info("another daemon took the lease first")
             self._seen = None
             return False
-        self._renewed = now
+        with self._lock:
+            self.token = token
+            self._valid_until = now + self.duration - self.margin
         self._seen = None
         self._waiting_for = ""
         log.info("took the lease on %s: %s", self.store.root_url, why)
         return True
 
-    def release(self) -> None:
-        if self.token is None:
-            return
-        try:
-            self.store.write_lease({**self._record(), "released": True}, self.token)
-        except Exception as e:
-            log.warning("could not release the lease: %s", e)
-        self.token = None
+
+def default_identity(work_dir: str) -> dict[str, Any]:
+    return process_identity(os.path.abspath(work_dir))

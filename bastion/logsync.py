@@ -71,9 +71,27 @@ class LogSync:
         return self._bases[log_name]
 
     def write(self, log_name: str, text: str) -> None:
-        """Append a line of our own (attempt markers) to the mirror."""
-        with open(self.path(log_name), "a") as f:
-            f.write(text if text.endswith("\n") else text + "\n")
+        """Append a line of our own (attempt markers) to the mirror, on a line of its own even
+        when the job's last output had no final newline."""
+        path = self.path(log_name)
+        line = text if text.endswith("\n") else text + "\n"
+        with open(path, "a+b") as f:
+            if f.tell() > 0:
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    line = "\n" + line
+            f.write(line.encode())
+
+    def append(self, log_name: str, data: bytes) -> None:
+        """Append a job's output (copied from its runner) to the mirror."""
+        with open(self.path(log_name), "ab") as f:
+            f.write(data)
+
+    def total(self, log_name: str) -> int:
+        """Size of the whole log: what the bucket holds plus what is still only local. The
+        daemon derives each attempt's output offset from it, so it keeps no cursor."""
+        path = self.path(log_name)
+        return self.base(log_name) + os.path.getsize(path)
 
     def sync(self, log_name: str) -> int:
         """Upload what the mirror gained since the last sync; returns the bytes uploaded."""

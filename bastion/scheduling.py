@@ -35,7 +35,9 @@ def job_request(name: str, spec: JobSpec | None, state: JobState, now: float) ->
         priority=meta.priority,
         submit_time=state.submit_time or now,
         phase=phase,
-        start_time=state.start_time,
+        # Minimum runtime counts from running, not from provisioning: a job still being
+        # provisioned has run for no time at all.
+        start_time=state.running_since or (now if phase is not Phase.PENDING else None),
         tier=state.tier,
         # A victim still stopping keeps its room earmarked for the job that reclaimed it.
         preempted_by=(state.stop or {}).get("by") if phase is Phase.RELEASING else None,

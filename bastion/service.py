@@ -1,4 +1,19 @@
-"""Assembling and starting the daemon: work directory, lock, logging, runner, quota source."""
+"""Assembling and starting the daemon: work directory, lock, logging, runners, quota source.
+
+Daemon-wide runner settings come from a TOML file (``--settings``)::
+
+    default_runner = "local"          # for jobs whose spec names no runner
+
+    [runners.local]
+    gpus = [0, 1]                     # default: what nvidia-smi reports
+
+    [runners.docker]
+    image = "python:3.11-slim"        # for jobs that name no image
+    docker_host = "unix:///run/docker.sock"
+    network = "host"
+
+Every runner also gets ``root`` (the daemon's root URL) and ``work_dir``.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +24,14 @@ import os
 import socket
 import sys
 import time
+import tomllib
+from collections.abc import Mapping
+from typing import Any
 
 from bastion.daemon import Daemon
-from bastion.lease import Lease
+from bastion.lease import Lease, process_identity
 from bastion.quotas import QuotaSource, machine_pool
-from bastion.runners.local import LocalRunner
+from bastion.runners.base import Runners, known_kinds
 from bastion.store import Store
 
 log = logging.getLogger("bastion")
@@ -54,6 +72,44 @@ def _setup_logging(path: str) -> None:
     root.setLevel(logging.INFO)
 
 
+class SettingsError(ValueError):
+    """A daemon settings file that cannot be used; the message names the file and key."""
+
+
+def load_settings(path: str | None) -> dict[str, Any]:
+    if not path:
+        return {}
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as e:
+        raise SettingsError(f"{path}: cannot read the settings file: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise SettingsError(f"{path}: not valid TOML: {e}") from None
+    unknown = set(data) - {"default_runner", "runners"}
+    if unknown:
+        raise SettingsError(
+            f"{path}: unknown key(s) {', '.join(sorted(unknown))}; "
+            "use default_runner and [runners.KIND] tables"
+        )
+    runners = data.get("runners", {})
+    if not isinstance(runners, Mapping):
+        raise SettingsError(f"{path}: runners must be a table of [runners.KIND] tables")
+    for kind in runners:
+        if kind not in known_kinds():
+            raise SettingsError(
+                f"{path}: [runners.{kind}]: unknown runner kind; use one of "
+                f"{', '.join(known_kinds())}"
+            )
+    default = data.get("default_runner", "local")
+    if default not in known_kinds():
+        raise SettingsError(
+            f"{path}: default_runner = {default!r} is not a runner kind; use one of "
+            f"{', '.join(known_kinds())}"
+        )
+    return data
+
+
 def build_daemon(
     root: str,
     work_dir: str | None = None,
@@ -61,24 +117,28 @@ def build_daemon(
     grace_seconds: float = 30.0,
     gpus: list[int] | None = None,
     lease_seconds: float | None = None,
+    settings: Mapping[str, Any] | None = None,
 ) -> Daemon:
     """The daemon with its parts; with ``lease_seconds`` it acts only while it holds the lease."""
     store = Store(root)
     work_dir = os.path.abspath(work_dir or default_work_dir(store.root_url))
     os.makedirs(work_dir, exist_ok=True)
-    runner = LocalRunner(work_dir, gpus=gpus)
-    quota = QuotaSource(store, quota_file, machine_pool(runner.gpus))
+    settings = settings or {}
+    per_kind: dict[str, dict[str, Any]] = {}
+    for kind in known_kinds():
+        options = dict((settings.get("runners") or {}).get(kind, {}))
+        options.setdefault("root", store.root_url)
+        options.setdefault("work_dir", work_dir)
+        if gpus is not None:
+            options.setdefault("gpus", gpus)
+        per_kind[kind] = options
+    runners = Runners(per_kind, default=settings.get("default_runner", "local"))
+    local = runners.get("local")  # the machine's pool is what the local runner can hand out
+    quota = QuotaSource(store, quota_file, machine_pool(getattr(local, "gpus", [])))
     lease = None
     if lease_seconds:
-        host = socket.gethostname()
-        lease = Lease(
-            store,
-            owner=f"{host}:{os.getpid()}:{work_dir}",
-            duration=lease_seconds,
-            # Our predecessor on this host and work dir is dead: we hold its flock.
-            same_owner=lambda r: str(r.get("owner", "")).split(":", 2)[::2] == [host, work_dir],
-        )
-    return Daemon(store, runner, work_dir, quota, grace_seconds=grace_seconds, lease=lease)
+        lease = Lease(store, process_identity(work_dir), duration=lease_seconds)
+    return Daemon(store, runners, work_dir, quota, grace_seconds=grace_seconds, lease=lease)
 
 
 def start_daemon(
@@ -89,11 +149,15 @@ def start_daemon(
     once: bool,
     grace_seconds: float,
     lease_seconds: float = 60.0,
+    settings_file: str | None = None,
 ) -> int:
+    settings = load_settings(settings_file)
     work_dir = os.path.abspath(work_dir or default_work_dir(root))
     os.makedirs(work_dir, exist_ok=True)
     lock = _lock_work_dir(work_dir)
-    daemon = build_daemon(root, work_dir, quota_file, grace_seconds, lease_seconds=lease_seconds)
+    daemon = build_daemon(
+        root, work_dir, quota_file, grace_seconds, lease_seconds=lease_seconds, settings=settings
+    )
     _setup_logging(daemon.daemon_log_path())
     log.info(
         "bastion daemon pid %d on %s: root %s, work dir %s, quota %s, poll %ss",
@@ -116,6 +180,7 @@ def start_daemon(
     }
     try:
         daemon.run(poll_seconds, once=once)
+        daemon.close()
     finally:
         os.close(lock)
     return 0

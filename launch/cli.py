@@ -50,6 +50,13 @@ flags.DEFINE_string(
 flags.DEFINE_integer("priority", 5, "1 (highest) .. 5 (lowest).")
 flags.DEFINE_multi_string("env", [], "KEY=VALUE environment variable for the job (repeatable).")
 flags.DEFINE_string("cleanup_command", None, "Command run after the job ends, with its own log.")
+flags.DEFINE_string(
+    "runner", None, "launch: where the job runs: local, docker, ... (default: the daemon's)."
+)
+flags.DEFINE_string("image", None, "launch: container image for --runner=docker.")
+flags.DEFINE_multi_string(
+    "runner_option", [], "launch: KEY=VALUE option for the job's runner (repeatable)."
+)
 # list / logs
 flags.DEFINE_bool("all", False, "list: include completed jobs.")
 flags.DEFINE_bool("json", False, "list/simulate: print JSON.")
@@ -71,6 +78,11 @@ flags.DEFINE_float(
     60.0,
     "start: a second daemon on the same root takes over only after the holder's lease stayed "
     "unrenewed this long (0: no lease, for a root only one daemon will ever use).",
+)
+flags.DEFINE_string(
+    "settings",
+    None,
+    "start: daemon settings TOML (default_runner, [runners.KIND] options; see bastion/service.py).",
 )
 flags.DEFINE_string(
     "quota_file", None, "Quota TOML URL (default: ROOT/project-quotas/project-quotas.config)."
@@ -116,6 +128,7 @@ def cmd_start(args: Sequence[str]) -> int:
         once=FLAGS.once,
         grace_seconds=FLAGS.grace_seconds,
         lease_seconds=FLAGS.lease_seconds,
+        settings_file=FLAGS.settings,
     )
 
 
@@ -136,6 +149,7 @@ def cmd_launch(args: Sequence[str]) -> int:
         priority=FLAGS.priority,
         cleanup_command=FLAGS.cleanup_command,
         env_vars=env or None,
+        runner=_runner_object(),
     )
     client = _client()
     client.submit(spec)
@@ -144,6 +158,23 @@ def cmd_launch(args: Sequence[str]) -> int:
     if FLAGS.follow:
         return _follow(client, spec.name)
     return 0
+
+
+def _runner_object() -> dict[str, str] | None:
+    """--runner, --image and --runner_option as the spec's ``runner`` object."""
+    options: dict[str, str] = {}
+    for item in FLAGS.runner_option:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise UsageError(f"--runner_option={item!r} is not KEY=VALUE")
+        options[key] = value
+    if FLAGS.image:
+        options["image"] = FLAGS.image
+    if not FLAGS.runner and not options:
+        return None
+    if not FLAGS.runner:
+        raise UsageError("--image and --runner_option need --runner (e.g. --runner=docker)")
+    return {"kind": FLAGS.runner, **options}
 
 
 def cmd_list(args: Sequence[str]) -> int:

@@ -346,7 +346,7 @@ def test_bucket_outage_keeps_running_jobs_and_catches_up(
         wait_for(lambda: "tick 5" in b.log("steady"), what="ticks in the bucket")
         state = b.state("steady")
         assert state is not None and state["status"] == "ACTIVE"
-        pid = state["runner"]["pid"]
+        pid = state["runner"]["handle"]["pid"]
 
         emulator.stop()
         wait_for(

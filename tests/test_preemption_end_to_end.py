@@ -53,7 +53,7 @@ def test_owner_reclaims_borrowed_capacity(bastion, tmp_path):
     log = bastion.log("b2")
     assert log.index("b2 attempt 1") < log.index("attempt 2 of b2") < log.index("b2 attempt 2")
     assert log.count("b2 done") == 1
-    assert "stopping attempt 1 (preempt)" in log and "a1" in log
+    assert "it was stopped (preempt:" in log and "a1" in log
     history = bastion.cli("history", "b2").stdout
     assert "PREEMPT" in history and "a1" in history and "REQUEUED" in history
     verdicts = [d for stamp in bastion.listdir("history", "decisions")

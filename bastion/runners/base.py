@@ -137,7 +137,7 @@ MAX_ATTEMPT_NAME = 63  # RFC 1035 label: GCE instances, TPU nodes, pods, contain
 
 def root_tag(root_url: str) -> str:
     """A short id for the daemon's root, so two roots' attempts never share a name."""
-    return hashlib.sha1(root_url.rstrip("/").encode()).hexdigest()[:4]
+    return hashlib.sha1(root_url.rstrip("/").encode()).hexdigest()[:6]
 
 
 def attempt_name(root_url: str, job: str, submission: str, attempt: int, purpose: str) -> str:

@@ -1,15 +1,27 @@
 """The local runner: a job is ``bash -c COMMAND`` in its own session on the daemon's machine.
 
-Each attempt runs under a tiny ``sh`` wrapper that writes the command's exit status to a file,
-so a daemon restarted after ``kill -9`` (no longer the parent, so unable to ``wait``) still
-learns how an adopted attempt ended. Processes are identified by (pid, create time), so a
-recycled pid is never mistaken for our job. Runners know nothing of quotas: they are told what
-to start and which GPUs the job may use.
+Each attempt owns a directory named after the attempt, in a directory shared by every daemon
+of this root on this host (so a standby daemon in another work directory still finds what the
+old holder started). ``mkdir`` of that directory is the attempt's claim: whoever creates it
+starts the process; anyone else adopts it. Inside:
+
+- ``launch.json``: written *before* the process starts (host, GPUs);
+- ``pid``: written by the wrapper itself before it runs the command, so an attempt started just
+  before a ``kill -9`` of the daemon (before ``handle.json`` was written) is still found, and a
+  directory with no ``pid`` and no process naming it means the command never ran;
+- ``handle.json``: pid and create time, recorded after the start;
+- ``output``: the command's stdout and stderr, which the daemon reads by offset;
+- ``exit``: the exit status, written by the wrapper, so a restarted daemon (no longer the
+  parent, unable to ``wait``) still learns how an adopted attempt ended.
+
+Processes are identified by (pid, create time), so a recycled pid is never signalled. Runners
+know nothing of quotas: they are told what to start and how many GPUs it may use.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -17,30 +29,32 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import psutil
 
-# `trap : TERM INT` makes the wrapper wait for the command before exiting on a signal (the
-# trap resets to the default in the child on exec), so a group-wide SIGTERM still records 143.
+from bastion.runners.base import (
+    Attempt,
+    Handle,
+    Observation,
+    Owned,
+    Phase,
+    Runner,
+    RunnerError,
+    name_prefix,
+)
+
+# The wrapper records its pid before the command runs, then the exit status after. `trap : TERM
+# INT` makes it wait for the command before exiting on a signal (the trap resets to the default
+# in the child on exec), so a group-wide SIGTERM still records 143.
 _WRAPPER = (
-    'trap : TERM INT; bash -c "$1"; status=$?; '
-    'printf "%s" "$status" > "$2.tmp" && mv "$2.tmp" "$2"; exit "$status"'
+    'printf "%s" "$$" > "$2/pid"; trap : TERM INT; bash -c "$1"; status=$?; '
+    'printf "%s" "$status" > "$2/exit.tmp" && mv "$2/exit.tmp" "$2/exit"; exit "$status"'
 )
 _CREATE_TIME_TOLERANCE = 0.05
-
-
-@dataclass(frozen=True)
-class Launch:
-    """Everything needed to start one attempt (or one cleanup) of a job."""
-
-    key: str  # unique per (job, attempt, kind): names the attempt's work directory
-    command: str
-    env: Mapping[str, str]
-    log_path: str
-    gpus: int = 0
+_OPTIONS: frozenset[str] = frozenset()  # the local runner takes no per-job options
 
 
 def detect_gpus() -> list[int]:
@@ -60,137 +74,221 @@ def detect_gpus() -> list[int]:
     return [int(line) for line in out.split() if line.strip().isdigit()]
 
 
-class LocalRunner:
+def default_attempts_dir(root_url: str) -> str:
+    """Shared by every daemon of ``root_url`` on this host (see the module docstring)."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local/state")
+    digest = hashlib.sha1(root_url.rstrip("/").encode()).hexdigest()[:16]
+    return os.path.join(base, "bastion", "attempts", digest)
+
+
+def from_settings(settings: Mapping[str, Any]) -> LocalRunner:
+    """Settings: ``root`` (the daemon's root URL), ``attempts_dir`` (default: per root, in the
+    user's state directory), ``gpus`` (indices this runner hands out; default: nvidia-smi)."""
+    root = str(settings.get("root") or "")
+    attempts_dir = settings.get("attempts_dir") or default_attempts_dir(root)
+    gpus = settings.get("gpus")
+    return LocalRunner(str(attempts_dir), gpus=None if gpus is None else list(gpus), root=root)
+
+
+class LocalRunner(Runner):
     kind = "local"
 
-    def __init__(self, work_dir: str, gpus: Sequence[int] | None = None) -> None:
-        self.work_dir = work_dir
+    def __init__(
+        self, attempts_dir: str, gpus: Sequence[int] | None = None, root: str = ""
+    ) -> None:
+        self.attempts_dir = attempts_dir
+        self.prefix = name_prefix(root) if root else ""
         self.host = socket.gethostname()
         self.gpus = list(detect_gpus() if gpus is None else gpus)
         self._children: dict[int, subprocess.Popen[bytes]] = {}  # reaped by poll()
-        self._gpus_in_use: dict[str, list[int]] = {}  # handle key -> GPU indices
-        self._lock = threading.Lock()  # guards GPU allocation when attempts start in parallel
-        self._log_dirs: set[str] = set()  # directories known to exist
-        os.makedirs(os.path.join(work_dir, "attempts"), exist_ok=True)
+        self._gpus_in_use: dict[str, list[int]] = {}  # attempt name -> GPU indices
+        self._termed: set[str] = set()
+        self._lock = threading.Lock()  # attempts start in parallel
+        os.makedirs(attempts_dir, exist_ok=True)
+        for owned in self.list_owned():  # a restarted daemon: GPUs of live attempts stay taken
+            if not owned.finished:
+                self._gpus_in_use[owned.name] = list(owned.handle.get("gpus") or [])
 
-    # -- lifecycle -------------------------------------------------------------------------
+    # -- the contract ----------------------------------------------------------------------
 
-    def start(self, launch: Launch) -> dict[str, Any]:
-        """Start an attempt; returns the handle to persist in the job state.
-
-        Attempts are named by ``launch.key`` (job, submission, attempt). If a daemon started
-        this very attempt and died before it could record the handle, the attempt's directory
-        holds it, and that attempt is adopted instead of started a second time. Safe to call
-        from several threads at once."""
-        attempt_dir = os.path.join(self.work_dir, "attempts", launch.key)
-        recorded = os.path.join(attempt_dir, "handle.json")
-        exit_file = os.path.join(attempt_dir, "exit_status")
+    def start(self, attempt: Attempt) -> Handle:
+        unknown = set(attempt.options) - _OPTIONS
+        if unknown:
+            raise RunnerError(
+                f"runner option(s) {', '.join(sorted(unknown))} are not understood by the local "
+                "runner (it takes none); drop them or pick another runner kind"
+            )
+        directory = self._dir(attempt.name)
         try:
-            os.mkdir(attempt_dir)  # a fresh directory: nothing recorded, nothing stale
-        except FileNotFoundError:  # attempts/ itself was removed under us
-            os.makedirs(attempt_dir)
+            os.mkdir(directory)  # the claim: only one caller ever gets past it
+        except FileNotFoundError:
+            os.makedirs(self.attempts_dir, exist_ok=True)
+            os.mkdir(directory)
         except FileExistsError:
-            if os.path.exists(recorded):
-                with open(recorded) as f:
-                    handle = json.load(f)
-                self.adopt(handle)
-                return handle
-            for stale in (exit_file, exit_file + ".tmp"):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(stale)
-        gpus = self._allocate_gpus(launch.key, launch.gpus)
+            found = self._find(attempt.name)
+            if found is not None:
+                return found
+            # Claimed but the command never ran (no pid, no process): start it now.
+        gpus = self._allocate_gpus(attempt.name, int(attempt.resources.get("gpu", 0) or 0))
         try:
-            env = {**os.environ, **launch.env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
-            log_dir = os.path.dirname(launch.log_path)
-            if log_dir not in self._log_dirs:
-                os.makedirs(log_dir, exist_ok=True)
-                self._log_dirs.add(log_dir)
-            log = os.open(launch.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            stdin = os.open(os.devnull, os.O_RDONLY)
-            try:
-                proc = subprocess.Popen(
-                    ["/bin/sh", "-c", _WRAPPER, "bastion-job", launch.command, exit_file],
-                    stdin=stdin,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    start_new_session=True,
-                    cwd=attempt_dir,
-                    close_fds=True,
-                )
-            finally:
-                os.close(log)
-                os.close(stdin)
+            return self._spawn(attempt, directory, gpus)
         except BaseException:
             with self._lock:
-                self._gpus_in_use.pop(launch.key, None)  # nothing started: the GPUs stay free
+                self._gpus_in_use.pop(attempt.name, None)  # nothing started: the GPUs stay free
             raise
-        self._children[proc.pid] = proc
-        handle = {
-            "kind": self.kind,
-            "key": launch.key,
-            "host": self.host,
-            "pid": proc.pid,
-            "pgid": proc.pid,
-            "create_time": psutil.Process(proc.pid).create_time(),
-            "exit_file": exit_file,
-            "log_path": launch.log_path,
-            "gpus": gpus,
+
+    def poll(self, handle: Handle) -> Observation:
+        if handle.get("host") != self.host:
+            return Observation(
+                Phase.LOST, f"it ran on host {handle.get('host')}, not on {self.host}", None, True
+            )
+        if self._alive(handle):
+            return Observation(Phase.RUNNING)
+        self._finish(handle)
+        code = self._exit_status(handle)
+        if code == 0:
+            return Observation(Phase.SUCCEEDED, "exited with status 0", 0)
+        if code is None:
+            return Observation(Phase.FAILED, "was killed before it could report its status")
+        return Observation(Phase.FAILED, f"exited with status {code}", code)
+
+    def stop(self, handle: Handle, deadline: float) -> None:
+        if handle.get("host") != self.host or not self._alive(handle):
+            return
+        if time.time() >= deadline:
+            self._signal(handle, signal.SIGKILL)
+        elif handle["name"] not in self._termed:
+            self._termed.add(handle["name"])
+            self._signal(handle, signal.SIGTERM)
+
+    def delete(self, handle: Handle) -> bool:
+        if handle.get("host") != self.host:
+            return True  # nothing of it is on this host
+        if self._alive(handle):
+            self._signal(handle, signal.SIGKILL)
+            return False  # gone once the next call finds it dead
+        self._finish(handle)
+        self._termed.discard(handle["name"])
+        shutil.rmtree(self._dir(handle["name"]), ignore_errors=True)
+        return not os.path.exists(self._dir(handle["name"]))
+
+    def list_owned(self) -> list[Owned]:
+        owned = []
+        for name in sorted(os.listdir(self.attempts_dir)):
+            if not name.startswith(self.prefix):
+                continue
+            handle = self._find(name)
+            if handle is None:  # claimed, never started: nothing runs, only a directory
+                handle = {"name": name, "host": self.host, "pid": 0, "create_time": 0}
+            owned.append(Owned(name, handle, finished=not self._alive(handle)))
+        return owned
+
+    def read_output(self, handle: Handle, offset: int, limit: int) -> bytes:
+        try:
+            with open(os.path.join(self._dir(handle["name"]), "output"), "rb") as f:
+                f.seek(offset)
+                return f.read(limit)
+        except FileNotFoundError:
+            return b""
+
+    # -- starting and finding ----------------------------------------------------------------
+
+    def _dir(self, name: str) -> str:
+        return os.path.join(self.attempts_dir, name)
+
+    def _spawn(self, attempt: Attempt, directory: str, gpus: list[int]) -> Handle:
+        handle: Handle = {"name": attempt.name, "host": self.host, "gpus": gpus}
+        _write_json(os.path.join(directory, "launch.json"), handle)
+        work = os.path.join(directory, "work")
+        os.makedirs(work, exist_ok=True)
+        env = {
+            **os.environ,
+            **attempt.env,
+            "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)),
+            "BASTION_ATTEMPT_NAME": attempt.name,
         }
-        with open(recorded + ".tmp", "w") as f:
-            json.dump(handle, f)
-        os.replace(recorded + ".tmp", recorded)
+        output = os.open(
+            os.path.join(directory, "output"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
+        )
+        stdin = os.open(os.devnull, os.O_RDONLY)
+        try:
+            proc = subprocess.Popen(
+                [
+                    "/bin/sh",
+                    "-c",
+                    _WRAPPER,
+                    f"bastion-job:{attempt.name}",
+                    attempt.command,
+                    directory,
+                ],
+                stdin=stdin,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                cwd=work,
+                close_fds=True,
+            )
+        finally:
+            os.close(output)
+            os.close(stdin)
+        self._children[proc.pid] = proc
+        try:
+            created = psutil.Process(proc.pid).create_time()
+        except psutil.NoSuchProcess:  # already gone: it cannot be confused with anything
+            created = 0.0
+        handle.update(pid=proc.pid, create_time=created)
+        _write_json(os.path.join(directory, "handle.json"), handle)
         return handle
 
-    def live_attempts(self) -> list[dict[str, Any]]:
-        """Handles of attempts in our work dir whose processes still run."""
-        root = os.path.join(self.work_dir, "attempts")
-        found = []
-        for key in sorted(os.listdir(root)):
-            try:
-                with open(os.path.join(root, key, "handle.json")) as f:
-                    handle = json.load(f)
-            except (OSError, ValueError):
-                continue
-            if self._alive(handle):
-                found.append(handle)
-        return found
+    def _find(self, name: str) -> Handle | None:
+        """The handle of an attempt whose command ran or runs; None if it never started."""
+        directory = self._dir(name)
+        recorded = _read_json(os.path.join(directory, "handle.json"))
+        if recorded is not None:
+            return recorded
+        launch = _read_json(os.path.join(directory, "launch.json")) or {
+            "name": name,
+            "host": self.host,
+            "gpus": [],
+        }
+        pid = _read_int(os.path.join(directory, "pid"))
+        proc = self._process_of(directory, pid)
+        if proc is None and pid is None:
+            return None
+        if proc is None and os.path.exists(os.path.join(directory, "exit")) is False and pid:
+            handle = {**launch, "pid": pid, "create_time": 0.0}  # ran, gone, no status: killed
+        else:
+            handle = {
+                **launch,
+                "pid": proc.pid if proc else pid,
+                "create_time": proc.create_time() if proc else 0.0,
+            }
+        _write_json(os.path.join(directory, "handle.json"), handle)
+        return handle
 
-    def adopt(self, handle: Mapping[str, Any]) -> bool:
-        """Take over an attempt started by an earlier daemon; False if it is not ours/alive."""
-        if handle.get("host") != self.host:
+    @staticmethod
+    def _process_of(directory: str, pid: int | None) -> psutil.Process | None:
+        """The wrapper process of the attempt in ``directory`` (its argv names it)."""
+        candidates = [psutil.Process(pid)] if pid and psutil.pid_exists(pid) else []
+        if not candidates:  # the kill landed between fork and the wrapper's first line
+            candidates = list(psutil.process_iter())
+        for proc in candidates:
+            with contextlib.suppress(psutil.Error):
+                cmdline = proc.cmdline()
+                if len(cmdline) >= 6 and cmdline[-1] == directory and cmdline[1] == "-c":
+                    return proc
+        return None
+
+    # -- processes ---------------------------------------------------------------------------
+
+    def _alive(self, handle: Handle) -> bool:
+        pid = int(handle.get("pid") or 0)
+        if pid <= 0:
             return False
-        with self._lock:
-            self._gpus_in_use[handle["key"]] = list(handle.get("gpus") or [])
-        return True
-
-    def poll(self, handle: Mapping[str, Any]) -> tuple[bool, int | None]:
-        """(finished, exit status); status is None when the attempt died without reporting."""
-        if self._alive(handle):
-            return False, None
-        self._finish(handle)
-        return True, self._read_exit_status(handle)
-
-    def signal(self, handle: Mapping[str, Any], sig: int) -> None:
-        """Send ``sig`` to the attempt's whole process group (its grandchildren too)."""
-        if not self._alive(handle):
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(int(handle["pgid"]), sig)
-
-    def terminate(self, handle: Mapping[str, Any]) -> None:
-        self.signal(handle, signal.SIGTERM)
-
-    def kill(self, handle: Mapping[str, Any]) -> None:
-        self.signal(handle, signal.SIGKILL)
-
-    # -- internals -------------------------------------------------------------------------
-
-    def _alive(self, handle: Mapping[str, Any]) -> bool:
-        pid = int(handle["pid"])
         child = self._children.get(pid)
-        if child is not None and child.poll() is not None:
-            return False  # our child, now reaped
+        if child is not None:
+            return child.poll() is None  # our own child: no psutil lookup needed
         try:
             proc = psutil.Process(pid)
             if abs(proc.create_time() - float(handle["create_time"])) > _CREATE_TIME_TOLERANCE:
@@ -199,43 +297,65 @@ class LocalRunner:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             return False
 
-    def _finish(self, handle: Mapping[str, Any]) -> None:
+    def _signal(self, handle: Handle, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(int(handle["pid"]), sig)
+
+    def _finish(self, handle: Handle) -> None:
         """The leader is gone: kill what it left behind in its group and free its GPUs."""
-        self._children.pop(int(handle["pid"]), None)
+        pid = int(handle.get("pid") or 0)
+        self._children.pop(pid, None)
         with self._lock:
-            self._gpus_in_use.pop(handle.get("key", ""), None)
-        if self._group_id_reused(handle):
+            self._gpus_in_use.pop(handle.get("name", ""), None)
+        if pid <= 0 or self._group_id_reused(handle):
             return  # the kernel reuses a group id only once the group is empty: nothing left
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(int(handle["pgid"]), signal.SIGKILL)
+            os.killpg(pid, signal.SIGKILL)
 
     @staticmethod
-    def _group_id_reused(handle: Mapping[str, Any]) -> bool:
+    def _group_id_reused(handle: Handle) -> bool:
         """True when another process now owns our leader's pid (so our group is empty)."""
         try:
-            leader = psutil.Process(int(handle["pgid"]))
+            leader = psutil.Process(int(handle["pid"]))
             return abs(leader.create_time() - float(handle["create_time"])) > _CREATE_TIME_TOLERANCE
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             return False
 
-    @staticmethod
-    def _read_exit_status(handle: Mapping[str, Any]) -> int | None:
-        try:
-            with open(handle["exit_file"]) as f:
-                return int(f.read().strip())
-        except (OSError, ValueError):
-            return None
+    def _exit_status(self, handle: Handle) -> int | None:
+        return _read_int(os.path.join(self._dir(handle["name"]), "exit"))
 
-    def _allocate_gpus(self, key: str, count: int) -> list[int]:
+    def _allocate_gpus(self, name: str, count: int) -> list[int]:
         if count <= 0:
             return []
         with self._lock:
             busy = {gpu for gpus in self._gpus_in_use.values() for gpu in gpus}
             free = [gpu for gpu in self.gpus if gpu not in busy]
             if len(free) < count:
-                raise RuntimeError(
+                raise RunnerError(
                     f"job needs {count} GPUs but only {len(free)} of {len(self.gpus)} are free "
                     f"on {self.host}"
                 )
-            self._gpus_in_use[key] = free[:count]
+            self._gpus_in_use[name] = free[:count]
             return free[:count]
+
+
+def _write_json(path: str, data: Any) -> None:
+    with open(path + ".tmp", "w") as f:
+        json.dump(data, f)
+    os.replace(path + ".tmp", path)
+
+
+def _read_json(path: str) -> Any:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
