@@ -199,6 +199,29 @@ _NEW = os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
+LOCK_WAIT_SECONDS = 5.0  # a condition holder that is frozen (SIGSTOP) must not freeze us
+
+
+def _lock_within(fd: int, path: str, seconds: float = LOCK_WAIT_SECONDS) -> None:
+    """``flock`` with a bound: the critical section is a stat and a rename (microseconds), so
+    a lock held for seconds belongs to a frozen or stopped process; give up with an OSError
+    (a transient failure the caller retries) instead of blocking the daemon forever."""
+    deadline = time.monotonic() + seconds
+    delay = 0.001
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise OSError(
+                    f"{path}: the lock of a conditional write is held for over {seconds:g}s "
+                    "(its holder is frozen or stopped); try again"
+                ) from None
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+
 class LocalObjects(Objects):
     """A local directory: rename for atomicity, link for create, a lock file for conditions.
 
@@ -383,7 +406,7 @@ class LocalObjects(Objects):
         with self._directory(path, create=True) as (fd, name):
             lock = self._open(fd, ".lock", path.rsplit("/", 1)[0] + "/.lock", os.O_WRONLY | _NEW)
             try:
-                fcntl.flock(lock, fcntl.LOCK_EX)
+                _lock_within(lock, path)
                 current = self._lstat_token(fd, name)
                 if (current and current[1]) != expected:
                     raise PreconditionFailed(f"{path} changed since it was read")

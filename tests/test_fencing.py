@@ -1,0 +1,172 @@
+"""No job ever runs twice, whatever happens to the daemons: fencing under kill -9 and SIGSTOP.
+
+Two real daemons share a root (each with its own work directory, as two installations would).
+A chaos loop freezes the lease holder for longer than the lease (SIGSTOP), or kills either
+daemon with -9 and starts it again, at random moments, while jobs are submitted and run. Each
+job records its start and end with timestamps in a side file, so "never two attempts alive at
+once" and "every job completes exactly once" are checked on the machine, not taken from the
+daemons' word.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from bastion.lease import Lease
+from bastion.store import Store
+from tests.harness import Bastion
+
+LEASE = 2.0
+EVENTS = 50  # kill -9s and SIGSTOPs per run
+
+
+def _job_command(side: Path, seconds: float) -> str:
+    return (
+        f'echo "start $BASTION_JOB_NAME $(date +%s.%N)" >> {side}; sleep {seconds:.2f}; '
+        f'echo "end $BASTION_JOB_NAME $(date +%s.%N)" >> {side}'
+    )
+
+
+def _intervals(side: Path) -> dict[str, list[tuple[str, float]]]:
+    seen: dict[str, list[tuple[str, float]]] = defaultdict(list)
+    for line in side.read_text().splitlines():
+        what, name, stamp = line.split()
+        seen[name].append((what, float(stamp)))
+    return seen
+
+
+@pytest.mark.parametrize("bastion", ["local", "gcs"], indirect=True)
+def test_kill_9_and_sigstop_chaos_never_runs_a_job_twice(bastion: Bastion, tmp_path: Path):
+    rng = random.Random(int(os.environ.get("BASTION_CHAOS_SEED", "7")))
+    side = tmp_path / "side"
+    side.touch()
+    flags = (f"--lease_seconds={LEASE:g}",)
+    work = [str(tmp_path / "work-a"), str(tmp_path / "work-b")]
+    daemons = [bastion.start(*flags, work_dir=w) for w in work]
+    names: list[str] = []
+    counts = {"sigstop": 0, "kill9": 0}
+
+    def submit(count: int) -> None:
+        for _ in range(count):
+            name = f"j{len(names):03d}"
+            names.append(name)
+            bastion.cli("launch", f"--name={name}", "--", _job_command(side, rng.uniform(0.3, 3)))
+
+    submit(10)
+    for event in range(EVENTS):
+        which = rng.randrange(2)
+        if rng.random() < 0.5:
+            daemons[which].send_signal(signal.SIGSTOP)
+            time.sleep(LEASE + rng.uniform(0.3, 1.5))
+            daemons[which].send_signal(signal.SIGCONT)
+            counts["sigstop"] += 1
+        else:
+            time.sleep(rng.uniform(0, 1.0))
+            daemons[which].send_signal(signal.SIGKILL)
+            daemons[which].wait()
+            daemons[which] = bastion.start(*flags, work_dir=work[which])
+            counts["kill9"] += 1
+        if event % 5 == 0:
+            submit(2)
+
+    for name in names:
+        record = bastion.wait_complete(name, timeout=120)
+        assert record["state"]["outcome"] == "SUCCEEDED", (name, record["state"])
+    seen = _intervals(side)
+    twice = {n: s for n, s in seen.items() if [w for w, _ in s].count("start") != 1}
+    assert not twice, f"jobs started more than once: {twice}"
+    for name in names:
+        events = dict(seen[name])
+        assert set(events) == {"start", "end"} and events["start"] <= events["end"], name
+    print(f"chaos: {counts}, {len(names)} jobs, each started exactly once")
+
+
+def test_a_frozen_holder_of_a_conditional_write_lock_does_not_block_the_standby(tmp_path):
+    """A local root's conditional writes take ROOT/.../.lock; a holder frozen while holding it
+    (SIGSTOP) must not block everyone else forever: the write fails and is retried."""
+    root = tmp_path / "root"
+    objects = Store(str(root)).objects
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import fcntl, os, sys, time\n"
+         f"fd = os.open({str(root / '.lock')!r}, os.O_WRONLY | os.O_CREAT)\n"
+         "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+         "print('locked', flush=True)\n"
+         "time.sleep(120)\n"],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == b"locked"
+        holder.send_signal(signal.SIGSTOP)
+        started = time.monotonic()
+        with pytest.raises(OSError, match="held for over"):
+            objects.write_if(str(root / "lease"), b"{}", None)
+        assert time.monotonic() - started < 30
+    finally:
+        holder.kill()
+        holder.wait()
+    assert objects.write_if(str(root / "lease"), b"{}", None)  # free again: it works
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_holder_stops_acting_strictly_before_a_standby_may_take_over(tmp_path):
+    """The lease module's argument, replayed with explicit clocks: after the holder's last
+    successful renewal, the standby can take over only once the holder's own validity ended."""
+    store = Store(str(tmp_path / "root"))
+    holder_clock, standby_clock = _Clock(), _Clock()
+    holder = Lease(store, {"owner": "holder"}, duration=10, clock=holder_clock)
+    standby = Lease(store, {"owner": "standby"}, duration=10, clock=standby_clock)
+    assert holder._try_acquire(holder_clock())
+    assert holder.renew()  # the last renewal; then the holder freezes
+    last_renewal = holder_clock.now
+    # The standby first sees the new token some time after the write completed.
+    standby_clock.now += 0.5
+    assert not standby._try_acquire(standby_clock())
+    took_over_at = None
+    for _ in range(200):
+        holder_clock.now += 0.1
+        standby_clock.now += 0.1
+        if took_over_at is None and standby._try_acquire(standby_clock()):
+            took_over_at = holder_clock.now
+        if took_over_at is not None:
+            assert not holder.valid(), "holder still believes it holds the lease"
+    assert took_over_at is not None and took_over_at >= last_renewal + 10
+    assert not holder.renew()  # on waking, its renewal fails: the precondition names it stale
+
+
+def test_a_clone_with_the_same_host_and_work_dir_waits_for_the_lease(tmp_path):
+    """Identity is per process: a daemon with the same host name and work directory but
+    another boot (a VM cloned from the holder's image) never takes a live lease at once."""
+    store = Store(str(tmp_path / "root"))
+    clock = _Clock()
+    me = {"owner": "vm:1:a", "host": "vm", "pid": os.getpid(), "pid_started": 0.0,
+          "boot_id": "boot-1", "work_dir": "/w"}
+    clone = {**me, "owner": "vm:1:b", "boot_id": "boot-2"}
+    holder = Lease(store, me, duration=10, clock=clock)
+    assert holder._try_acquire(clock())
+    other = Lease(store, clone, duration=10, clock=clock)
+    assert not other._try_acquire(clock())
+    # The same boot, the same work dir, and the recorded pid no longer alive with its start
+    # time: a restart of this installation, which may take over at once.
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    restarted = {**me, "owner": "vm:2:c"}
+    store.write_lease({**me, "pid": dead.pid, "renewed": 0, "duration": 10}, holder.token)
+    again = Lease(store, restarted, duration=10, clock=clock)
+    assert again._try_acquire(clock())
