@@ -339,3 +339,114 @@ class Store:
         if data is None:
             raise FileNotFoundError(url)
         return data
+
+    # -- runs: what remote attempts report (ROOT/runs/<job>/<attempt>/) ------------------------
+    #
+    #   provision.json                   written by a cloud runner before its create call
+    #   workers/<w>/started              the agent's claim, create-if-absent (never runs twice)
+    #   workers/<w>/heartbeat            replaced every few seconds while the command runs
+    #   workers/<w>/exit                 {code, preempted, time, reason}
+    #   workers/<w>/log/<seq:08d>        output chunks, in order; rewritten under the same
+    #                                    name when a write's answer was lost (idempotent)
+    #
+    # Names in a run listing are relative to the attempt; run_name/parse_run_name are the only
+    # code that builds or reads them, so readers (runners/remote.py) know no paths.
+
+    RUN_RECORDS = ("started", "heartbeat", "exit")
+
+    @staticmethod
+    def run_name(worker: int, kind: str, seq: int | None = None) -> str:
+        """``workers/<w>/<kind>`` for a record; ``workers/<w>/log/<seq>`` for a chunk."""
+        if kind == "log":
+            return f"workers/{worker}/log/{seq:08d}"
+        return f"workers/{worker}/{kind}"
+
+    @staticmethod
+    def parse_run_name(name: str) -> tuple[int, str, int | None] | None:
+        """(worker, kind, seq) of a name in a run listing; None for anything else."""
+        parts = name.split("/")
+        if len(parts) < 3 or parts[0] != "workers" or not parts[1].isdigit():
+            return None
+        if len(parts) == 3 and parts[2] in Store.RUN_RECORDS:
+            return int(parts[1]), parts[2], None
+        if len(parts) == 4 and parts[2] == "log" and len(parts[3]) == 8 and parts[3].isdigit():
+            return int(parts[1]), "log", int(parts[3])
+        return None
+
+    def _run_parts(self, job: str, attempt: str, name: str) -> tuple[str, ...]:
+        return ("runs", job, attempt, *name.split("/"))
+
+    def list_run(self, job: str, attempt: str) -> dict[str, ObjectInfo]:
+        """Everything under the attempt in one recursive listing (one request per 1,000
+        objects on a bucket): names relative to the attempt, e.g. ``workers/0/log/00000003``."""
+        self._count("list")
+        top = self._path("runs", job, attempt)
+        self.fs.invalidate_cache(top)
+        try:
+            entries = self.fs.find(top, detail=True)
+        except FileNotFoundError:
+            return {}
+        found = {}
+        for path, entry in entries.items():
+            name = path.rstrip("/")[len(top) + 1 :]
+            if not name or entry.get("type") == "directory":
+                continue
+            if any(part.startswith(".") for part in name.split("/")):
+                continue  # temporary files and parts
+            found[name] = ObjectInfo(name, int(entry.get("size") or 0), self.objects.token(entry))
+        return found
+
+    def write_provision(self, job: str, attempt: str, record: dict[str, Any]) -> None:
+        self._write(
+            json.dumps(record, sort_keys=True).encode(), "runs", job, attempt, "provision.json"
+        )
+
+    def read_provision(self, job: str, attempt: str) -> dict[str, Any] | None:
+        raw = self._read("runs", job, attempt, "provision.json")
+        return json.loads(raw) if raw else None
+
+    def claim_run_worker(self, job: str, attempt: str, worker: int, record: dict[str, Any]) -> bool:
+        """Write ``started`` only if absent: False when this worker of this attempt already
+        started (a startup script run again after a reboot must not start the command twice).
+        A retry of our own create whose answer was lost finds the same bytes and succeeds."""
+        data = json.dumps(record, sort_keys=True).encode()
+        return self._create(data, *self._run_parts(job, attempt, self.run_name(worker, "started")))
+
+    def write_run_record(
+        self, job: str, attempt: str, worker: int, kind: str, record: dict[str, Any]
+    ) -> None:
+        """Replace a worker's ``heartbeat`` or ``exit`` record."""
+        assert kind in ("heartbeat", "exit"), kind
+        data = json.dumps(record, sort_keys=True).encode()
+        self._write(data, *self._run_parts(job, attempt, self.run_name(worker, kind)))
+
+    def read_run_record(
+        self, job: str, attempt: str, worker: int, kind: str
+    ) -> dict[str, Any] | None:
+        """A worker's started/heartbeat/exit record; None when absent or unreadable (a record
+        is replaced whole, so unreadable means damaged: treat it as never written)."""
+        raw = self._read(*self._run_parts(job, attempt, self.run_name(worker, kind)))
+        try:
+            return json.loads(raw) if raw else None
+        except ValueError:
+            return None
+
+    def write_run_chunk(self, job: str, attempt: str, worker: int, seq: int, data: bytes) -> None:
+        """A plain overwrite: rewriting a chunk whose answer was lost stores the same bytes."""
+        self._write(data, *self._run_parts(job, attempt, self.run_name(worker, "log", seq)))
+
+    def read_run_chunk(
+        self, job: str, attempt: str, worker: int, seq: int, start: int = 0
+    ) -> bytes:
+        return self._read_range(
+            start, *self._run_parts(job, attempt, self.run_name(worker, "log", seq))
+        )
+
+    def delete_run(self, job: str, attempt: str) -> None:
+        """Every object of the attempt (idempotent), then, on a local root, its directories."""
+        for name in self.list_run(job, attempt):
+            self._delete(*self._run_parts(job, attempt, name))
+        if isinstance(self.objects, LocalObjects):
+            import shutil
+
+            shutil.rmtree(self._path("runs", job, attempt), ignore_errors=True)
