@@ -1,0 +1,454 @@
+"""The real daemon in-process with the fake runner (bastion/runners/fake.py) as its default.
+
+ROOT is a local directory (tmp_path); users submit through ``launch.api.Client``; the test
+drives the daemon one cycle at a time (``Daemon.cycle`` then ``Daemon.settle`` for the effects
+in flight). The fake runner is process-free and driven by the clock, so the whole lifecycle
+(queued, provisioning, provider preemption, start errors, cancel, restart and adoption, orphan
+sweeps, the write-ahead state) runs in well under a second per test.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bastion.daemon import Daemon
+from bastion.runners.base import Attempt, name_prefix
+from bastion.runners.fake import FakeRunner
+from bastion.service import build_daemon
+from launch.api import Client, JobInfo, new_jobspec
+
+
+class Rig:
+    def __init__(self, tmp: Path) -> None:
+        self.root = tmp / "root"
+        self.work_dir = str(tmp / "work")
+        self.state_dir = str(tmp / "fake-attempts")
+        self.client = Client(str(self.root))
+        self.daemons: list[Daemon] = []
+
+    def settings(self) -> dict[str, Any]:
+        return {"default_runner": "fake", "runners": {"fake": {"state_dir": self.state_dir}}}
+
+    def daemon(self, grace_seconds: float = 30.0) -> Daemon:
+        daemon = build_daemon(
+            str(self.root),
+            work_dir=self.work_dir,
+            grace_seconds=grace_seconds,
+            gpus=[],
+            settings=self.settings(),
+        )
+        self.daemons.append(daemon)
+        return daemon
+
+    def fake(self, daemon: Daemon) -> FakeRunner:
+        runner = daemon.runners.get("fake")
+        assert isinstance(runner, FakeRunner)
+        return runner
+
+    def submit(self, name: str, command: str, **runner: Any) -> None:
+        spec = new_jobspec(
+            name=name,
+            command=command,
+            user_id="tester",
+            project_id="default",
+            runner={"kind": "fake", **runner} if "kind" not in runner else runner,
+        )
+        self.client.submit(spec)
+
+    def step(self, daemon: Daemon) -> None:
+        daemon.cycle(time.time())
+        daemon.settle()
+
+    def drive(
+        self,
+        daemon: Daemon,
+        done: Callable[[], bool],
+        timeout: float = 20.0,
+        what: str = "",
+        each: Callable[[], None] | None = None,
+    ) -> int:
+        deadline = time.monotonic() + timeout
+        steps = 0
+        while not done():
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"timed out waiting for {what} after {steps} cycles; states: {self.states()}"
+                )
+            self.step(daemon)
+            steps += 1
+            if each is not None:
+                each()
+            time.sleep(0.02)
+        return steps
+
+    def info(self, name: str) -> JobInfo:
+        return self.client.get(name)
+
+    def finished(self, name: str) -> bool:
+        return (self.root / "jobs" / "complete" / name).exists()
+
+    def state(self, name: str) -> dict[str, Any] | None:
+        path = self.root / "jobs" / "states" / name
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def states(self) -> dict[str, Any]:
+        directory = self.root / "jobs" / "states"
+        if not directory.exists():
+            return {}
+        found: dict[str, Any] = {}
+        for name in sorted(os.listdir(directory)):
+            try:
+                found[name] = self.state(name)
+            except (OSError, ValueError) as e:  # for the message of a timeout only
+                found[name] = f"unreadable: {e}"
+        return found
+
+    def log(self, name: str) -> str:
+        path = self.root / "logs" / name
+        return path.read_text() if path.exists() else ""
+
+    def close(self) -> None:
+        for daemon in self.daemons:
+            daemon.close()
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    r = Rig(tmp_path)
+    yield r
+    r.close()
+
+
+def events_of(rig: Rig, name: str) -> list[str]:
+    return [e["event"] for e in rig.client.history(name)]
+
+
+def owned_names(rig: Rig, daemon: Daemon) -> list[str]:
+    return [o.name for o in rig.fake(daemon).list_owned()]
+
+
+# -- a job's whole life ---------------------------------------------------------------------
+
+
+def test_queued_provisioning_running_succeeded_with_output_in_the_log(rig: Rig) -> None:
+    rig.submit(
+        "fake-ok",
+        # the trailing sleep: a line echoed at the very end can be lost (see the xfail below)
+        "echo hello from fake; sleep 0.3; echo second line; sleep 0.1",
+        fake_queued_seconds=0.5,
+        fake_provision_seconds=0.5,
+    )
+    daemon = rig.daemon()
+    seen: list[tuple[str, str, str]] = []  # (display status, runner phase, reason)
+
+    def look() -> None:
+        info = rig.info("fake-ok")
+        if info.state is not None:
+            phase = (info.state.runner or {}).get("phase", "")
+            seen.append((info.status, phase, info.state.reason))
+
+    rig.drive(daemon, lambda: rig.finished("fake-ok"), what="fake-ok to finish", each=look)
+
+    statuses = [s for s, _, _ in seen]
+    phases = [p for _, p, _ in seen]
+    assert "QUEUED" in statuses and "PROVISIONING" in statuses, seen
+    assert "RUNNING" in phases, seen
+    first = {s: statuses.index(s) for s in ("QUEUED", "PROVISIONING")}
+    assert first["QUEUED"] < first["PROVISIONING"] < phases.index("RUNNING"), seen
+    queued_reasons = [r for s, _, r in seen if s == "QUEUED"]
+    assert any("queued" in r for r in queued_reasons), seen
+    provisioning_reasons = [r for s, _, r in seen if s == "PROVISIONING"]
+    assert any("provisioning" in r for r in provisioning_reasons), seen
+    # while RUNNING the status is ACTIVE (bastion list shows the job as running)
+    assert {s for s, p, _ in seen if p == "RUNNING"} == {"ACTIVE"}, seen
+
+    info = rig.info("fake-ok")
+    assert info.finished
+    assert info.status == "SUCCEEDED"
+    assert info.state.attempt == 1
+    assert info.state.exit_code == 0
+    log = rig.log("fake-ok")
+    assert re.fullmatch(
+        r"=== \[bastion\] attempt 1 of fake-ok started at [^\n]* ===\n"
+        r"hello from fake\n"
+        r"second line\n"
+        r"=== \[bastion\] attempt 1 exited with status 0 at [^\n]* ===\n",
+        log,
+    ), log
+    assert owned_names(rig, daemon) == []  # the finished attempt was deleted
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG (bastion/runners/fake.py _observe): a finished attempt's output is cut at "
+    "`at - running_at` computed from absolute epoch floats, which rounds below the command's "
+    "duration, so a line echoed at the very end (offset == duration) is never returned",
+)
+def test_fake_returns_a_line_echoed_at_the_very_end(tmp_path: Path) -> None:
+    now = [1_700_000_000.0]
+    fake = FakeRunner("/root", str(tmp_path / "fake"), clock=lambda: now[0])
+    name = f"{name_prefix('/root')}job-a1"
+    options = {"fake_provision_seconds": 0.5}
+    handle = fake.start(Attempt(name, "job", 1, "echo a; sleep 0.3; echo b", {}, options=options))
+    now[0] += 10
+    assert fake.poll(handle).exit_code == 0
+    assert fake.read_output(handle, 0, 100) == b"a\nb\n"
+
+
+# -- provider preemption --------------------------------------------------------------------
+
+
+def test_provider_preemption_requeues_as_a_new_attempt(rig: Rig) -> None:
+    rig.submit("fake-spot", "echo started; sleep 30", fake_preempt_after=0.3)
+    daemon = rig.daemon()
+    attempt_names: dict[int, str] = {}
+
+    def look() -> None:
+        state = rig.state("fake-spot")
+        if state and state.get("runner"):
+            attempt_names.setdefault(state["attempt"], state["runner"]["name"])
+
+    rig.drive(daemon, lambda: 2 in attempt_names, what="a second attempt", each=look)
+    first, second = attempt_names[1], attempt_names[2]
+    assert first != second
+    assert first.endswith("-a1") and second.endswith("-a2")
+    # the first attempt is deleted from the runner (within a cycle of being requeued)
+    rig.drive(daemon, lambda: first not in owned_names(rig, daemon), what="a1 deleted")
+    assert first not in owned_names(rig, daemon)
+
+    info = rig.info("fake-spot")
+    assert info.state.attempt >= 2
+    assert info.state.provider_preemptions >= 1
+    assert info.state.preemptions == 0
+    assert info.status != "FAILED" and info.state.outcome is None
+    assert "PROVIDER_PREEMPTED" in events_of(rig, "fake-spot")
+    assert "FAILED" not in events_of(rig, "fake-spot")
+    assert "preempted by the provider" in rig.log("fake-spot")
+
+    rig.client.cancel("fake-spot")
+    rig.drive(daemon, lambda: rig.finished("fake-spot"), what="the cancel")
+    assert rig.info("fake-spot").status == "CANCELLED"
+    assert owned_names(rig, daemon) == []
+
+
+def test_lost_attempt_is_requeued(rig: Rig) -> None:
+    rig.submit("fake-lost", "sleep 30", fake_lost_after=0.2)
+    daemon = rig.daemon()
+    rig.drive(
+        daemon,
+        lambda: (rig.state("fake-lost") or {}).get("attempt", 0) >= 2,
+        what="a second attempt after LOST",
+    )
+    assert "LOST" in events_of(rig, "fake-lost")
+    assert rig.info("fake-lost").status != "FAILED"
+    rig.client.cancel("fake-lost")
+    rig.drive(daemon, lambda: rig.finished("fake-lost"), what="the cancel")
+    assert rig.info("fake-lost").status == "CANCELLED"
+
+
+# -- failures to start ----------------------------------------------------------------------
+
+
+def test_start_error_completes_failed_with_the_error(rig: Rig) -> None:
+    rig.submit("fake-broken", "echo never", fake_start_error="no capacity in us-east5 (fake)")
+    daemon = rig.daemon()
+    rig.drive(daemon, lambda: rig.finished("fake-broken"), what="fake-broken to finish")
+    info = rig.info("fake-broken")
+    assert info.status == "FAILED"
+    assert "no capacity in us-east5 (fake)" in info.reason
+    assert info.state.attempt == 1
+    assert "could not start" in rig.log("fake-broken")
+    assert "never" not in rig.log("fake-broken")
+    assert owned_names(rig, daemon) == []
+
+
+def test_unknown_runner_kind_fails_naming_the_kind(rig: Rig) -> None:
+    rig.submit("nosuch-job", "echo never", kind="nosuch")
+    daemon = rig.daemon()
+    rig.drive(daemon, lambda: rig.finished("nosuch-job"), timeout=5.0, what="nosuch-job")
+    info = rig.info("nosuch-job")
+    assert info.status == "FAILED"
+    assert "nosuch" in info.reason
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG (bastion/daemon.py _delete_attempt): the Delete of an attempt that never "
+    "started (handle None) calls self.runners.get(kind) before checking the handle, so for an "
+    "unknown kind it raises, is logged 'could not delete attempt ... (will retry)' and is "
+    "re-queued in _deleting every cycle forever",
+)
+def test_unknown_runner_kind_leaves_nothing_to_delete(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    rig.submit("nosuch-later", "echo never", kind="nosuch")
+    daemon = rig.daemon()
+    rig.drive(daemon, lambda: rig.finished("nosuch-later"), timeout=5.0, what="nosuch-later")
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="bastion"):
+        for _ in range(3):
+            rig.step(daemon)
+    retries = [r.getMessage() for r in caplog.records if "could not delete" in r.getMessage()]
+    assert retries == []
+    assert not daemon._deleting
+
+
+# -- cancel ---------------------------------------------------------------------------------
+
+
+def test_cancel_of_a_running_fake_job(rig: Rig) -> None:
+    rig.submit("fake-cancel", "echo up; sleep 60")
+    daemon = rig.daemon()
+    rig.drive(
+        daemon,
+        lambda: ((rig.state("fake-cancel") or {}).get("runner") or {}).get("phase") == "RUNNING",
+        what="fake-cancel to run",
+    )
+    rig.client.cancel("fake-cancel", user_id="bob")
+    rig.drive(daemon, lambda: rig.finished("fake-cancel"), what="fake-cancel to end")
+    info = rig.info("fake-cancel")
+    assert info.status == "CANCELLED"
+    assert "bob" in info.reason
+    assert "KILLED" not in events_of(rig, "fake-cancel")  # SIGTERM was enough
+    assert owned_names(rig, daemon) == []
+
+
+def test_cancel_of_a_job_that_ignores_term_is_killed_at_the_deadline(rig: Rig) -> None:
+    rig.submit("fake-stubborn", "trap '' TERM; echo up; sleep 60")
+    daemon = rig.daemon(grace_seconds=0.3)
+    rig.drive(
+        daemon,
+        lambda: ((rig.state("fake-stubborn") or {}).get("runner") or {}).get("phase") == "RUNNING",
+        what="fake-stubborn to run",
+    )
+    rig.client.cancel("fake-stubborn")
+    rig.drive(daemon, lambda: rig.finished("fake-stubborn"), what="fake-stubborn to end")
+    info = rig.info("fake-stubborn")
+    assert info.status == "CANCELLED"
+    assert events_of(rig, "fake-stubborn").count("KILLED") == 1
+    assert info.state.exit_code == 137
+
+
+# -- restarts -------------------------------------------------------------------------------
+
+
+def test_a_restarted_daemon_adopts_the_running_attempt(rig: Rig) -> None:
+    rig.submit("fake-adopt", "echo one; sleep 1.0; echo two")
+    old = rig.daemon()
+    rig.drive(
+        old,
+        lambda: ((rig.state("fake-adopt") or {}).get("runner") or {}).get("phase") == "RUNNING",
+        what="fake-adopt to run",
+    )
+    name = rig.state("fake-adopt")["runner"]["name"]
+    assert owned_names(rig, old) == [name]
+    old.close()  # the old daemon is gone; its attempt keeps "running"
+
+    new = rig.daemon()
+    attempts_seen: set[tuple[str, ...]] = set()
+    rig.drive(
+        new,
+        lambda: rig.finished("fake-adopt"),
+        what="fake-adopt to finish under the new daemon",
+        each=lambda: attempts_seen.add(tuple(owned_names(rig, new))),
+    )
+    assert attempts_seen <= {(name,), ()}, attempts_seen  # never a second attempt
+    info = rig.info("fake-adopt")
+    assert info.status == "SUCCEEDED"
+    assert info.state.attempt == 1
+    log = rig.log("fake-adopt")
+    assert log.count("started at") == 1
+    assert log.count("one\n") == 1 and log.count("two\n") == 1
+    assert owned_names(rig, new) == []
+
+
+def test_recovery_sweep_deletes_an_orphan_attempt(rig: Rig) -> None:
+    rig.submit("fake-live", "sleep 60")
+    old = rig.daemon()
+    rig.drive(old, lambda: bool(owned_names(rig, old)), what="fake-live to start")
+    [live] = owned_names(rig, old)
+    old.close()
+
+    url = old.store.root_url
+    orphan = f"{name_prefix(url)}gone-job-0123abcd-a1"
+    stranger = "bst-ffffff-other-root-0123abcd-a1"  # another root's: never ours to delete
+    direct = FakeRunner(url, rig.state_dir)
+    for attempt_name in (orphan, stranger):
+        direct.start(Attempt(attempt_name, "gone-job", 1, "sleep 60", env={}))
+    assert sorted(owned_names(rig, old)) == sorted([live, orphan])
+
+    new = rig.daemon()
+    rig.step(new)  # recovery (with its sweep) and the deletes it decided
+    assert owned_names(rig, new) == [live]
+    assert os.path.exists(os.path.join(rig.state_dir, f"{stranger}.json"))
+    assert rig.state("fake-live")["runner"]["name"] == live
+
+
+# -- the write-ahead state ------------------------------------------------------------------
+
+
+def test_the_state_names_the_attempt_before_it_is_started(rig: Rig) -> None:
+    rig.submit("fake-wal", "sleep 60")
+    daemon = rig.daemon()
+    fake = rig.fake(daemon)
+    at_start: list[tuple[str, dict[str, Any] | None]] = []
+    start = fake.start
+
+    def recording_start(attempt: Attempt):
+        at_start.append((attempt.name, rig.state("fake-wal")))  # the bucket, as start begins
+        return start(attempt)
+
+    fake.start = recording_start  # type: ignore[method-assign]
+
+    daemon.cycle(time.time())  # spec read, admitted, state written, start handed to the pool
+    state = rig.state("fake-wal")
+    assert state is not None and state["status"] == "ACTIVE"
+    name = state["runner"]["name"]
+    assert state["attempt"] == 1
+    state_mtime = os.stat(rig.root / "jobs" / "states" / "fake-wal").st_mtime_ns
+    daemon.settle()
+
+    assert [n for n, _ in at_start] == [name]
+    seen = at_start[0][1]
+    assert seen is not None, "the attempt was started before its state was in the bucket"
+    assert seen["status"] == "ACTIVE"
+    assert seen["runner"]["name"] == name
+    assert seen["runner"]["handle"] is None
+    record = os.path.join(rig.state_dir, f"{name}.json")
+    assert os.path.exists(record)
+    assert state_mtime <= os.stat(record).st_mtime_ns
+
+    rig.step(daemon)  # the handle is taken in and written back
+    assert rig.state("fake-wal")["runner"]["handle"] == {"name": name}
+    assert owned_names(rig, daemon) == [name]
+
+
+def test_a_daemon_dying_between_state_write_and_start_starts_the_attempt_once(
+    rig: Rig,
+) -> None:
+    rig.submit("fake-crash", "echo once; sleep 0.2")
+    old = rig.daemon()
+    old._carry_out = lambda now: None  # type: ignore[method-assign]  # dies before acting
+    old.cycle(time.time())
+    state = rig.state("fake-crash")
+    assert state["status"] == "ACTIVE" and state["runner"]["handle"] is None
+    name = state["runner"]["name"]
+    assert owned_names(rig, old) == []  # recorded, never made
+    old.close()
+
+    new = rig.daemon()
+    rig.drive(new, lambda: rig.finished("fake-crash"), what="fake-crash to finish")
+    info = rig.info("fake-crash")
+    assert info.status == "SUCCEEDED"
+    assert info.state.attempt == 1
+    assert rig.log("fake-crash").count("once\n") == 1
+    assert name.endswith("-a1")
