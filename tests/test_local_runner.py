@@ -16,42 +16,58 @@ from typing import Any
 import psutil
 import pytest
 
-from bastion.runners.local import Launch, LocalRunner
+from bastion.runners import base
+from bastion.runners.base import Attempt, Observation, Phase, RunnerError
+from bastion.runners.local import LocalRunner
 from tests.harness import REPO, kill_all, processes_with_env, wait_for
+
+ROOT = "gs://bastion-test/local"
+OTHER_ROOT = "gs://bastion-test/other"
 
 # Starts one attempt from a separate Python process that exits at once, so the attempt lives on
 # with no parent that can wait() for it: what a daemon killed with -9 leaves behind.
 START_AND_EXIT = """
 import json, sys
-from bastion.runners.local import Launch, LocalRunner
-work_dir, key, command, log_path, gpus, tag = sys.argv[1:7]
-runner = LocalRunner(work_dir, gpus=[0, 1, 2, 3])
-launch = Launch(key=key, command=command, env={"BASTION_TEST_TAG": tag}, log_path=log_path,
-                gpus=int(gpus))
-print(json.dumps(runner.start(launch)))
+from bastion.runners.base import Attempt
+from bastion.runners.local import LocalRunner
+attempts_dir, root, name, command, gpus, tag = sys.argv[1:7]
+runner = LocalRunner(attempts_dir, gpus=[0, 1, 2, 3], root=root)
+attempt = Attempt(name=name, job=name, attempt=1, command=command,
+                  env={"BASTION_TEST_TAG": tag}, resources={"gpu": int(gpus)})
+print(json.dumps(runner.start(attempt)))
 """
+
+
+def name_of(job: str, root: str = ROOT) -> str:
+    return base.attempt_name(root, job, "sub", 1, "run")
 
 
 class Rig:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        self.work_dir = str(tmp / "work")
+        self.attempts_dir = str(tmp / "attempts")
         self.tag = os.urandom(8).hex()
 
-    def launch(self, key: str, command: str, gpus: int = 0, **env: str) -> Launch:
-        return Launch(
-            key=key,
+    def runner(self, gpus: list[int] | None = None, root: str = ROOT) -> LocalRunner:
+        return LocalRunner(self.attempts_dir, gpus=gpus or [], root=root)
+
+    def attempt(
+        self, job: str, command: str, gpus: int = 0, root: str = ROOT, **env: str
+    ) -> Attempt:
+        return Attempt(
+            name=name_of(job, root),
+            job=job,
+            attempt=1,
             command=command,
             env={"BASTION_TEST_TAG": self.tag, **env},
-            log_path=self.log_path(key),
-            gpus=gpus,
+            resources={"gpu": gpus},
         )
 
-    def log_path(self, key: str) -> str:
-        return str(self.tmp / "logs" / key)
+    def dir(self, job: str, root: str = ROOT) -> Path:
+        return Path(self.attempts_dir) / name_of(job, root)
 
-    def log(self, key: str) -> str:
-        path = Path(self.log_path(key))
+    def log(self, job: str) -> str:
+        path = self.dir(job) / "output"
         return path.read_text() if path.exists() else ""
 
     def go(self, key: str) -> Path:
@@ -61,11 +77,11 @@ class Rig:
         """A command fragment that blocks until the test releases it."""
         return f"while [ ! -e {self.go(key)} ]; do sleep 0.02; done"
 
-    def start_elsewhere(self, key: str, command: str, gpus: int = 0) -> dict[str, Any]:
+    def start_elsewhere(self, job: str, command: str, gpus: int = 0) -> dict[str, Any]:
         """Start an attempt from a process that exits right away; returns the handle."""
         out = subprocess.run(
-            [sys.executable, "-c", START_AND_EXIT, self.work_dir, key, command,
-             self.log_path(key), str(gpus), self.tag],
+            [sys.executable, "-c", START_AND_EXIT, self.attempts_dir, ROOT, name_of(job),
+             command, str(gpus), self.tag],
             cwd=REPO,
             env={**os.environ, "PYTHONPATH": str(REPO)},
             capture_output=True,
@@ -96,147 +112,310 @@ def gone(pid: int) -> bool:
         return True
 
 
-def finished(runner: LocalRunner, handle: dict[str, Any]) -> tuple[bool, int | None]:
-    return wait_for(lambda: (r := runner.poll(handle))[0] and r, timeout=20, what="the attempt")
+def outcome(obs: Observation) -> tuple[Phase, int | None]:
+    return obs.phase, obs.exit_code
+
+
+def finished(runner: LocalRunner, handle: dict[str, Any]) -> tuple[Phase, int | None]:
+    obs = wait_for(
+        lambda: (o := runner.poll(handle)).finished and o, timeout=20, what="the attempt"
+    )
+    return outcome(obs)
+
+
+def running(runner: LocalRunner, handle: dict[str, Any]) -> bool:
+    return runner.poll(handle).phase == Phase.RUNNING
 
 
 def read_pid(path: Path) -> int:
     return int(wait_for(lambda: path.exists() and path.read_text().strip(), what=str(path)))
 
 
+def past() -> float:
+    return time.time() - 1  # a stop deadline already reached: force
+
+
+def future() -> float:
+    return time.time() + 300
+
+
 # -- lifecycle ----------------------------------------------------------------------------------
 
 
 def test_start_then_poll_running_then_finished(rig: Rig) -> None:
-    runner = LocalRunner(rig.work_dir, gpus=[])
-    handle = runner.start(rig.launch("a1", f"echo hello; {rig.wait_go('a1')}; exit 5"))
-    assert handle["kind"] == "local" and handle["key"] == "a1"
+    runner = rig.runner()
+    handle = runner.start(rig.attempt("a1", f"echo hello; {rig.wait_go('a1')}; exit 5"))
+    assert handle["name"] == name_of("a1")
     assert handle["host"] == socket.gethostname()
-    assert handle["pgid"] == handle["pid"]
     assert os.getpgid(handle["pid"]) == handle["pid"]  # its own process group
     assert json.loads(json.dumps(handle)) == handle  # persisted in the state as JSON
     wait_for(lambda: "hello" in rig.log("a1"), what="output")
-    assert runner.poll(handle) == (False, None)
+    assert running(runner, handle)
     rig.go("a1").touch()
-    assert finished(runner, handle) == (True, 5)
-    assert runner.poll(handle) == (True, 5)  # asking again gives the same answer
-    assert rig.log("a1") == "hello\n"
+    assert finished(runner, handle) == (Phase.FAILED, 5)
+    assert outcome(runner.poll(handle)) == (Phase.FAILED, 5)  # asking again: the same answer
+    assert runner.read_output(handle, 0, 1000) == b"hello\n"
+    assert runner.read_output(handle, 2, 2) == b"ll"
 
 
 def test_exit_status_of_a_running_attempt_survives_a_restart(rig: Rig) -> None:
     handle = rig.start_elsewhere("r1", f"echo started; {rig.wait_go('r1')}; exit 7")
     proc = psutil.Process(handle["pid"])
     assert proc.ppid() != os.getpid()  # nobody here can wait() for it
-    runner = LocalRunner(rig.work_dir, gpus=[0, 1, 2, 3])
-    assert runner.adopt(handle)
-    assert runner.poll(handle) == (False, None)
+    runner = rig.runner(gpus=[0, 1, 2, 3])
+    assert [(o.name, o.finished) for o in runner.list_owned()] == [(name_of("r1"), False)]
+    assert runner.start(rig.attempt("r1", "exit 99"))["pid"] == handle["pid"]  # adopted
+    assert running(runner, handle)
     rig.go("r1").touch()
-    assert finished(runner, handle) == (True, 7)
+    assert finished(runner, handle) == (Phase.FAILED, 7)
     assert rig.log("r1") == "started\n"
 
 
 def test_exit_status_of_an_attempt_that_ended_while_nobody_watched(rig: Rig) -> None:
     handle = rig.start_elsewhere("r2", "echo bye; exit 9")
     wait_for(lambda: gone(handle["pid"]), what="the orphaned attempt to end")
-    runner = LocalRunner(rig.work_dir, gpus=[])
-    assert runner.adopt(handle)
-    assert runner.poll(handle) == (True, 9)
+    runner = rig.runner()
+    assert [(o.name, o.finished) for o in runner.list_owned()] == [(name_of("r2"), True)]
+    assert outcome(runner.poll(handle)) == (Phase.FAILED, 9)
     assert rig.log("r2") == "bye\n"
 
 
-def test_terminate_reaches_grandchildren_and_records_143(rig: Rig) -> None:
-    runner = LocalRunner(rig.work_dir, gpus=[])
+def test_stop_reaches_grandchildren_and_records_143(rig: Rig) -> None:
+    runner = rig.runner()
     pidfile = rig.tmp / "gc.pid"
-    handle = runner.start(rig.launch("t1", f"sleep 300 & echo $! > {pidfile}; wait"))
+    handle = runner.start(rig.attempt("t1", f"sleep 300 & echo $! > {pidfile}; wait"))
     grandchild = read_pid(pidfile)
-    assert os.getpgid(grandchild) == handle["pgid"]
-    runner.terminate(handle)
+    assert os.getpgid(grandchild) == handle["pid"]
+    runner.stop(handle, future())
     # checked before poll(): poll() itself SIGKILLs the group once the leader is gone
     wait_for(lambda: gone(grandchild), what="the grandchild to get SIGTERM")
-    assert finished(runner, handle) == (True, 128 + signal.SIGTERM)
+    assert finished(runner, handle) == (Phase.FAILED, 128 + signal.SIGTERM)
 
 
-def test_kill_reaches_grandchildren_that_ignore_sigterm(rig: Rig) -> None:
-    runner = LocalRunner(rig.work_dir, gpus=[])
+def test_stop_at_the_deadline_kills_grandchildren_that_ignore_sigterm(rig: Rig) -> None:
+    runner = rig.runner()
     pidfile = rig.tmp / "gc.pid"
     handle = runner.start(
-        rig.launch(
+        rig.attempt(
             "k1",
             f"trap '' TERM; (trap '' TERM; sleep 300) & echo $! > {pidfile}; "
             "while true; do sleep 0.05; done",
         )
     )
     grandchild = read_pid(pidfile)
-    runner.terminate(handle)
-    assert runner.poll(handle) == (False, None)  # SIGTERM is ignored all the way down
+    runner.stop(handle, future())
+    runner.stop(handle, future())  # repeated before the deadline: nothing more
+    time.sleep(0.3)
+    assert running(runner, handle)  # SIGTERM is ignored all the way down
     assert not gone(grandchild)
-    runner.kill(handle)
+    runner.stop(handle, past())
     wait_for(lambda: gone(grandchild), what="the grandchild to get SIGKILL")
-    assert finished(runner, handle) == (True, None)  # the wrapper died too: no status
+    obs = wait_for(lambda: (o := runner.poll(handle)).finished and o, what="the attempt")
+    assert outcome(obs) == (Phase.FAILED, None)  # the wrapper died too: no status
+    assert "killed" in obs.reason
 
 
 def test_finish_kills_what_the_leader_left_behind(rig: Rig) -> None:
-    runner = LocalRunner(rig.work_dir, gpus=[])
+    runner = rig.runner()
     pidfile = rig.tmp / "gc.pid"
-    handle = runner.start(rig.launch("f1", f"sleep 300 & echo $! > {pidfile}; exit 0"))
+    handle = runner.start(rig.attempt("f1", f"sleep 300 & echo $! > {pidfile}; exit 0"))
     grandchild = read_pid(pidfile)
-    assert finished(runner, handle) == (True, 0)
+    assert finished(runner, handle) == (Phase.SUCCEEDED, 0)
     wait_for(lambda: gone(grandchild), what="the straggler to be killed")
 
 
-# -- identity: pids, hosts ----------------------------------------------------------------------
+# -- delete ---------------------------------------------------------------------------------------
+
+
+def test_delete_removes_a_finished_attempts_directory(rig: Rig) -> None:
+    runner = rig.runner()
+    handle = runner.start(rig.attempt("d1", "echo x; exit 0"))
+    assert finished(runner, handle) == (Phase.SUCCEEDED, 0)
+    assert rig.dir("d1").is_dir()
+    assert runner.delete(handle) is True
+    assert not rig.dir("d1").exists()
+    assert runner.list_owned() == []
+    assert runner.delete(handle) is True  # idempotent
+
+
+def test_delete_of_a_running_attempt_kills_it_and_is_true_only_once_gone(rig: Rig) -> None:
+    runner = rig.runner()
+    pidfile = rig.tmp / "gc.pid"
+    handle = runner.start(rig.attempt("d2", f"sleep 300 & echo $! > {pidfile}; wait"))
+    grandchild = read_pid(pidfile)
+    assert runner.delete(handle) is False  # killed, not yet verified gone
+    wait_for(lambda: runner.delete(handle), what="delete to be verified")
+    assert gone(handle["pid"]) and not rig.dir("d2").exists()
+    # SIGKILL was sent to the whole group; the kernel may take a moment to end the straggler
+    wait_for(lambda: gone(grandchild), timeout=5, what="the grandchild to die")
+
+
+# -- identity: pids, hosts, foreign processes ------------------------------------------------------
 
 
 def recycled(handle: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
     """``handle`` as if its pid had been recycled by ``other``'s process."""
-    return {**handle, "pid": other["pid"], "pgid": other["pgid"],
-            "create_time": other["create_time"] - 1000.0}
-
-
-def still_running(pid: int) -> bool:
-    return not gone(pid)
+    return {**handle, "pid": other["pid"], "create_time": other["create_time"] - 1000.0}
 
 
 def test_a_recycled_pid_is_never_signalled(rig: Rig) -> None:
-    runner = LocalRunner(rig.work_dir, gpus=[])
-    old = runner.start(rig.launch("old", "exit 0"))
-    assert finished(runner, old) == (True, 0)
-    other = runner.start(rig.launch("other", rig.wait_go("other")))
+    runner = rig.runner()
+    old = runner.start(rig.attempt("old", "exit 0"))
+    assert finished(runner, old) == (Phase.SUCCEEDED, 0)
+    other = runner.start(rig.attempt("other", rig.wait_go("other")))
     stale = recycled(old, other)
-    runner.terminate(stale)
-    runner.kill(stale)
+    runner.stop(stale, future())
+    runner.stop(stale, past())
     with pytest.raises(psutil.TimeoutExpired):
         psutil.Process(other["pid"]).wait(timeout=0.5)
-    assert runner.poll(other) == (False, None)
+    assert running(runner, other)
     rig.go("other").touch()
-    assert finished(runner, other) == (True, 0)  # it ran to its end, untouched
+    assert finished(runner, other) == (Phase.SUCCEEDED, 0)  # it ran to its end, untouched
+
+
+def test_a_reaped_pid_reused_by_another_child_is_never_signalled(rig: Rig) -> None:
+    """Our own children are looked up by attempt, not by pid alone."""
+    runner = rig.runner()
+    old = runner.start(rig.attempt("old", "exit 0"))
+    other = runner.start(rig.attempt("other", rig.wait_go("other")))
+    stale = {**old, "pid": other["pid"], "create_time": other["create_time"]}
+    runner.stop(stale, past())
+    assert runner.delete(stale) is True  # old's files go; other's process is not old's
+    with pytest.raises(psutil.TimeoutExpired):
+        psutil.Process(other["pid"]).wait(timeout=0.5)
+    assert running(runner, other)
+    rig.go("other").touch()
+    assert finished(runner, other) == (Phase.SUCCEEDED, 0)
 
 
 def test_polling_a_recycled_pid_reports_finished_and_signals_nobody(rig: Rig) -> None:
-    runner = LocalRunner(rig.work_dir, gpus=[])
-    old = runner.start(rig.launch("old", "exit 0"))
-    assert finished(runner, old) == (True, 0)
+    runner = rig.runner()
+    old = runner.start(rig.attempt("old", "exit 0"))
+    assert finished(runner, old) == (Phase.SUCCEEDED, 0)
     # Another job now has the pid (and so the process group id) the old handle names.
-    other = runner.start(rig.launch("other", rig.wait_go("other")))
-    assert runner.poll(recycled(old, other)) == (True, 0)
+    other = runner.start(rig.attempt("other", rig.wait_go("other")))
+    assert outcome(runner.poll(recycled(old, other))) == (Phase.SUCCEEDED, 0)
     with pytest.raises(psutil.TimeoutExpired):
         psutil.Process(other["pid"]).wait(timeout=0.5)
     rig.go("other").touch()
-    assert finished(runner, other) == (True, 0)
+    assert finished(runner, other) == (Phase.SUCCEEDED, 0)
 
 
-def test_adopt_refuses_a_handle_from_another_host(rig: Rig) -> None:
-    first = LocalRunner(rig.work_dir, gpus=[0, 1, 2, 3])
-    handle = first.start(rig.launch("h1", rig.wait_go("h1"), gpus=2))
+def test_a_forged_handle_naming_an_unrelated_process_never_signals_it(rig: Rig) -> None:
+    """Issue 8 item 8: never signal a process the runner did not start, even when a handle
+    names its real pid and create time (the process even leads its own group)."""
+    runner = rig.runner()
+    old = runner.start(rig.attempt("old", "exit 0"))
+    assert finished(runner, old) == (Phase.SUCCEEDED, 0)
+    stranger = subprocess.Popen(
+        ["sleep", "60"], start_new_session=True, env={**os.environ, "BASTION_TEST_TAG": rig.tag}
+    )
+    try:
+        created = psutil.Process(stranger.pid).create_time()
+        forged = {**old, "pid": stranger.pid, "create_time": created}
+        fresh = rig.runner()  # not its parent either
+        for r in (runner, fresh):
+            assert r.poll(forged).phase != Phase.RUNNING
+            r.stop(forged, future())
+            r.stop(forged, past())
+        assert fresh.delete(forged) is True  # the attempt's files go, the stranger stays
+        assert runner.delete(forged) is True
+        assert not rig.dir("old").exists()
+        time.sleep(0.3)
+        assert stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_a_handle_from_another_host_is_lost_and_never_touched(rig: Rig) -> None:
+    runner = rig.runner(gpus=[0, 1, 2, 3])
+    handle = runner.start(rig.attempt("h1", rig.wait_go("h1"), gpus=2))
     foreign = {**handle, "host": "not-" + socket.gethostname()}
-    second = LocalRunner(rig.work_dir, gpus=[0, 1, 2, 3])
-    assert second.adopt(foreign) is False
-    # a refused handle reserves nothing
-    big = second.start(rig.launch("h2", "exit 0", gpus=4))
-    assert big["gpus"] == [0, 1, 2, 3]
-    assert finished(second, big) == (True, 0)
+    second = rig.runner(gpus=[0, 1, 2, 3])
+    assert second.poll(foreign).phase == Phase.LOST
+    second.stop(foreign, past())
+    assert second.delete(foreign) is True  # nothing of it is on this host
+    assert rig.dir("h1").is_dir() and running(runner, handle)
     rig.go("h1").touch()
-    assert finished(first, handle) == (True, 0)
+    assert finished(runner, handle) == (Phase.SUCCEEDED, 0)
+
+
+# -- never twice: a daemon killed between the start and handle.json -----------------------------
+
+
+def counting(marker: Path) -> str:
+    return f"echo start >> {marker}; sleep 60"
+
+
+def starts(marker: Path) -> int:
+    return marker.read_text().count("start") if marker.exists() else 0
+
+
+def test_starting_an_attempt_twice_adopts_the_first(rig: Rig) -> None:
+    marker = rig.tmp / "starts"
+    first = rig.runner().start(rig.attempt("twice", counting(marker)))
+    restarted = rig.runner()  # a new daemon, same attempts directory
+    second = restarted.start(rig.attempt("twice", counting(marker)))
+    assert second["pid"] == first["pid"]
+    wait_for(lambda: starts(marker), what="the command to run")
+    time.sleep(0.3)
+    assert starts(marker) == 1
+    assert running(restarted, second)
+
+
+@pytest.mark.parametrize("lost", ["handle.json", "handle.json+pid"])
+def test_killed_before_handle_json_adopts_the_running_process(rig: Rig, lost: str) -> None:
+    """Issue 8 item 3: the daemon died after starting the process but before writing
+    handle.json (and, worse, before the wrapper wrote its pid): a restarted daemon finds the
+    process (by its pid file, else by its argv naming the attempt directory), never reruns it."""
+    marker = rig.tmp / "starts"
+    first = rig.runner().start(rig.attempt("k", counting(marker)))
+    directory = rig.dir("k")
+    wait_for(lambda: starts(marker), what="the command to run")
+    for name in lost.split("+"):
+        (directory / name).unlink()
+    restarted = rig.runner()
+    again = restarted.start(rig.attempt("k", counting(marker)))
+    assert again["pid"] == first["pid"]
+    assert again["create_time"] == pytest.approx(first["create_time"], abs=0.05)
+    time.sleep(0.3)
+    assert starts(marker) == 1
+    assert running(restarted, again)
+    assert [o.name for o in restarted.list_owned()] == [name_of("k")]
+    assert restarted.delete(again) is False
+    wait_for(lambda: restarted.delete(again), what="delete of the adopted attempt")
+    assert gone(first["pid"])
+
+
+def test_a_claimed_attempt_that_never_ran_is_started_once(rig: Rig) -> None:
+    """The directory exists, empty, and no process names it: killed after the claim, before the
+    spawn. start() runs it now, and only once."""
+    marker = rig.tmp / "starts"
+    rig.dir("c").mkdir(parents=True)
+    runner = rig.runner()
+    owned = runner.list_owned()
+    assert [(o.name, o.finished) for o in owned] == [(name_of("c"), True)]
+    handle = runner.start(rig.attempt("c", counting(marker)))
+    wait_for(lambda: starts(marker), what="the command to run")
+    again = rig.runner().start(rig.attempt("c", counting(marker)))
+    assert again["pid"] == handle["pid"]
+    time.sleep(0.3)
+    assert starts(marker) == 1
+    assert running(runner, handle)
+
+
+# -- roots --------------------------------------------------------------------------------------
+
+
+def test_two_roots_in_one_attempts_dir_each_list_only_their_own(rig: Rig) -> None:
+    mine, theirs = rig.runner(root=ROOT), rig.runner(root=OTHER_ROOT)
+    a = mine.start(rig.attempt("same-job", "exit 0"))
+    b = theirs.start(rig.attempt("same-job", "exit 0", root=OTHER_ROOT))
+    assert a["name"] != b["name"]
+    assert [o.name for o in mine.list_owned()] == [a["name"]]
+    assert [o.name for o in theirs.list_owned()] == [b["name"]]
+    assert finished(mine, a) == finished(theirs, b) == (Phase.SUCCEEDED, 0)
 
 
 # -- GPUs -----------------------------------------------------------------------------------------
@@ -244,9 +423,9 @@ def test_adopt_refuses_a_handle_from_another_host(rig: Rig) -> None:
 ECHO_GPUS = 'echo "gpus=[${CUDA_VISIBLE_DEVICES-unset}]"'
 
 
-def seen_gpus(rig: Rig, key: str) -> list[int] | None:
+def seen_gpus(rig: Rig, job: str) -> list[int] | None:
     """The CUDA_VISIBLE_DEVICES the job printed, as a list; None if it has not printed yet."""
-    for line in rig.log(key).splitlines():
+    for line in rig.log(job).splitlines():
         if line.startswith("gpus=[") and line.endswith("]"):
             text = line[len("gpus=[") : -1]
             assert text != "unset", "CUDA_VISIBLE_DEVICES was not set at all"
@@ -254,18 +433,18 @@ def seen_gpus(rig: Rig, key: str) -> list[int] | None:
     return None
 
 
-def printed_gpus(rig: Rig, key: str) -> list[int]:
-    return wait_for(lambda: (g := seen_gpus(rig, key)) is not None and (g,), what=key)[0]
+def printed_gpus(rig: Rig, job: str) -> list[int]:
+    return wait_for(lambda: (g := seen_gpus(rig, job)) is not None and (g,), what=job)[0]
 
 
 def test_gpu_jobs_get_disjoint_devices_and_cpu_jobs_none(
     rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")  # the daemon's own view must not leak
-    runner = LocalRunner(rig.work_dir, gpus=[0, 1, 2, 3])
-    a = runner.start(rig.launch("g-a", f"{ECHO_GPUS}; {rig.wait_go('g-a')}", gpus=2))
-    b = runner.start(rig.launch("g-b", f"{ECHO_GPUS}; {rig.wait_go('g-b')}", gpus=2))
-    cpu = runner.start(rig.launch("g-cpu", f"{ECHO_GPUS}; {rig.wait_go('g-cpu')}", gpus=0))
+    runner = rig.runner(gpus=[0, 1, 2, 3])
+    a = runner.start(rig.attempt("g-a", f"{ECHO_GPUS}; {rig.wait_go('g-a')}", gpus=2))
+    b = runner.start(rig.attempt("g-b", f"{ECHO_GPUS}; {rig.wait_go('g-b')}", gpus=2))
+    cpu = runner.start(rig.attempt("g-cpu", f"{ECHO_GPUS}; {rig.wait_go('g-cpu')}", gpus=0))
     got_a, got_b = printed_gpus(rig, "g-a"), printed_gpus(rig, "g-b")
     assert len(got_a) == len(got_b) == 2
     assert not set(got_a) & set(got_b)
@@ -273,69 +452,47 @@ def test_gpu_jobs_get_disjoint_devices_and_cpu_jobs_none(
     assert (got_a, got_b) == (a["gpus"], b["gpus"])
     assert printed_gpus(rig, "g-cpu") == [] and cpu["gpus"] == []
 
-    with pytest.raises(RuntimeError, match=r"needs 1 GPUs but only 0 of 4 are free"):
-        runner.start(rig.launch("g-c", ECHO_GPUS, gpus=1))
-    assert not os.path.exists(rig.log_path("g-c"))  # nothing was started
+    with pytest.raises(RunnerError, match=r"needs 1 GPUs but only 0 of 4 are free"):
+        runner.start(rig.attempt("g-c", ECHO_GPUS, gpus=1))
+    assert not rig.dir("g-c").exists()  # nothing was started, nothing claimed
+    assert name_of("g-c") not in [o.name for o in runner.list_owned()]
 
     rig.go("g-a").touch()
-    assert finished(runner, a) == (True, 0)
-    c = runner.start(rig.launch("g-c", f"{ECHO_GPUS}; {rig.wait_go('g-c')}", gpus=2))
+    assert finished(runner, a) == (Phase.SUCCEEDED, 0)
+    c = runner.start(rig.attempt("g-c", f"{ECHO_GPUS}; {rig.wait_go('g-c')}", gpus=2))
     assert printed_gpus(rig, "g-c") == got_a  # exactly the GPUs the finished job freed
-    for key, handle in (("g-b", b), ("g-c", c), ("g-cpu", cpu)):
-        rig.go(key).touch()
-        assert finished(runner, handle) == (True, 0)
+    for job, handle in (("g-b", b), ("g-c", c), ("g-cpu", cpu)):
+        rig.go(job).touch()
+        assert finished(runner, handle) == (Phase.SUCCEEDED, 0)
 
 
-def test_adopted_handles_keep_their_gpus(rig: Rig) -> None:
+def test_adopted_attempts_keep_their_gpus(rig: Rig) -> None:
     handle = rig.start_elsewhere("ad", f"{ECHO_GPUS}; {rig.wait_go('ad')}", gpus=2)
     assert printed_gpus(rig, "ad") == handle["gpus"] == [0, 1]
-    runner = LocalRunner(rig.work_dir, gpus=[0, 1, 2, 3])
-    assert runner.adopt(handle)
-    with pytest.raises(RuntimeError, match=r"needs 3 GPUs but only 2 of 4 are free"):
-        runner.start(rig.launch("new3", ECHO_GPUS, gpus=3))
-    two = runner.start(rig.launch("new2", f"{ECHO_GPUS}; {rig.wait_go('new2')}", gpus=2))
+    runner = rig.runner(gpus=[0, 1, 2, 3])  # a restarted daemon: finds "ad" running
+    with pytest.raises(RunnerError, match=r"needs 3 GPUs but only 2 of 4 are free"):
+        runner.start(rig.attempt("new3", ECHO_GPUS, gpus=3))
+    two = runner.start(rig.attempt("new2", f"{ECHO_GPUS}; {rig.wait_go('new2')}", gpus=2))
     assert printed_gpus(rig, "new2") == [2, 3]
     rig.go("ad").touch()
-    assert finished(runner, handle) == (True, 0)  # the adopted attempt ends: its GPUs free up
-    again = runner.start(rig.launch("again", ECHO_GPUS, gpus=2))
+    assert finished(runner, handle) == (Phase.SUCCEEDED, 0)  # it ends: its GPUs free up
+    again = runner.start(rig.attempt("again", ECHO_GPUS, gpus=2))
     assert printed_gpus(rig, "again") == [0, 1]
-    assert finished(runner, again) == (True, 0)
+    assert finished(runner, again) == (Phase.SUCCEEDED, 0)
     rig.go("new2").touch()
-    assert finished(runner, two) == (True, 0)
+    assert finished(runner, two) == (Phase.SUCCEEDED, 0)
 
 
-@pytest.mark.parametrize("failure", ["nul-in-env", "log-path-is-a-directory"])
+@pytest.mark.parametrize("failure", ["nul-in-env", "output-is-a-directory"])
 def test_a_start_that_fails_frees_its_gpus(rig: Rig, failure: str) -> None:
-    runner = LocalRunner(rig.work_dir, gpus=[0, 1, 2, 3])
+    runner = rig.runner(gpus=[0, 1, 2, 3])
     if failure == "nul-in-env":  # a spec's env_vars may hold "\u0000": Popen raises ValueError
-        bad = rig.launch("bad", "exit 0", gpus=2, BAD="a\0b")
+        bad = rig.attempt("bad", "exit 0", gpus=2, BAD="a\0b")
     else:
-        os.makedirs(rig.log_path("bad"))
-        bad = rig.launch("bad", "exit 0", gpus=2)
+        (rig.dir("bad") / "output").mkdir(parents=True)
+        bad = rig.attempt("bad", "exit 0", gpus=2)
     with pytest.raises((ValueError, OSError)):
         runner.start(bad)
-    handle = runner.start(rig.launch("all", "exit 0", gpus=4))
+    handle = runner.start(rig.attempt("all", "exit 0", gpus=4))
     assert handle["gpus"] == [0, 1, 2, 3]
-    assert finished(runner, handle) == (True, 0)
-
-
-def test_starting_an_attempt_twice_adopts_the_first(tmp_path: Path) -> None:
-    """A daemon that died between starting an attempt and recording it must not, once
-    restarted, start that attempt a second time: attempts are named after (job, attempt)."""
-    marker = tmp_path / "starts"
-    launch = Launch(
-        key="job.abc.1.run",
-        command=f"echo start >> {marker}; sleep 30",
-        env={},
-        log_path=str(tmp_path / "log"),
-    )
-    first = LocalRunner(str(tmp_path / "work")).start(launch)
-    restarted = LocalRunner(str(tmp_path / "work"))  # a new daemon, same work dir
-    second = restarted.start(launch)
-    try:
-        assert second["pid"] == first["pid"]
-        time.sleep(0.5)
-        assert marker.read_text().count("start") == 1
-        assert restarted.poll(second) == (False, None)
-    finally:
-        restarted.kill(second)
+    assert finished(runner, handle) == (Phase.SUCCEEDED, 0)

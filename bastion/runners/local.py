@@ -96,15 +96,15 @@ class LocalRunner(Runner):
     def __init__(
         self, attempts_dir: str, gpus: Sequence[int] | None = None, root: str = ""
     ) -> None:
-        self.attempts_dir = attempts_dir
+        self.attempts_dir = os.path.abspath(attempts_dir)  # wrappers' argv names it: one spelling
         self.prefix = name_prefix(root) if root else ""
         self.host = socket.gethostname()
         self.gpus = list(detect_gpus() if gpus is None else gpus)
-        self._children: dict[int, subprocess.Popen[bytes]] = {}  # reaped by poll()
+        self._children: dict[str, subprocess.Popen[bytes]] = {}  # by attempt; reaped by poll()
         self._gpus_in_use: dict[str, list[int]] = {}  # attempt name -> GPU indices
         self._termed: set[str] = set()
         self._lock = threading.Lock()  # attempts start in parallel
-        os.makedirs(attempts_dir, exist_ok=True)
+        os.makedirs(self.attempts_dir, exist_ok=True)
         for owned in self.list_owned():  # a restarted daemon: GPUs of live attempts stay taken
             if not owned.finished:
                 self._gpus_in_use[owned.name] = list(owned.handle.get("gpus") or [])
@@ -119,6 +119,7 @@ class LocalRunner(Runner):
                 "runner (it takes none); drop them or pick another runner kind"
             )
         directory = self._dir(attempt.name)
+        claimed = True
         try:
             os.mkdir(directory)  # the claim: only one caller ever gets past it
         except FileNotFoundError:
@@ -128,8 +129,14 @@ class LocalRunner(Runner):
             found = self._find(attempt.name)
             if found is not None:
                 return found
-            # Claimed but the command never ran (no pid, no process): start it now.
-        gpus = self._allocate_gpus(attempt.name, int(attempt.resources.get("gpu", 0) or 0))
+            claimed = False  # claimed but the command never ran (no pid, no process): run it now
+        try:
+            gpus = self._allocate_gpus(attempt.name, int(attempt.resources.get("gpu", 0) or 0))
+        except RunnerError:
+            if claimed:  # leave no trace of an attempt that never started
+                with contextlib.suppress(OSError):
+                    os.rmdir(directory)
+            raise
         try:
             return self._spawn(attempt, directory, gpus)
         except BaseException:
@@ -232,7 +239,7 @@ class LocalRunner(Runner):
         finally:
             os.close(output)
             os.close(stdin)
-        self._children[proc.pid] = proc
+        self._children[attempt.name] = proc
         try:
             created = psutil.Process(proc.pid).create_time()
         except psutil.NoSuchProcess:  # already gone: it cannot be confused with anything
@@ -286,13 +293,16 @@ class LocalRunner(Runner):
         pid = int(handle.get("pid") or 0)
         if pid <= 0:
             return False
-        child = self._children.get(pid)
-        if child is not None:
+        child = self._children.get(handle["name"])
+        if child is not None and child.pid == pid:
             return child.poll() is None  # our own child: no psutil lookup needed
         try:
             proc = psutil.Process(pid)
             if abs(proc.create_time() - float(handle["create_time"])) > _CREATE_TIME_TOLERANCE:
                 return False  # the pid was recycled by another process
+            cmdline = proc.cmdline()  # not our child: only this attempt's wrapper counts as ours
+            if cmdline[1:2] != ["-c"] or cmdline[-1:] != [self._dir(handle["name"])]:
+                return False
             return proc.status() != psutil.STATUS_ZOMBIE
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             return False
@@ -304,21 +314,27 @@ class LocalRunner(Runner):
     def _finish(self, handle: Handle) -> None:
         """The leader is gone: kill what it left behind in its group and free its GPUs."""
         pid = int(handle.get("pid") or 0)
-        self._children.pop(pid, None)
+        child = self._children.get(handle.get("name", ""))
+        if child is not None and child.pid == pid:
+            del self._children[handle["name"]]
         with self._lock:
             self._gpus_in_use.pop(handle.get("name", ""), None)
-        if pid <= 0 or self._group_id_reused(handle):
-            return  # the kernel reuses a group id only once the group is empty: nothing left
+        if pid <= 0 or not self._leader_gone(handle):
+            return  # a live process that is not ours holds the pid: never signal its group
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
 
     @staticmethod
-    def _group_id_reused(handle: Handle) -> bool:
-        """True when another process now owns our leader's pid (so our group is empty)."""
+    def _leader_gone(handle: Handle) -> bool:
+        """True when our leader is gone or an unreaped zombie of ours: what is left in its group
+        is ours (the kernel reuses a group id only once the group is empty)."""
         try:
             leader = psutil.Process(int(handle["pid"]))
-            return abs(leader.create_time() - float(handle["create_time"])) > _CREATE_TIME_TOLERANCE
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            drift = abs(leader.create_time() - float(handle["create_time"]))
+            return drift <= _CREATE_TIME_TOLERANCE and leader.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+        except psutil.AccessDenied:
             return False
 
     def _exit_status(self, handle: Handle) -> int | None:
