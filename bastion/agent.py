@@ -1,0 +1,273 @@
+"""``bastion agent``: runs a job's command on one worker of a remote slice; reports via the bucket.
+
+Delivered as a VM's startup script (TPU, GCE) or a container's command, it replaces SSH: the
+daemon never connects to a worker, it reads what the agent writes under
+``ROOT/runs/<job>/<attempt>/workers/<w>/`` (names in :class:`bastion.store.Store`, section runs):
+
+- ``started``, created only if absent: a startup script that runs again on the same attempt
+  (reboot, repair) finds the claim and exits 0 without starting the command a second time. A
+  command that died with its VM is then seen by the daemon as a stale heartbeat (LOST, requeued
+  as a new attempt), never silently restarted inside the old one.
+- ``heartbeat`` every ``--heartbeat_seconds`` while the command runs, so a VM that vanished
+  without a word is noticed.
+- ``log/<seq>``: the command's stdout+stderr go to a local spool file; every
+  ``--chunk_seconds`` the bytes written since the last upload become the next numbered chunk
+  (GCS has no append, and re-uploading a growing object would cost O(output) per upload).
+  A chunk is cut once and retried with the same bytes under the same name until stored, so a
+  write whose answer was lost is rewritten identically; the sequence advances only after.
+- ``exit``: ``{code, preempted, time, reason}``, after the last chunk.
+
+On SIGTERM (the VM's shutdown: 30 s on Spot) or when the metadata server says
+``instance/preempted`` is TRUE, the command's process group gets SIGTERM, SIGKILL after
+``--grace_seconds``, then the last chunk and the exit record are written inside the window.
+
+    python -m bastion.agent --root=gs://b/r --job=train --attempt=NAME -- python3 train.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+from bastion.store import Store
+
+log = logging.getLogger("bastion.agent")
+
+MAX_CHUNK = 8 << 20  # bound memory per upload; the rest goes in the next chunk right after
+SPOT_WINDOW_SECONDS = 30.0  # from the shutdown notice to the VM's power-off
+
+
+# -- the metadata server (GCE_METADATA_HOST, as google-auth finds it) -----------------------------
+
+
+def metadata_base() -> str:
+    host = os.environ.get("GCE_METADATA_HOST") or os.environ.get("GCE_METADATA_ROOT")
+    return f"http://{host or 'metadata.google.internal'}/computeMetadata/v1/"
+
+
+def metadata(path: str, timeout: float = 2.0) -> str | None:
+    """A metadata value; None when absent (404) or when there is no metadata server."""
+    request = urllib.request.Request(metadata_base() + path, headers={"Metadata-Flavor": "Google"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            return answer.read().decode().strip()
+    except (OSError, urllib.error.URLError, ValueError):
+        return None
+
+
+def worker_index(flag: int | None) -> int:
+    """--worker, else the TPU VM's ``agent-worker-number`` attribute, else 0 (one host)."""
+    if flag is not None:
+        return flag
+    value = metadata("instance/attributes/agent-worker-number")
+    return int(value) if value and value.isdigit() else 0
+
+
+# -- the agent ----------------------------------------------------------------------------------
+
+
+class Agent:
+    def __init__(self, store: Store, job: str, attempt: str, worker: int, num_workers: int,
+                 command: str, chunk_seconds: float = 5.0, heartbeat_seconds: float = 10.0,
+                 grace_seconds: float = 25.0, spool_dir: str | None = None) -> None:  # fmt: skip
+        self.store, self.job, self.attempt = store, job, attempt
+        self.worker, self.num_workers, self.command = worker, num_workers, command
+        self.chunk_seconds, self.heartbeat_seconds = chunk_seconds, heartbeat_seconds
+        self.grace_seconds = grace_seconds
+        spool_dir = spool_dir or tempfile.mkdtemp(prefix="bastion-agent-")
+        self.spool = os.path.join(spool_dir, f"{job}.{attempt}.{worker}.out")
+        self.uploaded = 0  # spool bytes known to be in the bucket
+        self.seq = 0  # the next chunk's number
+        self._pending: bytes | None = None  # cut but not yet known stored: retried as it is
+        self.stop = threading.Event()
+        self.stop_reason = ""
+        self.preempted = False
+        self.stopped_at = 0.0
+
+    def _record(self, **fields: Any) -> dict[str, Any]:
+        return {"worker": self.worker, "time": time.time(), **fields}
+
+    def _retry(self, what: str, fn: Callable[[], Any], deadline: float) -> Any:
+        """Bucket writes are retried with backoff until ``deadline``: a worker cannot report
+        any other way, so giving up early loses the attempt's record."""
+        delay = 0.5
+        while True:
+            try:
+                return fn()
+            except Exception as e:
+                if time.time() + delay > deadline:
+                    raise
+                log.warning(
+                    "%s failed (%s: %s); retrying in %.1fs", what, type(e).__name__, e, delay
+                )
+                time.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+    def request_stop(self, reason: str, preempted: bool = False) -> None:
+        if not self.stop.is_set():
+            self.preempted = preempted
+            self.stop_reason = reason
+            self.stopped_at = time.time()
+            self.stop.set()
+
+    def watch_preemption(self, poll_seconds: float = 1.0) -> None:
+        """In a thread: long-poll ``instance/preempted``; no metadata server (a laptop, GKE
+        without one) only means no notice, so errors back off and retry quietly."""
+        wait = "?wait_for_change=true&timeout_sec=60"
+        query = ""
+        while not self.stop.is_set():
+            value = metadata("instance/preempted" + query, timeout=70 if query else 2)
+            if value == "TRUE":
+                log.warning("the metadata server says this VM is preempted")
+                self.request_stop("preempted by the provider", preempted=True)
+                return
+            if value is None:
+                query = ""
+                self.stop.wait(poll_seconds)
+                poll_seconds = min(poll_seconds * 2, 30.0)
+            else:
+                query = wait  # first a plain read (already TRUE?), then wait for a change
+
+    def flush(self, deadline: float) -> None:
+        """Upload what the command wrote since the last chunk, in chunks of at most MAX_CHUNK."""
+        with open(self.spool, "rb") as spool:
+            while True:
+                if self._pending is None:
+                    spool.seek(self.uploaded)
+                    self._pending = spool.read(MAX_CHUNK) or None
+                if self._pending is None:
+                    return
+                data, seq = self._pending, self.seq
+                self._retry(f"chunk {seq}", lambda d=data, n=seq: self._put(n, d), deadline)
+                self.uploaded += len(data)
+                self.seq += 1
+                self._pending = None
+
+    def _put(self, seq: int, data: bytes) -> None:
+        self.store.write_run_chunk(self.job, self.attempt, self.worker, seq, data)
+
+    def heartbeat(self, deadline: float) -> None:
+        record = self._record(uploaded=self.uploaded, host=socket.gethostname())
+        self._retry("heartbeat", lambda: self.store.write_run_record(
+            self.job, self.attempt, self.worker, "heartbeat", record), deadline)  # fmt: skip
+
+    def run(self) -> int:
+        started = self._record(host=socket.gethostname(), pid=os.getpid(),
+                               num_workers=self.num_workers, command=self.command)  # fmt: skip
+        claim = lambda: self.store.claim_run_worker(self.job, self.attempt, self.worker, started)  # noqa: E731
+        if not self._retry("claim", claim, time.time() + 600):
+            log.info("worker %d of %s already started: not running the command again",
+                     self.worker, self.attempt)  # fmt: skip
+            return 0
+        env = dict(os.environ, BASTION_WORKER=str(self.worker),
+                   BASTION_NUM_WORKERS=str(self.num_workers))  # fmt: skip
+        with open(self.spool, "wb") as out:
+            proc = subprocess.Popen(
+                ["bash", "-c", self.command],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,  # its own group: signals reach everything it started
+            )
+        log.info("worker %d of %s: started pid %d", self.worker, self.attempt, proc.pid)
+        code = self._supervise(proc)
+        # After a stop request everything must land inside the Spot window; else be patient.
+        end = self.stopped_at + SPOT_WINDOW_SECONDS - 1 if self.stop.is_set() else time.time() + 600
+        end = max(end, time.time() + 3)
+        self.flush(end)
+        reason = self.stop_reason or f"exited with status {code}"
+        exit_record = self._record(code=code, preempted=self.preempted, reason=reason)
+        self._retry("exit record", lambda: self.store.write_run_record(
+            self.job, self.attempt, self.worker, "exit", exit_record), end)  # fmt: skip
+        log.info("worker %d of %s: %s (code %d)", self.worker, self.attempt, reason, code)
+        return code
+
+    def _supervise(self, proc: subprocess.Popen[bytes]) -> int:
+        """Wait for the command, uploading and heartbeating; on a stop request SIGTERM its
+        group, SIGKILL after the grace. Uploads here get a short deadline: a bucket outage
+        must not stop the command, the pending chunk is retried on the next tick."""
+        next_chunk = next_beat = time.time()
+        kill_at = None
+        while proc.poll() is None:
+            now = time.time()
+            if self.stop.is_set() and kill_at is None:
+                log.info("stopping the command: %s", self.stop_reason)
+                self._signal(proc, signal.SIGTERM)
+                kill_at = now + self.grace_seconds
+            if kill_at is not None and now >= kill_at:
+                self._signal(proc, signal.SIGKILL)
+                kill_at = float("inf")
+            if kill_at is None:  # while stopping, the window is for the last chunk only
+                try:
+                    if now >= next_beat:
+                        self.heartbeat(now + 5)
+                        next_beat = now + self.heartbeat_seconds
+                    if now >= next_chunk and os.path.getsize(self.spool) > self.uploaded:
+                        self.flush(now + 5)
+                        next_chunk = now + self.chunk_seconds
+                except Exception as e:
+                    log.warning("upload failed, will retry: %s", e)
+            time.sleep(0.1)
+        self._signal(proc, signal.SIGKILL)  # anything the command left behind in its group
+        code = proc.returncode
+        return 128 - code if code < 0 else code
+
+    @staticmethod
+    def _signal(proc: subprocess.Popen[bytes], sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--" not in argv:
+        print(
+            "usage: python -m bastion.agent --root=URL --job=NAME --attempt=NAME -- COMMAND",
+            file=sys.stderr,
+        )
+        return 2
+    split = argv.index("--")
+    parser = argparse.ArgumentParser(prog="bastion agent")
+    parser.add_argument("--root", required=True)
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--attempt", required=True, help="the attempt's name")
+    parser.add_argument(
+        "--worker", type=int, default=None, help="default: agent-worker-number, else 0"
+    )
+    parser.add_argument("--num_workers", type=int, default=1)
+    parser.add_argument("--chunk_seconds", type=float, default=5.0)
+    parser.add_argument("--heartbeat_seconds", type=float, default=10.0)
+    parser.add_argument("--grace_seconds", type=float, default=25.0)
+    parser.add_argument("--spool_dir", default=None)
+    args = parser.parse_args(argv[:split])
+    command = " ".join(argv[split + 1 :])
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s bastion-agent %(levelname)s %(message)s"
+    )
+    agent = Agent(Store(args.root), args.job, args.attempt, worker_index(args.worker),
+                  args.num_workers, command, args.chunk_seconds, args.heartbeat_seconds,
+                  args.grace_seconds, args.spool_dir)  # fmt: skip
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(
+            sig, lambda signum, _: agent.request_stop(f"stopped by {signal.Signals(signum).name}")
+        )
+    threading.Thread(target=agent.watch_preemption, daemon=True, name="preemption").start()
+    return agent.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
