@@ -294,6 +294,58 @@ class Store:
     def write_usage(self, data: dict[str, Any]) -> None:
         self._write(json.dumps(data, sort_keys=True).encode(), "history", "usage")
 
+    # -- bundles: users' code, content-addressed (written by the CLI, read by runners) -------
+
+    @staticmethod
+    def bundle_name(digest: str) -> str:
+        """``sha256:<hex>`` -> ``sha256-<hex>.tar.gz``; ValueError for anything else, so a
+        record from a spec can never name a path outside bundles/."""
+        algorithm, _, hexdigest = digest.partition(":")
+        if algorithm != "sha256" or len(hexdigest) != 64 or hexdigest.strip("0123456789abcdef"):
+            raise ValueError(f"{digest!r} is not a digest of the form sha256:<64 hex digits>")
+        return f"sha256-{hexdigest}.tar.gz"
+
+    def bundle_url(self, digest: str) -> str:
+        return self.url("bundles", self.bundle_name(digest))
+
+    def bundle_info(self, digest: str) -> ObjectInfo | None:
+        return self._info("bundles", self.bundle_name(digest))
+
+    def bundle_exists(self, digest: str) -> bool:
+        return self.bundle_info(digest) is not None
+
+    def put_bundle(self, digest: str, data: bytes | os.PathLike[str], size: int) -> bool:
+        """Store a bundle unless an object of that digest and ``size`` is already there: True
+        when this call uploaded it. ``data``: the bytes, or a local file streamed to a bucket
+        (a GCS/S3 object appears only once complete; a local root is written atomically).
+        Content-addressed, so two users racing upload the same bytes; a wrong-sized leftover
+        (a truncated or tampered object) is replaced rather than trusted."""
+        info = self.bundle_info(digest)
+        if info is not None and info.size == size:
+            return False
+        name = self.bundle_name(digest)
+        if isinstance(data, bytes):
+            self._write(data, "bundles", name)
+        elif isinstance(self.objects, LocalObjects):  # its write is the symlink-safe one
+            with open(data, "rb") as f:
+                self._write(f.read(), "bundles", name)
+        else:
+            self._count("write")
+            self.fs.put_file(os.fspath(data), self._path("bundles", name))
+        return True
+
+    def read_bundle(self, digest: str) -> bytes | None:
+        return self._read("bundles", self.bundle_name(digest))
+
+    def open_bundle(self, digest: str) -> Any:
+        """A binary file object to stream a bundle (FileNotFoundError when absent); callers
+        verify the digest of what they read, so nothing unverified is ever used."""
+        self._count("read")
+        return self.fs.open(self._path("bundles", self.bundle_name(digest)), "rb")
+
+    def delete_bundle(self, digest: str) -> None:
+        self._delete("bundles", self.bundle_name(digest))
+
     # -- the lease: one daemon per root ------------------------------------------------------
 
     def read_lease(self) -> tuple[dict[str, Any], str] | None:
