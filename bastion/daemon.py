@@ -42,7 +42,14 @@ from bastion.lifecycle import CLEANUP, RUN
 from bastion.logsync import LogSync
 from bastion.objects import ObjectInfo, PreconditionFailed, UnacceptableObject
 from bastion.quotas import QuotaSource
-from bastion.runners.base import Attempt, Observation, Phase, Runners, attempt_name
+from bastion.runners.base import (
+    Attempt,
+    Observation,
+    Phase,
+    RunnerError,
+    Runners,
+    attempt_name,
+)
 from bastion.scheduling import job_request
 from bastion.store import Store
 from quota.policy import Decision, Verdict, schedule
@@ -139,7 +146,8 @@ class Daemon:
         self.cycles = 0
         self._decision_records = 0
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers)
-        self._done: list[tuple[str, lifecycle.Event | None]] = []  # effect results to take in
+        # Effect results to take in: an event, a Start to retry, or None (the batch is done).
+        self._done: list[tuple[str, lifecycle.Event | lifecycle.Start | None]] = []
         self._done_lock = threading.Lock()
         self._deleting: dict[str, tuple[str, dict[str, Any] | None]] = {}  # name -> kind, handle
         self._undeleted: list[tuple[str, str, dict[str, Any] | None]] = []  # from the pool
@@ -669,29 +677,32 @@ class Daemon:
         attempts: dict[str, Attempt | None],
     ) -> None:
         """In the pool: one job's effects, in order; results go to ``_done``."""
-        results: list[lifecycle.Event] = []
+        results: list[lifecycle.Event | lifecycle.Start] = []
         try:
             for effect in effects:
                 record = records.get(effect.purpose)
                 if record is None:
                     continue
-                runner = self.runners.get(record["kind"])
                 self._may_act()
                 if isinstance(effect, lifecycle.Start):
                     attempt = attempts.get(effect.purpose)
                     if attempt is None:
                         continue
                     try:
-                        handle = runner.start(attempt)
-                    except Exception as e:
+                        handle = self.runners.get(record["kind"]).start(attempt)
+                    except RunnerError as e:  # the job's error: its attempt fails with it
                         log.error("%s: could not start %s: %s", job_name, attempt.name, e)
                         results.append(lifecycle.StartFailed(effect.purpose, str(e)[:1000]))
+                        continue
+                    except Exception as e:  # transient: the same start next cycle
+                        log.warning("%s: starting %s: %s; trying again", job_name, attempt.name, e)
+                        results.append(effect)
                         continue
                     record = {**record, "handle": handle}
                     records[effect.purpose] = record
                     results.append(lifecycle.Started(effect.purpose, handle))
                 elif isinstance(effect, lifecycle.Stop) and record.get("handle") is not None:
-                    runner.stop(record["handle"], effect.deadline)
+                    self.runners.get(record["kind"]).stop(record["handle"], effect.deadline)
         except NotHolding:
             log.error("%s: effects not carried out: the lease is not certainly ours", job_name)
         except Exception:
@@ -703,8 +714,8 @@ class Daemon:
     def _delete_attempt(self, name: str, kind: str, handle: dict[str, Any] | None) -> None:
         try:
             self._may_act()
-            runner = self.runners.get(kind)
-            gone = runner.delete(handle) if handle is not None else True
+            # An attempt that never started has nothing to delete (its kind may be unknown).
+            gone = handle is None or self.runners.get(kind).delete(handle)
         except NotHolding:
             return
         except Exception as e:
@@ -727,8 +738,10 @@ class Daemon:
                 continue
             if event is None:
                 job.inflight = max(0, job.inflight - 1)
-                continue
-            self._apply(job, event, now)
+            elif isinstance(event, lifecycle.Start):
+                job.effects.append(event)  # a transient failure: carried out again next cycle
+            else:
+                self._apply(job, event, now)
 
     def _job_env(self, job: Job) -> dict[str, str]:
         spec, state = job.spec, job.state

@@ -40,6 +40,7 @@ from bastion.jobstate import JobState, Outcome, Status, StopKind
 from bastion.runners.base import Handle, Observation, Phase
 
 RUN, CLEANUP = "run", "cleanup"
+_CLEANING_NOTE = "; running the cleanup command"
 
 
 # -- events ----------------------------------------------------------------------------------
@@ -353,7 +354,8 @@ def _observed(result: Result, event: Observed, now: float, has_cleanup: bool) ->
     _delete(result, event.purpose, record)
     if event.purpose == CLEANUP:
         note = "" if obs.exit_code == 0 else f" (cleanup {obs.reason or 'failed'})"
-        _complete(result, state.outcome or Outcome.FAILED, f"{state.reason}{note}", now)
+        reason = state.reason.removesuffix(_CLEANING_NOTE)
+        _complete(result, state.outcome or Outcome.FAILED, f"{reason}{note}", now)
         return
     result.effects.append(Log(RUN, _end_marker(state, obs, now)))
     state.exit_code = obs.exit_code
@@ -405,7 +407,7 @@ def _finish_run(
         return
     state.outcome = outcome
     state.status = Status.CLEANING
-    _event(result, "CLEANING", f"{reason}; running the cleanup command")
+    _event(result, "CLEANING", f"{reason}{_CLEANING_NOTE}")
     result.effects.append(NeedsCleanup())
 
 

@@ -142,7 +142,6 @@ def owned_names(rig: Rig, daemon: Daemon) -> list[str]:
 def test_queued_provisioning_running_succeeded_with_output_in_the_log(rig: Rig) -> None:
     rig.submit(
         "fake-ok",
-        # the trailing sleep: a line echoed at the very end can be lost (see the xfail below)
         "echo hello from fake; sleep 0.3; echo second line; sleep 0.1",
         fake_queued_seconds=0.5,
         fake_provision_seconds=0.5,
@@ -187,12 +186,6 @@ def test_queued_provisioning_running_succeeded_with_output_in_the_log(rig: Rig) 
     assert owned_names(rig, daemon) == []  # the finished attempt was deleted
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (bastion/runners/fake.py _observe): a finished attempt's output is cut at "
-    "`at - running_at` computed from absolute epoch floats, which rounds below the command's "
-    "duration, so a line echoed at the very end (offset == duration) is never returned",
-)
 def test_fake_returns_a_line_echoed_at_the_very_end(tmp_path: Path) -> None:
     now = [1_700_000_000.0]
     fake = FakeRunner("/root", str(tmp_path / "fake"), clock=lambda: now[0])
@@ -280,13 +273,6 @@ def test_unknown_runner_kind_fails_naming_the_kind(rig: Rig) -> None:
     assert "nosuch" in info.reason
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (bastion/daemon.py _delete_attempt): the Delete of an attempt that never "
-    "started (handle None) calls self.runners.get(kind) before checking the handle, so for an "
-    "unknown kind it raises, is logged 'could not delete attempt ... (will retry)' and is "
-    "re-queued in _deleting every cycle forever",
-)
 def test_unknown_runner_kind_leaves_nothing_to_delete(
     rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -421,11 +421,6 @@ def test_cleaning_finished_completes_keeping_the_run_outcome(
     assert ("(cleanup" in new.reason) == (cleanup_code != 0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a COMPLETED job's reason after its cleanup still ends in "
-    "'; running the cleanup command' (the CLEANING reason is reused as the final one)",
-)
 def test_completed_after_cleanup_does_not_say_the_cleanup_is_running():
     state = cleaning(Phase.FAILED, 3)
     obs = observed(Phase.SUCCEEDED, exit_code=0, purpose=CLEANUP)

@@ -29,7 +29,7 @@ class TestLocalContract(RunnerContract):
     __test__ = True
 
     def make_runner(self, tmp_path):
-        settings = {"root": self.root, "work_dir": str(tmp_path / "work"), "gpus": []}
+        settings = {"root": self.root, "attempts_dir": str(tmp_path / "attempts"), "gpus": []}
         return base.factory_for("local")(settings)
 
 

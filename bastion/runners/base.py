@@ -95,7 +95,13 @@ class Owned:
 
 
 class RunnerError(Exception):
-    """A runner cannot do what was asked; the message is for the job's user."""
+    """A runner cannot do what was asked; the message is for the job's user (the attempt
+    fails with it). Any other exception is taken as transient: the daemon tries again."""
+
+
+class TryAgain(Exception):
+    """Transient: the same call may succeed next cycle (another process is starting this very
+    attempt right now, an engine or API briefly unreachable)."""
 
 
 class Runner(abc.ABC):

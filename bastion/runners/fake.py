@@ -166,7 +166,9 @@ class FakeRunner(base.Runner):
         if record is None or record.get("error"):
             return b""
         ran = self._observe(record, self.clock())[1]
-        text = "".join(f"{line}\n" for at, line in record["lines"] if at <= ran)
+        # 1e-6: `created + duration - created` can round just below `duration`, and a line
+        # echoed at the very end must not be lost.
+        text = "".join(f"{line}\n" for at, line in record["lines"] if at <= ran + 1e-6)
         return text.encode()[offset : offset + limit]
 
     @staticmethod
