@@ -1,0 +1,253 @@
+"""The in-guest agent as a real subprocess against a real bucket (local directory and the GCS
+emulator), with the metadata-server stand-in, and what RemoteRecords makes of its records."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from bastion.agent import Agent
+from bastion.runners.base import Phase
+from bastion.runners.remote import RemoteRecords
+from bastion.store import Store
+from tests.harness import REPO, kill_all, processes_with_env, wait_for
+from tests.standins.metadata import MetadataServer
+
+BUCKET = "bastion-test"  # the session emulator's bucket (conftest.py)
+
+
+@pytest.fixture(params=["local", "gcs"])
+def root(request, tmp_path):
+    if request.param == "gcs":
+        request.getfixturevalue("gcs_emulator")
+        return f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}"
+    return str(tmp_path / "root")
+
+
+@pytest.fixture
+def metadata():
+    with MetadataServer({}) as server:
+        yield server
+
+
+@pytest.fixture
+def agents(tmp_path, metadata):
+    """Start agents as subprocesses; whatever is left is killed at the end, commands too."""
+    tag = uuid.uuid4().hex
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(root, *command, attempt="a1", worker=0, chunk=0.3, beat=0.3, **flags):
+        args = [f"--root={root}", "--job=train", f"--attempt={attempt}"]
+        if worker is not None:
+            args.append(f"--worker={worker}")
+        args += [f"--chunk_seconds={chunk}", f"--heartbeat_seconds={beat}"]
+        args += [f"--{key}={value}" for key, value in flags.items()]
+        env = dict(os.environ, GCE_METADATA_HOST=metadata.host, AGENT_TEST_TAG=tag)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bastion.agent", *args, "--", *command],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    kill_all(processes_with_env("AGENT_TEST_TAG", tag))
+
+
+def finished(proc: subprocess.Popen[bytes], timeout: float = 40) -> int:
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out = proc.communicate(timeout=10)[0].decode(errors="replace")
+        raise AssertionError(f"agent still running after {timeout}s:\n{out}") from None
+
+
+def records(root: str, workers: int = 1, timeout: float = 30.0) -> RemoteRecords:
+    return RemoteRecords(Store(root), "train", "a1", workers, heartbeat_timeout=timeout)
+
+
+def output(remote: RemoteRecords, worker: int = 0) -> bytes:
+    return remote.read_output(0, 1 << 20, worker=worker)
+
+
+def test_output_in_chunks_while_running_and_whole_after_exit(root, agents, tmp_path):
+    gate, marker = tmp_path / "gate", tmp_path / "marker"
+    command = (
+        f"echo run >> {marker}; echo first $BASTION_WORKER/$BASTION_NUM_WORKERS; "
+        f"while [ ! -e {gate} ]; do sleep 0.05; done; "
+        "for i in $(seq 1 200); do echo line $i; done; echo to-stderr >&2; exit 5"
+    )
+    proc = agents(root, command, num_workers=1)
+    remote = records(root)
+    wait_for(lambda: b"first 0/1\n" in output(remote), timeout=30, what="the first chunk")
+    assert proc.poll() is None, "output must arrive while the command still runs"
+    listing = remote.list()
+    assert remote.observe(listing, time.time()).phase == Phase.RUNNING
+    gate.touch()
+    assert finished(proc) == 5
+    listing = remote.list()
+    expected = "first 0/1\n" + "".join(f"line {i}\n" for i in range(1, 201)) + "to-stderr\n"
+    whole = remote.read_output(0, 1 << 20, listing=listing)
+    assert whole.decode() == expected
+    chunks = [name for name in listing if Store.parse_run_name(name)[1:2] == ("log",)]
+    assert len(chunks) >= 2, chunks  # the first line went up before the rest existed
+    pieces, offset = [], 0  # small pieces (crossing chunk boundaries) equal the whole
+    while piece := remote.read_output(offset, 7, listing=listing):
+        pieces.append(piece)
+        offset += len(piece)
+    assert b"".join(pieces) == whole
+    assert remote.read_output(len(whole), 10, listing=listing) == b""
+    exit_record = Store(root).read_run_record("train", "a1", 0, "exit")
+    assert exit_record["code"] == 5 and exit_record["preempted"] is False
+    observed = remote.observe(listing, time.time())
+    assert (observed.phase, observed.exit_code) == (Phase.FAILED, 5)
+    assert observed.reason == "worker 0 exited with status 5"
+
+    again = agents(root, command)  # the startup script runs again on the same attempt
+    assert finished(again) == 0
+    assert b"already started" in again.communicate(timeout=10)[0]
+    assert marker.read_text() == "run\n"  # the command ran exactly once
+    assert output(records(root)).decode() == expected
+    Store(root).delete_run("train", "a1")
+    assert Store(root).list_run("train", "a1") == {}
+
+
+def test_sigterm_reaches_the_command_and_the_last_line_is_flushed(root, agents, tmp_path):
+    ready = tmp_path / "ready"
+    command = (
+        "trap 'echo got TERM; exit 143' TERM; echo working; "
+        f"touch {ready}; while true; do sleep 0.05; done"
+    )
+    proc = agents(root, command, chunk=60)  # only the flush at exit uploads after the start
+    wait_for(ready.exists, timeout=30, what="the command to start")
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert finished(proc) == 143
+    assert time.monotonic() - started < 30  # inside the spot window
+    remote = records(root)
+    assert output(remote).decode().splitlines()[-1] == "got TERM"
+    exit_record = Store(root).read_run_record("train", "a1", 0, "exit")
+    assert exit_record["code"] == 143 and exit_record["preempted"] is False
+    assert exit_record["reason"] == "stopped by SIGTERM"
+    assert remote.observe(remote.list(), time.time()).phase == Phase.FAILED
+
+
+def test_preemption_notice_stops_and_marks_the_exit(root, agents, tmp_path, metadata):
+    """The worker index comes from the metadata server when --worker is not given."""
+    metadata.attributes["agent-worker-number"] = "1"
+    ready = tmp_path / "ready"
+    command = (
+        "trap 'echo saving checkpoint; exit 143' TERM; echo worker $BASTION_WORKER; "
+        f"touch {ready}; while true; do sleep 0.05; done"
+    )
+    proc = agents(root, command, worker=None, num_workers=2)
+    wait_for(ready.exists, timeout=30, what="the command to start")
+    metadata.preempt()
+    assert finished(proc) == 143
+    remote = records(root, workers=2)
+    lines = output(remote, worker=1).decode().splitlines()  # bash may add "Terminated"
+    assert (lines[0], lines[-1]) == ("worker 1", "saving checkpoint")
+    exit_record = Store(root).read_run_record("train", "a1", 1, "exit")
+    assert exit_record["preempted"] is True and exit_record["code"] == 143
+    observed = remote.observe(remote.list(), time.time())
+    assert observed.phase == Phase.PREEMPTED and observed.retryable
+    assert "worker 1" in observed.reason
+
+
+def test_a_failing_worker_fails_the_job_with_its_code(tmp_path, agents):
+    root = str(tmp_path / "root")
+    gate = tmp_path / "gate"
+    remote = records(root, workers=2)
+    assert remote.observe(remote.list(), time.time()) is None  # nothing started: ask the cloud
+    w0 = agents(root, f"while [ ! -e {gate} ]; do sleep 0.05; done", worker=0, num_workers=2)
+    wait_for(lambda: Store.run_name(0, "started") in remote.list(), what="worker 0 to start")
+    assert remote.observe(remote.list(), time.time()).phase == Phase.RUNNING
+    w1 = agents(root, "echo bad input; exit 3", worker=1, num_workers=2)
+    assert finished(w1) == 3
+    observed = remote.observe(remote.list(), time.time())
+    assert (observed.phase, observed.exit_code) == (Phase.FAILED, 3)
+    assert observed.reason == "worker 1 exited with status 3"
+    assert not observed.retryable
+    gate.touch()
+    assert finished(w0) == 0
+    assert remote.observe(remote.list(), time.time()).reason == "worker 1 exited with status 3"
+    assert output(remote, worker=1) == b"bad input\n"
+
+
+def test_all_workers_exit_zero_is_success(tmp_path, agents):
+    root = str(tmp_path / "root")
+    procs = [agents(root, "echo ok", worker=w, num_workers=2) for w in (0, 1)]
+    assert [finished(p) for p in procs] == [0, 0]
+    remote = records(root, workers=2)
+    assert remote.observe(remote.list(), time.time()).phase == Phase.SUCCEEDED
+
+
+def test_a_worker_that_stops_heartbeating_is_lost(tmp_path, agents):
+    root = str(tmp_path / "root")
+    proc = agents(root, "sleep 60", beat=0.2)
+    remote = records(root, timeout=5.0)
+    wait_for(lambda: Store.run_name(0, "heartbeat") in remote.list(), what="a heartbeat")
+    assert remote.observe(remote.list(), time.time()).phase == Phase.RUNNING
+    proc.kill()  # the VM vanished: no exit record, the heartbeat goes stale
+    proc.wait(10)
+    listing = remote.list()
+    assert remote.observe(listing, time.time() + 1).phase == Phase.RUNNING
+    observed = remote.observe(listing, time.time() + 10)
+    assert observed.phase == Phase.LOST and observed.retryable
+    assert observed.reason.startswith("worker 0 stopped heartbeating")
+
+
+def test_stale_records_written_directly(tmp_path):
+    """Without an agent: a started worker that never heartbeat is judged by its start time."""
+    store = Store(str(tmp_path / "root"))
+    store.claim_run_worker("train", "a1", 0, {"worker": 0, "time": 1000.0})
+    remote = records(str(tmp_path / "root"), timeout=60)
+    assert remote.observe(remote.list(), 1030.0).phase == Phase.RUNNING
+    assert remote.observe(remote.list(), 1100.0).phase == Phase.LOST
+    store.write_run_record("train", "a1", 0, "heartbeat", {"worker": 0, "time": 1090.0})
+    assert remote.observe(remote.list(), 1100.0).phase == Phase.RUNNING
+
+
+class LosesAnswers(Store):
+    """Writes a chunk, then fails as if the answer was lost: once per chunk."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.lost: set[int] = set()
+
+    def write_run_chunk(self, job, attempt, worker, seq, data):
+        super().write_run_chunk(job, attempt, worker, seq, data)
+        if seq not in self.lost:
+            self.lost.add(seq)
+            raise TimeoutError("the answer was lost")
+
+
+def test_a_chunk_whose_answer_was_lost_is_rewritten_under_the_same_name(tmp_path):
+    store = LosesAnswers(str(tmp_path / "root"))
+    agent = Agent(store, "train", "a1", 0, 1, "true", spool_dir=str(tmp_path))
+    Path(agent.spool).write_bytes(b"one\n")
+    agent.flush(time.time() + 10)
+    with open(agent.spool, "ab") as spool:
+        spool.write(b"two\n")
+    agent.flush(time.time() + 10)
+    agent.flush(time.time() + 10)  # nothing new: nothing written
+    listing = store.list_run("train", "a1")
+    assert sorted(listing) == ["workers/0/log/00000000", "workers/0/log/00000001"]
+    assert store.ops["write"] == 4  # each chunk twice, nothing else
+    remote = RemoteRecords(store, "train", "a1", 1, 30)
+    assert remote.read_output(0, 100, listing=listing) == b"one\ntwo\n"
