@@ -188,9 +188,14 @@ class Agent:
         # After a stop request everything must land inside the Spot window; else be patient.
         end = self.stopped_at + SPOT_WINDOW_SECONDS - 1 if self.stop.is_set() else time.time() + 600
         end = max(end, time.time() + 3)
-        self.flush(end)
+        try:
+            self.flush(end)
+        except Exception as e:  # the exit record still matters more than the last bytes
+            log.error("could not upload the last output: %s", e)
         reason = self.stop_reason or f"exited with status {code}"
-        exit_record = self._record(code=code, preempted=self.preempted, reason=reason)
+        exit_record = self._record(
+            code=code, preempted=self.preempted, reason=reason, output_bytes=self.uploaded
+        )
         self._retry("exit record", lambda: self.store.write_run_record(
             self.job, self.attempt, self.worker, "exit", exit_record), end)  # fmt: skip
         log.info("worker %d of %s: %s (code %d)", self.worker, self.attempt, reason, code)

@@ -114,6 +114,7 @@ def test_output_in_chunks_while_running_and_whole_after_exit(root, agents, tmp_p
     assert remote.read_output(len(whole), 10, listing=listing) == b""
     exit_record = Store(root).read_run_record("train", "a1", 0, "exit")
     assert exit_record["code"] == 5 and exit_record["preempted"] is False
+    assert exit_record["output_bytes"] == len(whole)  # the daemon knows the log is complete
     observed = remote.observe(listing, time.time())
     assert (observed.phase, observed.exit_code) == (Phase.FAILED, 5)
     assert observed.reason == "worker 0 exited with status 5"
@@ -251,3 +252,33 @@ def test_a_chunk_whose_answer_was_lost_is_rewritten_under_the_same_name(tmp_path
     assert store.ops["write"] == 4  # each chunk twice, nothing else
     remote = RemoteRecords(store, "train", "a1", 1, 30)
     assert remote.read_output(0, 100, listing=listing) == b"one\ntwo\n"
+
+
+def test_metadata_stand_in_behaves_like_the_server(metadata):
+    import threading
+    import urllib.error
+    import urllib.request
+
+    def get(path, flavor=True, timeout=5):
+        headers = {"Metadata-Flavor": "Google"} if flavor else {}
+        url = f"http://{metadata.host}/computeMetadata/v1/{path}"
+        try:
+            with urllib.request.urlopen(
+                urllib.request.Request(url, headers=headers), timeout=timeout
+            ) as r:
+                assert r.headers["Metadata-Flavor"] == "Google"
+                return r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    metadata.attributes["agent-worker-number"] = "3"
+    assert get("instance/attributes/agent-worker-number") == "3"
+    assert get("instance/attributes/agent-worker-number", flavor=False) == 403
+    assert get("instance/attributes/missing") == 404
+    assert get("project/project-id") == "bastion-test"
+    assert get("instance/preempted") == "FALSE"
+    assert get("instance/preempted?wait_for_change=true&timeout_sec=0.2") == "FALSE"
+    threading.Timer(0.3, metadata.preempt).start()
+    started = time.monotonic()
+    assert get("instance/preempted?wait_for_change=true", timeout=10) == "TRUE"
+    assert 0.2 < time.monotonic() - started < 5
