@@ -168,6 +168,14 @@ def test_tpu_preemption(tpu_server, tpu):
     assert op["done"] and op["error"]["code"] == 3
 
 
+def test_tpu_delete_while_creating_fails_the_create_op(tpu_server, tpu):
+    op = create_node(tpu, "x")
+    tpu.nodes().delete(name=f"{PARENT}/nodes/x").execute()
+    tpu_server.tick()
+    assert tpu.operations().get(name=op["name"]).execute()["error"]["code"] == 10
+    assert http_error(tpu.nodes().get(name=f"{PARENT}/nodes/x")).status_code == 404
+
+
 def test_tpu_phantom_409_creates_anyway(tpu_server, tpu):
     tpu_server.phantom_409()
     assert http_error(tpu.nodes().create(parent=PARENT, nodeId="x", body=V4)).status_code == 409
@@ -449,6 +457,13 @@ def test_gce_delete_then_404(gce_server, gce):
     assert e.error_details == [{"message": message, "domain": "global", "reason": "notFound"}]
     assert http_error(gce.instances().delete(project=P, zone=CZ, instance="vm-1")).status_code \
         == 404
+
+
+def test_gce_delete_while_provisioning_fails_the_insert_op(gce_server, gce):
+    op = insert(gce, vm("vm-1"))
+    gce.instances().delete(project=P, zone=CZ, instance="vm-1").execute()
+    gce_server.tick()
+    assert op_get(gce, op)["error"]["errors"][0]["code"] == "RESOURCE_NOT_FOUND"
 
 
 def test_gce_rate_limit_and_5xx_are_retried_by_the_client(gce_server, gce):

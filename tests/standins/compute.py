@@ -308,4 +308,7 @@ class ComputeServer(StandinServer):
                 self._ready(inst, 0, {**md, "instance-id": inst["id"], "hostname": key[2]})
             elif status == "STOPPING" and inst.get("_del_op"):
                 del self.instances[key]
+                if self.ops[inst["_op"]]["status"] != "DONE":  # deleted while being created
+                    self._finish(inst["_op"], error=("RESOURCE_NOT_FOUND", (
+                        f"The resource '{self._path(key)}' was deleted during creation.")))
                 self._finish(inst["_del_op"])

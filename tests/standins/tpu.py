@@ -140,7 +140,10 @@ class TpuServer(StandinServer):
     def stuck(self, name: str, frozen: bool = True):
         """Freeze a queued resource in its current state (no advance, no expiry)."""
         with self.lock:
-            self._find(self.qrs, name)["_stuck"] = frozen
+            qr = self._find(self.qrs, name)
+            if qr is None:
+                raise KeyError(name)
+            qr["_stuck"] = frozen
 
     @staticmethod
     def _find(table: dict, name: str):
@@ -367,6 +370,9 @@ class TpuServer(StandinServer):
                 node["_left"] -= 1
                 if node["_left"] <= 0:
                     del self.nodes[name]
+                    if node["_op"]:  # deleted before it was READY: the create op fails
+                        self._finish(node["_op"], error={"code": 10, "message": (
+                            f"Node '{name}' was deleted before it became ready.")})
                     if node.get("_del_op"):
                         self._finish(node["_del_op"])
         for name, qr in list(self.qrs.items()):
