@@ -496,3 +496,36 @@ def test_a_start_that_fails_frees_its_gpus(rig: Rig, failure: str) -> None:
     handle = runner.start(rig.attempt("all", "exit 0", gpus=4))
     assert handle["gpus"] == [0, 1, 2, 3]
     assert finished(runner, handle) == (Phase.SUCCEEDED, 0)
+
+
+def test_an_attempt_being_started_by_another_process_is_not_started_again(rig: Rig) -> None:
+    """A standby daemon on this host asks to start the attempt that a frozen holder is in the
+    middle of starting (it holds the attempt's claim): the standby waits (TryAgain) and, once
+    the claim is free, adopts what the holder started."""
+    directory = rig.dir("claimed")
+    directory.mkdir(parents=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import fcntl, os, sys, time\n"
+         f"fd = os.open({str(directory / '.claim')!r}, os.O_WRONLY | os.O_CREAT)\n"
+         "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+         "print('claimed', flush=True)\n"
+         "time.sleep(60)\n"],
+        stdout=subprocess.PIPE,
+    )
+    marker = rig.tmp / "claimed-ran"
+    attempt = rig.attempt("claimed", f"echo ran >> {marker}; {rig.wait_go('claimed')}")
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == b"claimed"
+        with pytest.raises(base.TryAgain, match="being started by another process"):
+            rig.runner().start(attempt)
+        assert not marker.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    handle = rig.runner().start(attempt)  # the claim is free and nothing ran: it runs now
+    again = rig.runner().start(attempt)
+    assert again["pid"] == handle["pid"]
+    rig.go("claimed").touch()
+    wait_for(lambda: marker.exists(), what="the command")
+    assert marker.read_text() == "ran\n"

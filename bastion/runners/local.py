@@ -2,8 +2,9 @@
 
 Each attempt owns a directory named after the attempt, in a directory shared by every daemon
 of this root on this host (so a standby daemon in another work directory still finds what the
-old holder started). ``mkdir`` of that directory is the attempt's claim: whoever creates it
-starts the process; anyone else adopts it. Inside:
+old holder started). Starting happens under an exclusive lock on the directory's ``.claim``:
+the holder looks for an earlier start and, finding none, starts the process; anyone else waits
+(next cycle) and then adopts it. Inside:
 
 - ``launch.json``: written *before* the process starts (host, GPUs);
 - ``pid``: written by the wrapper itself before it runs the command, so an attempt started just
@@ -21,6 +22,7 @@ know nothing of quotas: they are told what to start and how many GPUs it may use
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -30,7 +32,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import psutil
@@ -43,6 +45,7 @@ from bastion.runners.base import (
     Phase,
     Runner,
     RunnerError,
+    TryAgain,
     name_prefix,
 )
 
@@ -119,30 +122,31 @@ class LocalRunner(Runner):
                 "runner (it takes none); drop them or pick another runner kind"
             )
         directory = self._dir(attempt.name)
-        claimed = True
+        created = True
         try:
-            os.mkdir(directory)  # the claim: only one caller ever gets past it
+            os.mkdir(directory)
         except FileNotFoundError:
             os.makedirs(self.attempts_dir, exist_ok=True)
             os.mkdir(directory)
         except FileExistsError:
-            found = self._find(attempt.name)
+            created = False
+        with _claim(directory, attempt.name):
+            # Under the claim, look again: whoever held it before us may have started it.
+            found = None if created else self._find(attempt.name)
             if found is not None:
                 return found
-            claimed = False  # claimed but the command never ran (no pid, no process): run it now
-        try:
-            gpus = self._allocate_gpus(attempt.name, int(attempt.resources.get("gpu", 0) or 0))
-        except RunnerError:
-            if claimed:  # leave no trace of an attempt that never started
-                with contextlib.suppress(OSError):
-                    os.rmdir(directory)
-            raise
-        try:
-            return self._spawn(attempt, directory, gpus)
-        except BaseException:
-            with self._lock:
-                self._gpus_in_use.pop(attempt.name, None)  # nothing started: the GPUs stay free
-            raise
+            try:
+                gpus = self._allocate_gpus(attempt.name, int(attempt.resources.get("gpu") or 0))
+            except RunnerError:
+                if created:  # leave no trace of an attempt that never started
+                    shutil.rmtree(directory, ignore_errors=True)
+                raise
+            try:
+                return self._spawn(attempt, directory, gpus)
+            except BaseException:
+                with self._lock:
+                    self._gpus_in_use.pop(attempt.name, None)  # nothing started: GPUs stay free
+                raise
 
     def poll(self, handle: Handle) -> Observation:
         if handle.get("host") != self.host:
@@ -353,6 +357,23 @@ class LocalRunner(Runner):
                 )
             self._gpus_in_use[name] = free[:count]
             return free[:count]
+
+
+@contextlib.contextmanager
+def _claim(directory: str, name: str) -> Iterator[None]:
+    """Whoever starts an attempt holds this lock from before the look for an earlier start
+    until its handle is recorded, so two daemons of one root on this host (a standby that took
+    over from a frozen holder) never both start it. A holder that is frozen keeps the others
+    waiting (TryAgain, next cycle); one that died releases it with its file descriptors."""
+    fd = os.open(os.path.join(directory, ".claim"), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise TryAgain(f"attempt {name} is being started by another process") from None
+        yield
+    finally:
+        os.close(fd)
 
 
 def _write_json(path: str, data: Any) -> None:
