@@ -57,7 +57,8 @@ class DockerBastion(Bastion):
         filters = {"label": [f"bastion.root={self.tag}"]}
         if job is not None:
             filters["label"].append(f"bastion.job={job}")
-        return self.docker.containers.list(all=True, filters=filters)
+        # ignore_removed: the SDK lists, then inspects each; one removed meanwhile is skipped
+        return self.docker.containers.list(all=True, filters=filters, ignore_removed=True)
 
     def running_container(self, job: str):
         def found():
@@ -70,7 +71,7 @@ class DockerBastion(Bastion):
 
     def cleanup(self) -> None:
         self.close()
-        for c in self.docker.containers.list(all=True, filters={"label": f"bastion.root={self.tag}"}):
+        for c in self.containers():
             c.remove(force=True)
         self.docker.close()
 
@@ -127,7 +128,7 @@ def test_cancel_running_docker_job_removes_container(dk):
     record = dk.wait_complete("dcancel", timeout=40)
     assert record["state"]["outcome"] == "CANCELLED"
     wait_for(lambda: not dk.containers("dcancel"), timeout=15, what="the container's removal")
-    assert not dk.docker.containers.list(all=True, filters={"name": container.name})
+    assert not dk.docker.api.containers(all=True, filters={"name": container.name})
 
 
 def test_kill_9_daemon_adopts_running_container(dk):
@@ -164,7 +165,14 @@ def _orphan(dk: DockerBastion, suffix: str, **labels: str):
 
 
 def _gone(dk: DockerBastion, container) -> bool:
-    return not dk.docker.containers.list(all=True, filters={"id": container.id})
+    return not dk.docker.api.containers(all=True, filters={"id": container.id})
+
+
+def wait_gone(dk: DockerBastion, container, timeout: float) -> None:
+    try:
+        wait_for(lambda: _gone(dk, container), timeout=timeout, what="the orphan's removal")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\ndaemon output:\n{dk.daemon_output()[-4000:]}") from None
 
 
 def test_orphan_container_removed_by_periodic_sweep_while_docker_in_use(dk):
@@ -173,7 +181,7 @@ def test_orphan_container_removed_by_periodic_sweep_while_docker_in_use(dk):
     dk.launch("dholder", "sleep 300")
     dk.running_container("dholder")
     orphan = _orphan(dk, "orphan", **{"bastion.name": name_prefix(dk.store.root_url) + "orphan"})
-    wait_for(lambda: _gone(dk, orphan), timeout=30, what="the orphan's removal")
+    wait_gone(dk, orphan, timeout=45)
     assert dk.running_container("dholder")  # the live job's container is untouched
 
 
@@ -181,7 +189,7 @@ def test_orphan_container_removed_by_recovery_sweep_default_docker(dk_default_do
     dk = dk_default_docker
     orphan = _orphan(dk, "orphan", **{"bastion.name": name_prefix(dk.store.root_url) + "orphan"})
     dk.start_daemon()
-    wait_for(lambda: _gone(dk, orphan), timeout=20, what="the orphan's removal")
+    wait_gone(dk, orphan, timeout=20)
 
 
 @pytest.mark.xfail(
@@ -198,7 +206,7 @@ def test_orphan_labelled_only_with_root_is_removed(dk_default_docker):
     dk = dk_default_docker
     orphan = _orphan(dk, "orphan")
     dk.start_daemon()
-    wait_for(lambda: _gone(dk, orphan), timeout=12, what="the orphan's removal")
+    wait_gone(dk, orphan, timeout=12)
 
 
 @pytest.mark.xfail(
@@ -215,7 +223,7 @@ def test_orphan_container_removed_when_docker_configured_but_not_default(dk):
     dk.start_daemon()
     dk.cli("launch", "--name=localjob", "--", "echo hi")  # a local job: the daemon cycles
     dk.wait_complete("localjob", timeout=30)
-    wait_for(lambda: _gone(dk, orphan), timeout=12, what="the orphan's removal")
+    wait_gone(dk, orphan, timeout=12)
 
 
 def test_missing_image_fails_job_and_others_keep_running(dk):
