@@ -146,12 +146,12 @@ class Daemon:
         self.cycles = 0
         self._decision_records = 0
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers)
-        # Effect results to take in: an event, a Start to retry, or None (the batch is done).
-        self._done: list[tuple[str, lifecycle.Event | lifecycle.Start | None]] = []
+        # Effect results to take in: an event, or None (the batch is done).
+        self._done: list[tuple[str, lifecycle.Event | None]] = []
         self._done_lock = threading.Lock()
         self._deleting: dict[str, tuple[str, dict[str, Any] | None]] = {}  # name -> kind, handle
         self._undeleted: list[tuple[str, str, dict[str, Any] | None]] = []  # from the pool
-        self._futures: list[concurrent.futures.Future[None]] = []
+        self._futures: set[concurrent.futures.Future[None]] = set()  # effects in flight
         self._stop = threading.Event()
         self._lost_ownership = False
         self._recovered = False
@@ -225,9 +225,7 @@ class Daemon:
 
     def settle(self, timeout: float = 60.0) -> None:
         """Wait for the effects in flight and take in their results (tests, shutdown)."""
-        with self._done_lock:
-            futures, self._futures = self._futures, []
-        concurrent.futures.wait(futures, timeout=timeout)
+        concurrent.futures.wait(list(self._futures), timeout=timeout)
         self._take_in_results()
 
     def _may_act(self) -> None:
@@ -418,7 +416,7 @@ class Daemon:
         while we were down, or a daemon died between an attempt's end and its deletion) are
         orphans: delete them. Only runners already in use are asked."""
         live = self._live_attempts()
-        kinds = {self.runners.default} | {
+        kinds = {self.runners.default, *self.runners.configured} | {
             str(r["kind"])
             for job in self.jobs.values()
             for r in (job.state.runner, job.state.cleanup_runner)
@@ -645,9 +643,8 @@ class Daemon:
 
     def _submit(self, call: Callable[..., None], *args: Any) -> None:
         future = self._pool.submit(call, *args)
-        with self._done_lock:
-            self._futures = [f for f in self._futures if not f.done()]
-            self._futures.append(future)
+        self._futures.add(future)
+        future.add_done_callback(self._futures.discard)
 
     def _attempt_for(self, job: Job, purpose: str) -> Attempt | None:
         record = lifecycle.attempt_record(job.state, purpose)
@@ -677,7 +674,7 @@ class Daemon:
         attempts: dict[str, Attempt | None],
     ) -> None:
         """In the pool: one job's effects, in order; results go to ``_done``."""
-        results: list[lifecycle.Event | lifecycle.Start] = []
+        results: list[lifecycle.Event] = []
         try:
             for effect in effects:
                 record = records.get(effect.purpose)
@@ -696,7 +693,7 @@ class Daemon:
                         continue
                     except Exception as e:  # transient: the same start next cycle
                         log.warning("%s: starting %s: %s; trying again", job_name, attempt.name, e)
-                        results.append(effect)
+                        results.append(lifecycle.StartDeferred(effect.purpose, str(e)[:500]))
                         continue
                     record = {**record, "handle": handle}
                     records[effect.purpose] = record
@@ -738,8 +735,9 @@ class Daemon:
                 continue
             if event is None:
                 job.inflight = max(0, job.inflight - 1)
-            elif isinstance(event, lifecycle.Start):
-                job.effects.append(event)  # a transient failure: carried out again next cycle
+            elif isinstance(event, lifecycle.StartDeferred):
+                job.effects.append(lifecycle.Start(event.purpose))  # again next cycle
+                self._apply(job, event, now)  # ... and the job says why it waits
             else:
                 self._apply(job, event, now)
 

@@ -11,12 +11,14 @@ job's status changes nothing.
     PENDING     Reject | Cancel                 -> COMPLETED    -
     PENDING     Wait(reason)                    -> PENDING      -   (reason only)
     ACTIVE      Started(handle)                 -> ACTIVE       -   (handle recorded)
-    ACTIVE      StartFailed(retryable=False)    -> COMPLETED    Log(failed), Delete(run)
+    ACTIVE      StartFailed (the job's error)   -> COMPLETED    Log(failed), Delete(run)
+    ACTIVE      StartDeferred (transient)       -> ACTIVE       -   (reason; the daemon retries)
     ACTIVE      Observed(queued|provisioning|running) -> ACTIVE -   (phase; running_since)
     ACTIVE      Preempt | Update                -> ACTIVE       Stop(run)   (stop recorded)
     ACTIVE      Cancel                          -> CANCELLING   Stop(run)
     ACTIVE      Observed(finished), stopped for preempt/update -> PENDING   Log(end), Delete
     ACTIVE      Observed(preempted by provider | lost)         -> PENDING   Log(end), Delete
+    ACTIVE      Observed(failed, retryable, no exit code)      -> PENDING   Log(end), Delete
     ACTIVE      Observed(succeeded | failed)    -> CLEANING or COMPLETED    Log(end), Delete,
                                                                  Start(cleanup) if any
     CANCELLING  Observed(finished)              -> CLEANING or COMPLETED (CANCELLED)
@@ -94,6 +96,15 @@ class Started:
 class StartFailed:
     purpose: str
     error: str
+
+
+@dataclass(frozen=True)
+class StartDeferred:
+    """The runner cannot start the attempt yet (TryAgain: a blocked region, a busy claim, an
+    unreachable engine); the daemon tries again next cycle. Only the reason changes."""
+
+    purpose: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -212,6 +223,8 @@ def transition(
             _set_record(new, event.purpose, {**record, "handle": event.handle})
     elif isinstance(event, StartFailed):
         _start_failed(result, event, now, has_cleanup)
+    elif isinstance(event, StartDeferred) and attempt_record(new, event.purpose):
+        new.reason = f"attempt {new.attempt} waits to start: {event.reason}"
     elif isinstance(event, Observed):
         _observed(result, event, now, has_cleanup)
     elif isinstance(event, CleanupAdmit) and status is Status.CLEANING and not new.cleanup_runner:
@@ -382,6 +395,15 @@ def _observed(result: Result, event: Observed, now: float, has_cleanup: bool) ->
         )
     elif obs.phase is Phase.SUCCEEDED:
         _finish_run(result, Outcome.SUCCEEDED, "command exited with status 0", now, has_cleanup)
+    elif obs.retryable and obs.exit_code is None:
+        # The provider could not give us the machines (a stockout, a queued resource past its
+        # deadline): not the job's failure, and a new attempt may get them elsewhere.
+        _requeue(
+            result,
+            f"attempt {state.attempt} could not be provisioned ({obs.reason}); "
+            f"requeued as attempt {state.attempt + 1}",
+            event="PROVISIONING_FAILED",
+        )
     else:
         how = f"exited with status {obs.exit_code}" if obs.exit_code is not None else "was killed"
         reason = f"command {how}" + (

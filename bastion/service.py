@@ -132,7 +132,11 @@ def build_daemon(
         if gpus is not None:
             options.setdefault("gpus", gpus)
         per_kind[kind] = options
-    runners = Runners(per_kind, default=settings.get("default_runner", "local"))
+    runners = Runners(
+        per_kind,
+        default=settings.get("default_runner", "local"),
+        configured=frozenset(settings.get("runners") or {}),
+    )
     local = runners.get("local")  # the machine's pool is what the local runner can hand out
     quota = QuotaSource(store, quota_file, machine_pool(getattr(local, "gpus", [])))
     lease = None

@@ -192,15 +192,6 @@ def test_orphan_container_removed_by_recovery_sweep_default_docker(dk_default_do
     wait_gone(dk, orphan, timeout=20)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: DockerRunner.list_owned (bastion/runners/docker.py) skips every container "
-        "without a bastion.name label, so a container labelled bastion.root=<root tag> and "
-        "named with the root's attempt prefix (name_prefix) is never reported as owned and "
-        "never swept"
-    ),
-)
 def test_orphan_labelled_only_with_root_is_removed(dk_default_docker):
     """The orphan as the brief describes it: bastion.root label and prefixed name only."""
     dk = dk_default_docker
@@ -209,15 +200,6 @@ def test_orphan_labelled_only_with_root_is_removed(dk_default_docker):
     wait_gone(dk, orphan, timeout=12)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: Daemon._sweep (bastion/daemon.py) asks only the default runner and the kinds "
-        "named in live job states; a configured [runners.docker] whose jobs all ended (e.g. "
-        "_finalize deleted the state while the container's Delete was still in the pool, then "
-        "the daemon died) is never asked, so its orphan containers are never removed"
-    ),
-)
 def test_orphan_container_removed_when_docker_configured_but_not_default(dk):
     orphan = _orphan(dk, "orphan", **{"bastion.name": name_prefix(dk.store.root_url) + "orphan"})
     dk.start_daemon()

@@ -10,6 +10,7 @@ daemons' word.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -23,10 +24,19 @@ import pytest
 
 from bastion.lease import Lease
 from bastion.store import Store
-from tests.harness import Bastion
+from launch.api import Client, new_jobspec
+from tests.harness import Bastion, wait_for
 
 LEASE = 2.0
 EVENTS = 50  # kill -9s and SIGSTOPs per run
+BURST = 150  # jobs submitted at once, frozen in the middle of being started
+
+
+def _holder(b: Bastion, daemons: list[subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+    """The daemon process whose pid the lease names (``host:pid:...``)."""
+    owner = str(json.loads(b.read("lease") or b"{}").get("owner", ""))
+    pid = int(owner.split(":")[1]) if owner.count(":") >= 2 else -1
+    return next((d for d in daemons if d.pid == pid), daemons[0])
 
 
 def _job_command(side: Path, seconds: float) -> str:
@@ -61,8 +71,22 @@ def test_kill_9_and_sigstop_chaos_never_runs_a_job_twice(bastion: Bastion, tmp_p
             names.append(name)
             bastion.cli("launch", f"--name={name}", "--", _job_command(side, rng.uniform(0.3, 3)))
 
-    submit(10)
-    for event in range(EVENTS):
+    # A burst: the holder is frozen in the middle of starting it (the cycle that starts a
+    # burst is the longest one, so it is where a stalled holder would act after a takeover).
+    burst = [f"b{i:03d}" for i in range(BURST)]
+    client = Client(bastion.root)
+    for name in burst:
+        client.submit(new_jobspec(name=name, command=_job_command(side, rng.uniform(2, 4)),
+                                  user_id="tester", project_id="default"))
+    names.extend(burst)
+    wait_for(lambda: side.read_text().count("start") >= 1, timeout=60, what="the burst to start")
+    holder = _holder(bastion, daemons)
+    holder.send_signal(signal.SIGSTOP)
+    time.sleep(LEASE + 1.5)
+    holder.send_signal(signal.SIGCONT)
+    counts["sigstop"] += 1
+
+    for event in range(EVENTS - 1):
         which = rng.randrange(2)
         if rng.random() < 0.5:
             daemons[which].send_signal(signal.SIGSTOP)
@@ -79,7 +103,7 @@ def test_kill_9_and_sigstop_chaos_never_runs_a_job_twice(bastion: Bastion, tmp_p
             submit(2)
 
     for name in names:
-        record = bastion.wait_complete(name, timeout=120)
+        record = bastion.wait_complete(name, timeout=180)
         assert record["state"]["outcome"] == "SUCCEEDED", (name, record["state"])
     seen = _intervals(side)
     twice = {n: s for n, s in seen.items() if [w for w, _ in s].count("start") != 1}

@@ -209,9 +209,15 @@ def factory_for(kind: str) -> RunnerFactory:
 class Runners:
     """The daemon's runners, one per kind, made on first use from the daemon's settings."""
 
-    def __init__(self, settings: Mapping[str, Mapping[str, Any]], default: str = "local") -> None:
+    def __init__(
+        self,
+        settings: Mapping[str, Mapping[str, Any]],
+        default: str = "local",
+        configured: frozenset[str] = frozenset(),
+    ) -> None:
         self.settings = settings
         self.default = default
+        self.configured = configured  # kinds the daemon's settings name: swept for orphans
         self._made: dict[str, Runner] = {}
 
     def get(self, kind: str | None) -> Runner:

@@ -197,10 +197,10 @@ class DockerRunner(Runner):
 
     def list_owned(self) -> list[Owned]:
         found = self._api().containers(all=True, filters={"label": f"bastion.root={self.tag}"})
+        # Labelled as this root's: ours, even without an attempt label (made by hand or by
+        # another tool); its container name stands in for the attempt name then.
         return [
-            Owned(c["Labels"]["bastion.name"], _handle(c), finished=c["State"] not in _LIVE)
-            for c in found
-            if c.get("Labels", {}).get("bastion.name")
+            Owned(_handle(c)["name"], _handle(c), finished=c["State"] not in _LIVE) for c in found
         ]
 
     def read_output(self, handle: Handle, offset: int, limit: int) -> bytes:
@@ -441,9 +441,10 @@ def _ref(handle: Handle) -> str:
 
 def _handle(summary: Mapping[str, Any]) -> Handle:
     labels = summary.get("Labels") or {}
+    names = [n.lstrip("/") for n in summary.get("Names") or []]
     return {
         "kind": DockerRunner.kind,
-        "name": labels.get("bastion.name", ""),
+        "name": labels.get("bastion.name") or (names[0] if names else summary["Id"]),
         "id": summary["Id"],
         "gpus": _parse_gpus(labels.get("bastion.gpus", "")),
     }
