@@ -660,6 +660,7 @@ class Daemon:
             env=self._job_env(job),
             resources=dict(spec.metadata.resources),
             options=spec.runner_options,
+            bundle=spec.bundle,
             labels={
                 "bastion-job": job.name[:63].lower(),
                 "bastion-attempt": str(job.state.attempt),

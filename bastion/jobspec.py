@@ -254,6 +254,7 @@ class JobSpec:
     env_vars: dict[str, str] | None = None
     version: int = SCHEMA_VERSION
     runner: dict[str, Any] | None = None  # {"kind": "docker", "image": ...}; None: the default
+    bundle: dict[str, Any] | None = None  # the code bundle's record (bundlers.Bundle.to_json)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -278,6 +279,7 @@ class JobSpec:
             "env_vars": dict(self.env_vars) if self.env_vars is not None else None,
             "metadata": self.metadata.to_json(),
             **({"runner": dict(self.runner)} if self.runner else {}),
+            **({"bundle": dict(self.bundle)} if self.bundle else {}),
             **self.extra,
         }
 
@@ -314,7 +316,10 @@ class JobSpec:
                 if not isinstance(value, str):
                     raise SpecError(f"field {where}: expected a string value, got {show(value)}")
                 _check_text(value, where)
-        known = {"version", "name", "command", "cleanup_command", "env_vars", "metadata", "runner"}
+        known = {
+            "version", "name", "command", "cleanup_command", "env_vars", "metadata", "runner",
+            "bundle",
+        }  # fmt: skip
         return cls(
             name=check_name(_require(data, "name", str, "")),
             command=_require(data, "command", str, ""),
@@ -323,6 +328,7 @@ class JobSpec:
             env_vars=env,
             version=version,
             runner=_check_runner(data.get("runner")),
+            bundle=_check_bundle(data.get("bundle")),
             extra={k: v for k, v in data.items() if k not in known},
         )
 
@@ -373,6 +379,22 @@ def _spec_text(raw: bytes | str) -> str:
     return raw
 
 
+def _check_bundle(value: Any) -> dict[str, Any] | None:
+    """The optional ``bundle`` record: kind, uri and a ``sha256:`` digest at least."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise SpecError("field bundle: expected the bundle record object that launch writes")
+    for key in ("kind", "uri", "digest"):
+        if not isinstance(value.get(key), str) or not value.get(key):
+            raise SpecError(f"field bundle.{key}: missing; relaunch to make the bundle again")
+    if not re.fullmatch(r"sha256:[0-9a-f]{64}", value["digest"]):
+        raise SpecError(
+            f"field bundle.digest: {show(value['digest'])} is not sha256:<64 hex digits>"
+        )
+    return dict(value)
+
+
 def _check_runner(value: Any) -> dict[str, Any] | None:
     """The optional ``runner`` object: ``{"kind": KIND, OPTION: VALUE, ...}`` (JSON values)."""
     if value is None:
@@ -402,6 +424,7 @@ def new_jobspec(
     env_vars: Mapping[str, str] | None = None,
     creation_time: dt.datetime | None = None,
     runner: Mapping[str, Any] | None = None,
+    bundle: Mapping[str, Any] | None = None,
 ) -> JobSpec:
     """Build and validate a spec; raises SpecError naming the bad field."""
     spec = JobSpec(
@@ -410,6 +433,7 @@ def new_jobspec(
         cleanup_command=cleanup_command,
         env_vars=dict(env_vars) if env_vars else None,
         runner=dict(runner) if runner else None,
+        bundle=dict(bundle) if bundle else None,
         metadata=JobMetadata(
             user_id=user_id,
             project_id=project_id,

@@ -59,9 +59,12 @@ class Bundler(abc.ABC):
     kind: str = ""
 
     @abc.abstractmethod
-    def bundle(self, source_dir: str, store: Any, options: Mapping[str, Any]) -> Bundle:
+    def bundle(
+        self, source_dir: str, store: Any, options: Mapping[str, Any], dry_run: bool = False
+    ) -> Bundle:
         """Make (or find already made) the bundle of ``source_dir``; ``store``: the root's
-        bastion.store.Store; ``options``: the ``--bundler_spec`` keys."""
+        bastion.store.Store; ``options``: the ``--bundler_spec`` keys; ``dry_run``: build
+        what is needed for the record, upload and push nothing."""
 
 
 def parse_spec_options(items: Iterable[str]) -> dict[str, str]:

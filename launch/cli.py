@@ -13,6 +13,7 @@ Every verb takes --root (else $BASTION_ROOT, else a local directory).
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 import time
@@ -32,6 +33,7 @@ from launch.api import (
     default_user,
     new_jobspec,
 )
+from launch.bundling import instance_type_runner, make_bundle
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string(
@@ -57,6 +59,28 @@ flags.DEFINE_string("image", None, "launch: container image for --runner=docker.
 flags.DEFINE_multi_string(
     "runner_option", [], "launch: KEY=VALUE option for the job's runner (repeatable)."
 )
+flags.DEFINE_string(
+    "instance_type",
+    None,
+    "launch: tpu-<version>-<cores> (TPU slice) or gpu-<machine type> (GPU VM); sets the runner "
+    "and the job's resources.",
+)
+flags.DEFINE_integer("num_replicas", 1, "launch: TPU slices for --instance_type=tpu-*.")
+flags.DEFINE_bool("spot", False, "launch: ask for spot capacity for --instance_type.")
+flags.DEFINE_string(
+    "bundler",
+    "tar",
+    "launch/bundle: how the code travels: tar (default), docker, cloudbuild, none.",
+)
+flags.DEFINE_string("bundler_type", None, "launch/bundle: AXLearn's name for --bundler.")
+flags.DEFINE_multi_string(
+    "bundler_spec", [], "launch/bundle: KEY=VALUE option of the bundler (repeatable)."
+)
+flags.DEFINE_multi_string(
+    "bundler_exclude", [], "launch/bundle: a path or glob left out of the bundle (repeatable)."
+)
+flags.DEFINE_string("source_dir", None, "launch/bundle: the directory bundled (default: cwd).")
+flags.DEFINE_bool("dry_run", False, "launch: print the spec and its bundle; write nothing.")
 # list / logs
 flags.DEFINE_bool("all", False, "list: include completed jobs.")
 flags.DEFINE_bool("json", False, "list/simulate: print JSON.")
@@ -140,23 +164,54 @@ def cmd_launch(args: Sequence[str]) -> int:
             raise UsageError(f"--env={item!r} is not KEY=VALUE")
         env[key] = value
     user = FLAGS.user_id or default_user()
+    runner = _runner_object()
+    resources = parse_resources(FLAGS.resources)
+    if FLAGS.instance_type:
+        if runner:
+            raise UsageError("--instance_type picks the runner: drop --runner/--image")
+        runner, implied = instance_type_runner(FLAGS.instance_type, FLAGS.num_replicas, FLAGS.spot)
+        resources = {**implied, **resources}
     spec = new_jobspec(
         name=FLAGS.name or default_job_name(user),
         command=_command(args, "launch"),
         user_id=user,
         project_id=FLAGS.project_id,
-        resources=parse_resources(FLAGS.resources),
+        resources=resources,
         priority=FLAGS.priority,
         cleanup_command=FLAGS.cleanup_command,
         env_vars=env or None,
-        runner=_runner_object(),
+        runner=runner,
+        bundle=_bundle(dry_run=FLAGS.dry_run),
     )
+    if FLAGS.dry_run:
+        print(json.dumps(spec.to_json(), indent=1))
+        return 0
     client = _client()
     client.submit(spec)
     print(f"submitted {spec.name} (job_id {spec.metadata.job_id}) to {client.store.root_url}")
+    if spec.bundle:
+        print(f"  code: {spec.bundle['kind']} bundle {spec.bundle['uri']}")
     print(f"  follow its log:  bastion logs {spec.name} --follow")
     if FLAGS.follow:
         return _follow(client, spec.name)
+    return 0
+
+
+def _bundle(dry_run: bool) -> dict | None:
+    return make_bundle(
+        FLAGS.bundler_type or FLAGS.bundler,
+        FLAGS.source_dir or os.getcwd(),
+        resolve_root(FLAGS.root),
+        FLAGS.bundler_spec,
+        FLAGS.bundler_exclude,
+        dry_run,
+    )
+
+
+def cmd_bundle(args: Sequence[str]) -> int:
+    """Build (and upload or push) the bundle only; print its record."""
+    record = _bundle(dry_run=False)
+    print(json.dumps(record, indent=1))
     return 0
 
 
@@ -295,6 +350,7 @@ def cmd_simulate(args: Sequence[str]) -> int:
 VERBS: dict[str, Callable[[Sequence[str]], int]] = {
     "start": cmd_start,
     "launch": cmd_launch,
+    "bundle": cmd_bundle,
     "list": cmd_list,
     "logs": cmd_logs,
     "cancel": cmd_cancel,

@@ -83,6 +83,7 @@ class Attempt:
     resources: Mapping[str, int] = field(default_factory=dict)
     options: Mapping[str, Any] = field(default_factory=dict)  # the spec's runner options
     labels: Mapping[str, str] = field(default_factory=dict)  # for the provider's own listing
+    bundle: Mapping[str, Any] | None = None  # the job's code (bundlers.Bundle record), if any
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,8 @@ _KNOWN: dict[str, str] = {
     "local": "bastion.runners.local:from_settings",
     "docker": "bastion.runners.docker:from_settings",
     "fake": "bastion.runners.fake:from_settings",
+    "tpu": "bastion.runners.tpu:from_settings",
+    "gce": "bastion.runners.gce:from_settings",
 }
 _registered: dict[str, RunnerFactory] = {}
 

@@ -101,6 +101,8 @@ class LocalRunner(Runner):
     ) -> None:
         self.attempts_dir = os.path.abspath(attempts_dir)  # wrappers' argv names it: one spelling
         self.prefix = name_prefix(root) if root else ""
+        self.root = root
+        self._store: Any = None  # made on the first bundle to fetch
         self.host = socket.gethostname()
         self.gpus = list(detect_gpus() if gpus is None else gpus)
         self._children: dict[str, subprocess.Popen[bytes]] = {}  # by attempt; reaped by poll()
@@ -212,6 +214,8 @@ class LocalRunner(Runner):
         _write_json(os.path.join(directory, "launch.json"), handle)
         work = os.path.join(directory, "work")
         os.makedirs(work, exist_ok=True)
+        if attempt.bundle:
+            self._unpack(attempt.bundle, work)
         env = {
             **os.environ,
             **attempt.env,
@@ -251,6 +255,26 @@ class LocalRunner(Runner):
         handle.update(pid=proc.pid, create_time=created)
         _write_json(os.path.join(directory, "handle.json"), handle)
         return handle
+
+    def _unpack(self, record: Mapping[str, Any], work: str) -> None:
+        """The job runs inside its code: a tar bundle is fetched, verified and extracted into
+        the attempt's working directory (removed with the attempt)."""
+        from bundlers import Bundle, BundleError, fetch
+
+        try:
+            bundle = Bundle.from_json(dict(record))
+            if bundle.kind != "tar":
+                raise BundleError(
+                    f"the local runner runs tar bundles; this job's is a {bundle.kind} image "
+                    f"({bundle.uri}): launch it with --runner=docker"
+                )
+            if self._store is None:
+                from bastion.store import Store
+
+                self._store = Store(self.root)
+            fetch(bundle, self._store, work)
+        except BundleError as e:
+            raise RunnerError(str(e)) from None
 
     def _find(self, name: str) -> Handle | None:
         """The handle of an attempt whose command ran or runs; None if it never started."""
