@@ -390,12 +390,23 @@ class Daemon:
                         ),
                         time.time(),
                     )
-                elif record is not None and record.get("handle") is None:
-                    job.effects.append(lifecycle.Start(purpose))  # recorded, maybe never made
             log.info(
                 "%s: recovered in state %s (attempt %d)", name, state.status.value, state.attempt
             )
-        self._sweep()
+        owned = self._sweep()
+        now = time.time()
+        for job in self.jobs.values():
+            for purpose in (RUN, CLEANUP):
+                record = lifecycle.attempt_record(job.state, purpose)
+                if record is None or record.get("handle") is not None:
+                    continue
+                # Recorded before the start: if the runner has it, it was made (adopt its
+                # handle); if not, it never was, and starting it now starts it once.
+                found = owned.get(str(record.get("name")))
+                if found is not None:
+                    self._apply(job, lifecycle.Started(purpose, found), now)
+                else:
+                    job.effects.append(lifecycle.Start(purpose))
 
     def _read_state_or_problem(self, name: str) -> bytes | UnacceptableObject | None:
         try:
@@ -411,11 +422,13 @@ class Daemon:
                     names.add(str(record["name"]))
         return names
 
-    def _sweep(self) -> None:
+    def _sweep(self) -> dict[str, dict[str, Any]]:
         """Attempts a runner holds that no job's state names (their job ended or was deleted
         while we were down, or a daemon died between an attempt's end and its deletion) are
-        orphans: delete them. Only runners already in use are asked."""
+        orphans: delete them. Asks the runners in use and those the settings configure.
+        Returns what the runners hold, by attempt name."""
         live = self._live_attempts()
+        found: dict[str, dict[str, Any]] = {}
         kinds = {self.runners.default, *self.runners.configured} | {
             str(r["kind"])
             for job in self.jobs.values()
@@ -429,9 +442,11 @@ class Daemon:
                 log.error("could not list the attempts of runner %s: %s", kind, e)
                 continue
             for item in owned:
+                found[item.name] = item.handle
                 if item.name not in live and item.name not in self._deleting:
                     log.warning("deleting attempt %s: no job of this root names it", item.name)
                     self._deleting[item.name] = (kind, item.handle)
+        return found
 
     def _read_specs(self, specs: dict[str, ObjectInfo], now: float) -> None:
         changed = [
@@ -684,7 +699,8 @@ class Daemon:
                 self._may_act()
                 if isinstance(effect, lifecycle.Start):
                     attempt = attempts.get(effect.purpose)
-                    if attempt is None:
+                    if attempt is None:  # its spec is gone: nothing to start it from
+                        results.append(lifecycle.StartFailed(effect.purpose, "its spec is gone"))
                         continue
                     try:
                         handle = self.runners.get(record["kind"]).start(attempt)

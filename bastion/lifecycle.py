@@ -329,7 +329,10 @@ def _start_failed(result: Result, event: StartFailed, now: float, has_cleanup: b
     result.effects.append(
         Log(RUN, f"=== [bastion] attempt {state.attempt} could not start: {event.error} ===\n")
     )
-    state.stop = None
+    stop, state.stop = state.stop, None
+    if stop and stop["kind"] == StopKind.CANCEL.value:  # cancelled before it could start
+        _complete(result, Outcome.CANCELLED, stop.get("reason", ""), now)
+        return
     _complete(result, Outcome.FAILED, f"could not start the command: {event.error}", now)
 
 

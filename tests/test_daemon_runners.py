@@ -438,3 +438,50 @@ def test_a_daemon_dying_between_state_write_and_start_starts_the_attempt_once(
     assert info.state.attempt == 1
     assert rig.log("fake-crash").count("once\n") == 1
     assert name.endswith("-a1")
+
+
+def _recorded_but_not_started(rig: Rig, name: str) -> dict[str, Any]:
+    """A daemon admitted ``name`` and wrote its state (naming the attempt), then died before
+    starting it: the state says ACTIVE with a record that has no handle."""
+    rig.submit(name, "echo hi; sleep 0.2")
+    first = rig.daemon()
+    original = FakeRunner.start
+    FakeRunner.start = lambda self, attempt: (_ for _ in ()).throw(KeyboardInterrupt())
+    try:
+        first.cycle(time.time())  # admits, writes the state, then the start "dies"
+        first.settle()
+    finally:
+        FakeRunner.start = original
+    state = rig.state(name)
+    assert state is not None and state["status"] == "ACTIVE"
+    assert state["runner"]["name"] and state["runner"]["handle"] is None
+    return state
+
+
+def test_a_recorded_attempt_whose_spec_was_deleted_meanwhile_ends_cancelled(rig: Rig) -> None:
+    _recorded_but_not_started(rig, "orphaned")
+    (rig.root / "jobs" / "active" / "orphaned").unlink()
+    daemon = rig.daemon()
+    rig.drive(daemon, lambda: rig.finished("orphaned"), what="the job to end")
+    record = json.loads((rig.root / "jobs" / "complete" / "orphaned").read_text())
+    assert record["state"]["outcome"] == "CANCELLED", record["state"]
+    assert owned_names(rig, daemon) == []
+
+
+def test_a_recorded_attempt_that_the_runner_made_is_adopted_not_started_again(rig: Rig) -> None:
+    state = _recorded_but_not_started(rig, "made")
+    daemon = rig.daemon()
+    fake = rig.fake(daemon)
+    spec = json.loads((rig.root / "jobs" / "active" / "made").read_text())
+    fake.start(Attempt(name=state["runner"]["name"], job="made", attempt=1,
+                       command=spec["command"], env={}))  # the start landed after all
+    starts = []
+    original = FakeRunner.start
+    FakeRunner.start = lambda self, attempt: starts.append(attempt.name) or original(self, attempt)
+    try:
+        rig.drive(daemon, lambda: rig.finished("made"), what="the job to end")
+    finally:
+        FakeRunner.start = original
+    assert starts == []  # found by the recovery's listing, adopted
+    record = json.loads((rig.root / "jobs" / "complete" / "made").read_text())
+    assert record["state"]["outcome"] == "SUCCEEDED" and record["state"]["attempt"] == 1
