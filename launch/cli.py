@@ -111,6 +111,12 @@ flags.DEFINE_string(
 flags.DEFINE_string(
     "quota_file", None, "Quota TOML URL (default: ROOT/project-quotas/project-quotas.config)."
 )
+# vm
+flags.DEFINE_string("vm_name", None, "vm: name of the VM that runs the daemon.")
+flags.DEFINE_string("zone", None, "vm: Compute Engine zone, e.g. us-central1-a.")
+flags.DEFINE_string("machine_type", "e2-standard-2", "vm create: machine type.")
+flags.DEFINE_string("project", None, "vm: GCP project (default: that of the credentials).")
+flags.DEFINE_string("service_account", None, "vm create: the VM's service account email.")
 # simulate
 flags.DEFINE_string("trace", None, "simulate: JSON-lines trace file.")
 flags.DEFINE_string("events", None, "simulate: also write every decision as JSON lines here.")
@@ -347,6 +353,24 @@ def cmd_simulate(args: Sequence[str]) -> int:
     )
 
 
+def cmd_vm(args: Sequence[str]) -> int:
+    from bastion import vm
+
+    if len(args) != 1 or args[0] not in ("create", "delete", "status"):
+        raise UsageError("vm: bastion vm create|delete|status --vm_name=NAME --zone=ZONE")
+    return vm.cli(
+        args[0],
+        root=resolve_root(FLAGS.root),
+        name=FLAGS.vm_name,
+        zone=FLAGS.zone,
+        machine_type=FLAGS.machine_type,
+        project=FLAGS.project,
+        service_account=FLAGS.service_account,
+        image=FLAGS.image,
+        out=sys.stdout,
+    )
+
+
 VERBS: dict[str, Callable[[Sequence[str]], int]] = {
     "start": cmd_start,
     "launch": cmd_launch,
@@ -359,6 +383,7 @@ VERBS: dict[str, Callable[[Sequence[str]], int]] = {
     "why": cmd_why,
     "quota": cmd_quota,
     "simulate": cmd_simulate,
+    "vm": cmd_vm,
 }
 
 
