@@ -1,0 +1,330 @@
+"""What the cloud runners (TPU VM: :mod:`bastion.runners.tpu`, GPU VM: :mod:`bastion.runners.gce`)
+share: the API client, labels, one zone listing per cycle, zone/region blocks, the provisioning
+record, bounded retries, and the agents' records in the bucket.
+
+Settings (``from_settings`` of either runner; keys both understand):
+
+- ``root``: the daemon's root URL (required); the agents on the VMs write there.
+- ``project``: the cloud project (required).
+- ``zones``: zones to try, in order (required). A zone stocked out is skipped for
+  ``zone_block_seconds`` (default 600); a region whose quota is exhausted likewise.
+- ``network``, ``subnetwork``, ``service_account``: where the VMs live and who they act as.
+- ``spot``: default for jobs whose options do not say (a job's ``options["spot"]`` wins).
+- ``api_endpoint``: the API's base URL. Default: ``$BASTION_TPU_API_ENDPOINT`` /
+  ``$BASTION_COMPUTE_API_ENDPOINT``, else Google's. With Google's endpoint the credentials are
+  google-auth's standard chain (``google.auth.default()``); with an explicit endpoint (a
+  stand-in, a private test server) they are ``AnonymousCredentials`` and no token is sent.
+  A private *Google* endpoint that needs auth: set ``credentials: default``.
+- ``heartbeat_timeout``: seconds without an agent heartbeat before a worker is lost (default 120).
+- ``python``: the interpreter the startup script uses on the VM (default ``python3``).
+- ``package_url``: the daemon's package (a wheel) the startup script installs on a VM where
+  ``import bastion`` fails (see :mod:`bastion.runners.startup`).
+- ``agent_args``: extra flags for the agent (e.g. ``["--chunk_seconds=2"]``).
+- ``num_retries``: retries of 429/5xx answers per call (default 5, googleapiclient's backoff).
+
+Why the pieces are here:
+
+- *One list call per zone per cycle*: a poll never asks the API about one attempt; it looks the
+  attempt up in the zone's listing, made at most once per ``listing_ttl`` (1 s, less than a
+  cycle) for every attempt polled meanwhile. Cost per cycle is O(zones), not O(jobs).
+- *Provisioning record before every create* (``Store.write_provision``): a daemon killed between
+  the create call and its own state write finds the zone (and the create operation) of the
+  attempt again on restart, and ``start`` adopts by name; a 409 on create is adoption too
+  (even a phantom one), so nothing is ever created twice.
+- *Blocks*: a stockout blocks its zone, a quota error its region, in memory with an expiry, so
+  the next attempt tries elsewhere and a blocked ``start`` raises :class:`TryAgain` naming the
+  quota and zone without calling the API (no hot loop of creates).
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from googleapiclient import discovery
+from googleapiclient.errors import HttpError
+
+from bastion.runners import startup
+from bastion.runners.base import (
+    Attempt,
+    Handle,
+    Observation,
+    Owned,
+    Phase,
+    Runner,
+    RunnerError,
+    TryAgain,
+    root_tag,
+)
+from bastion.runners.remote import RemoteRecords
+from bastion.store import ObjectInfo, Store
+
+LISTING_TTL = 1.0
+RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+
+
+def build_client(api: str, version: str, endpoint: str | None, credentials: str | None = None):
+    """A googleapiclient resource from the packaged (static, offline) discovery document."""
+    import google.auth
+    from google.auth.credentials import AnonymousCredentials
+
+    if endpoint and credentials != "default":
+        creds = AnonymousCredentials()
+    else:
+        creds, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+    options = {"api_endpoint": endpoint} if endpoint else None
+    return discovery.build(api, version, static_discovery=True, cache_discovery=False,
+                           credentials=creds, client_options=options)  # fmt: skip
+
+
+_LABEL_BAD = re.compile(r"[^a-z0-9_-]+")
+
+
+def label_value(text: str) -> str:
+    """A legal GCP label value: lowercase ``[a-z0-9_-]``, at most 63 characters."""
+    return _LABEL_BAD.sub("-", text.lower()).strip("-")[:63]
+
+
+def labels_for(attempt: Attempt, tag: str) -> dict[str, str]:
+    """bastion-root finds our resources (list_owned); job and attempt are for people."""
+    return {"bastion-root": tag, "bastion-job": label_value(attempt.job) or "job",
+            "bastion-attempt": str(attempt.attempt)}  # fmt: skip
+
+
+def region_of(zone: str) -> str:
+    return zone.rsplit("-", 1)[0]
+
+
+class Blocks:
+    """Zones and regions not to create in until an expiry, with the reason to show."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._until: dict[str, tuple[float, str]] = {}
+        self._lock = threading.Lock()
+
+    def block(self, key: str, reason: str, seconds: float) -> None:
+        with self._lock:
+            self._until[key] = (self.clock() + seconds, reason)
+
+    def reason(self, zone: str) -> str | None:
+        """Why ``zone`` is blocked (its own block or its region's), or None."""
+        now = self.clock()
+        with self._lock:
+            for key in (f"zone:{zone}", f"region:{region_of(zone)}"):
+                until, why = self._until.get(key, (0.0, ""))
+                if until > now:
+                    return why
+        return None
+
+
+class CloudRunner(Runner):
+    """Shared flow; subclasses say how to list, create, read states and delete."""
+
+    api_env = ""  # BASTION_*_API_ENDPOINT
+
+    def __init__(self, settings: Mapping[str, Any], client: Any = None) -> None:
+        self.root = str(settings.get("root") or "")
+        self.project = str(settings.get("project") or "")
+        self.zones = [str(z) for z in settings.get("zones") or []]
+        if not (self.root and self.project and self.zones):
+            raise RunnerError(f"the {self.kind} runner needs settings root, project and zones")
+        self.settings = dict(settings)
+        self.tag = root_tag(self.root)
+        self.store = Store(self.root)
+        self.spot = bool(settings.get("spot", False))
+        self.heartbeat_timeout = float(settings.get("heartbeat_timeout", 120))
+        self.zone_block_seconds = float(settings.get("zone_block_seconds", 600))
+        self.num_retries = int(settings.get("num_retries", 5))
+        self.listing_ttl = float(settings.get("listing_ttl", LISTING_TTL))
+        self.page_size = int(settings.get("page_size", 500))
+        self.endpoint = settings.get("api_endpoint") or os.environ.get(self.api_env) or None
+        self.client = client or self._build(settings.get("credentials"))
+        self.blocks = Blocks()
+        self.sleep: Callable[[float], None] = time.sleep  # tests make backoff instant
+        self._listings: dict[str, tuple[float, dict[str, dict]]] = {}
+        self._zone_locks = {z: threading.Lock() for z in self.zones}
+        self._records: dict[str, RemoteRecords] = {}
+        self._last_listing: dict[str, tuple[float, dict[str, ObjectInfo]]] = {}
+        self._lock = threading.Lock()
+
+    # -- subclass hooks ----------------------------------------------------------------------
+    @abc.abstractmethod
+    def _build(self, credentials: str | None) -> Any: ...
+
+    @abc.abstractmethod
+    def _list_zone(self, zone: str) -> list[dict]:
+        """Every resource of this root in ``zone`` (all pages): raw API dicts."""
+
+    @abc.abstractmethod
+    def _create(self, attempt: Attempt, zone: str, workers: int) -> str | None:
+        """Issue the create call (no retry of quota errors); the operation's name."""
+
+    @abc.abstractmethod
+    def _workers(self, attempt: Attempt) -> int: ...
+
+    @abc.abstractmethod
+    def _quota_reason(self, error: HttpError) -> str | None:
+        """The quota named by a create error, or None when it is not a quota error."""
+
+    # -- API plumbing ------------------------------------------------------------------------
+    def execute(self, request: Any, retries: int | None = None) -> Any:
+        """googleapiclient retries 429/5xx with exponential backoff, bounded by ``retries``."""
+        request._sleep = self.sleep
+        return request.execute(num_retries=self.num_retries if retries is None else retries)
+
+    def listing(self, zone: str, fresh: bool = False) -> dict[str, dict]:
+        """The zone's resources by short name, listed at most once per ``listing_ttl`` for all
+        callers (concurrent polls of one zone wait for one call instead of making their own)."""
+        with self._zone_locks.setdefault(zone, threading.Lock()):
+            at, items = self._listings.get(zone, (float("-inf"), {}))
+            if fresh or time.monotonic() - at > self.listing_ttl:
+                found = self._list_zone(zone)
+                items = {r["name"].rsplit("/", 1)[-1]: r for r in found if self._ours(r)}
+                self._listings[zone] = (time.monotonic(), items)
+            return items
+
+    def invalidate(self, zone: str) -> None:
+        self._listings.pop(zone, None)
+
+    def _ours(self, resource: dict) -> bool:
+        return (resource.get("labels") or {}).get("bastion-root") == self.tag
+
+    def find(self, name: str, zones: list[str] | None = None) -> tuple[str, dict] | None:
+        for zone in zones or self.zones:
+            if (found := self.listing(zone).get(name)) is not None:
+                return zone, found
+        return None
+
+    # -- start -------------------------------------------------------------------------------
+    def start(self, attempt: Attempt) -> Handle:
+        """Adopt the attempt if it exists in any zone; else create it in the first unblocked
+        zone (the recorded one first), writing the provisioning record before the call."""
+        workers = self._workers(attempt)
+        record = self.store.read_provision(attempt.job, attempt.name) or {}
+        zones = list(self.zones)
+        if record.get("zone") in zones:
+            zones.remove(record["zone"])
+            zones.insert(0, record["zone"])
+        if (found := self.find(attempt.name, zones)) is not None:
+            return self._handle(attempt.job, attempt.name, found[0], workers, record.get("op"))
+        reasons = []
+        for zone in zones:
+            if (why := self.blocks.reason(zone)) is not None:
+                reasons.append(why)
+                continue
+            self.store.write_provision(attempt.job, attempt.name, {
+                "kind": self.kind, "name": attempt.name, "zone": zone, "workers": workers,
+                "root_tag": self.tag, "time": time.time()})  # fmt: skip
+            try:
+                op = self._create_with_retries(attempt, zone, workers)
+            except HttpError as e:
+                if e.status_code == 409:  # ours already (a lost answer, a phantom 409): adopt
+                    self.invalidate(zone)
+                    return self._handle(attempt.job, attempt.name, zone, workers, None)
+                if (quota := self._quota_reason(e)) is not None:
+                    why = f"quota {quota} exhausted in region {region_of(zone)} (zone {zone})"
+                    self.blocks.block(f"region:{region_of(zone)}", why, self.zone_block_seconds)
+                    reasons.append(why)
+                    continue
+                if e.status_code in RETRYABLE_STATUS:
+                    raise TryAgain(f"creating {attempt.name} in {zone}: {e}") from e
+                raise RunnerError(f"cannot create {attempt.name} in {zone}: {e}") from e
+            self.invalidate(zone)
+            self.store.write_provision(attempt.job, attempt.name, {
+                "kind": self.kind, "name": attempt.name, "zone": zone, "workers": workers,
+                "root_tag": self.tag, "time": time.time(), "op": op})  # fmt: skip
+            return self._handle(attempt.job, attempt.name, zone, workers, op)
+        raise TryAgain("waiting for capacity: " + "; ".join(dict.fromkeys(reasons)))
+
+    def _create_with_retries(self, attempt: Attempt, zone: str, workers: int) -> str | None:
+        """Creates are retried here, not by googleapiclient: a 429 that names a quota must not
+        be repeated (it is a block, not a rate limit). A retried create is safe: the name (TPU)
+        or the requestId (GCE) makes a repeat a 409 or the same operation."""
+        for retry in range(self.num_retries + 1):
+            try:
+                return self._create(attempt, zone, workers)
+            except HttpError as e:
+                if (e.status_code not in RETRYABLE_STATUS or self._quota_reason(e) is not None
+                        or retry == self.num_retries):  # fmt: skip
+                    raise
+                self.sleep(min(2**retry, 30) * 0.5)
+        raise AssertionError("unreachable")
+
+    def _handle(self, job: str, name: str, zone: str, workers: int, op: str | None) -> Handle:
+        return {"name": name, "job": job, "zone": zone, "workers": workers, "op": op}
+
+    # -- the agents' records -----------------------------------------------------------------
+    def records(self, handle: Handle) -> RemoteRecords:
+        with self._lock:
+            found = self._records.get(handle["name"])
+            if found is None:
+                found = RemoteRecords(self.store, handle["job"], handle["name"],
+                                      int(handle["workers"]), self.heartbeat_timeout)  # fmt: skip
+                self._records[handle["name"]] = found
+            return found
+
+    def agents(self, handle: Handle) -> Observation | None:
+        """What the agents say (None: none started yet); the listing is kept for read_output."""
+        listing = self.records(handle).list()
+        self._last_listing[handle["name"]] = (time.monotonic(), listing)
+        return self.records(handle).observe(listing, time.time())
+
+    def gone(self, handle: Handle, why: str) -> Observation:
+        """The machines are gone (or going) without a preemption: what the agents reported
+        if they all finished, else LOST (requeued as a new attempt)."""
+        seen = self.agents(handle)
+        if seen is not None and seen.finished and seen.phase is not Phase.LOST:
+            return seen
+        return Observation(Phase.LOST, why, retryable=True)
+
+    def preempted(self, handle: Handle, why: str) -> Observation:
+        """Preempted: not the job's failure, unless every worker had already succeeded."""
+        seen = self.agents(handle)
+        if seen is not None and seen.phase is Phase.SUCCEEDED:
+            return seen
+        return Observation(Phase.PREEMPTED, why, retryable=True)
+
+    def stockout(self, handle: Handle, message: str) -> Observation:
+        zone = handle["zone"]
+        self.blocks.block(f"zone:{zone}", f"stockout in {zone}", self.zone_block_seconds)
+        return Observation(Phase.FAILED, f"stockout in {zone}: {message}", retryable=True)
+
+    def read_output(self, handle: Handle, offset: int, limit: int) -> bytes:
+        """Worker 0's output (the job's log); the listing of the poll just before is reused."""
+        at, listing = self._last_listing.get(handle["name"], (float("-inf"), None))
+        if listing is None or time.monotonic() - at > self.listing_ttl:
+            listing = None
+        return self.records(handle).read_output(offset, limit, worker=0, listing=listing)
+
+    def owned(self, resource: dict, zone: str, workers: int, finished: bool) -> Owned:
+        name = resource["name"].rsplit("/", 1)[-1]
+        job = self.job_of(resource) or name
+        return Owned(name, self._handle(job, name, zone, workers, None), finished)
+
+    @abc.abstractmethod
+    def job_of(self, resource: dict) -> str | None:
+        """The full job name (kept in metadata: labels hold only a slug)."""
+
+    def script(self, attempt: Attempt, workers: int) -> str:
+        return startup.script(
+            root=self.root, job=attempt.job, attempt=attempt.name, num_workers=workers,
+            command=attempt.command, env=attempt.env,
+            python=str(self.settings.get("python") or "python3"),
+            package_url=self.settings.get("package_url"),
+            agent_args=list(self.settings.get("agent_args") or []),
+        )  # fmt: skip
+
+    def forget(self, name: str) -> None:
+        with self._lock:
+            self._records.pop(name, None)
+            self._last_listing.pop(name, None)
+
+    def close(self) -> None:
+        with self._lock:
+            self._records.clear()

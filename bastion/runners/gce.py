@@ -1,0 +1,265 @@
+"""The GPU VM runner (kind ``gce``): one Compute Engine instance per attempt (``instances.insert``).
+
+The instance is named after the attempt, labelled like a TPU node, and runs the agent from its
+``startup-script`` metadata item. The insert carries ``requestId`` = uuid5 of the root and the
+attempt's name, so a retried insert (a lost answer, a restarted daemon) is deduplicated by the
+server instead of creating a second VM or failing on the name.
+
+Settings: those of :mod:`bastion.runners.cloud`, plus ``image`` (the boot disk's source image,
+default a Deep Learning VM CUDA image family), ``disk_gb`` (default 200), ``max_run_seconds``
+(``scheduling.maxRunDuration``, a dead man's switch: the VM deletes itself even if every daemon
+is gone), and ``api_endpoint`` defaulting to ``$BASTION_COMPUTE_API_ENDPOINT`` (its form ends in
+``/compute/v1/``). Per-job options: ``machine_type`` (``a3-highgpu-8g``) or ``instance_type``
+(``gpu-a3-highgpu-8g``, or AXLearn's ``gpu-h100-80gb-8``), ``accelerator`` + ``accelerator_count``
+(N1 only: the other GPU families have their GPUs built in, cloud.md 2.2), ``spot``.
+
+Spot VMs use ``provisioningModel: SPOT`` with ``instanceTerminationAction: DELETE`` (a preempted
+VM is never reused, so nothing is left billing), ``onHostMaintenance: TERMINATE`` and no
+automatic restart (GPU VMs cannot live-migrate).
+
+Poll, from the zone's listing: PROVISIONING/STAGING/REPAIRING/PENDING: PROVISIONING; RUNNING:
+the agents' records; absent, STOPPING or TERMINATED: a ``compute.instances.preempted`` operation
+for the instance means PREEMPTED; absent with a failed insert operation means a stockout
+(ZONE_RESOURCE_POOL_EXHAUSTED: FAILED retryable, zone blocked) or a quota (region blocked);
+otherwise what the agents reported, or LOST (requeued).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from googleapiclient.errors import HttpError
+
+from bastion.runners.base import Attempt, Handle, Observation, Owned, Phase, RunnerError
+from bastion.runners.cloud import CloudRunner, build_client, labels_for, region_of
+
+IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11"
+# AXLearn's GPU names (system_characteristics.py) for the machine types they mean
+_AXLEARN = {"a100-40gb-1": "a2-highgpu-1g", "a100-40gb-8": "a2-highgpu-8g",
+            "h100-80gb-8": "a3-highgpu-8g", "h100-mega-80gb-8": "a3-megagpu-8g",
+            "h200-141gb-8": "a3-ultragpu-8g"}  # fmt: skip
+_STOCKOUT = frozenset({"ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
+                       "insufficientCapacity", "RESOURCE_NOT_READY"})  # fmt: skip
+_PROVISIONING = frozenset({"PROVISIONING", "STAGING", "REPAIRING", "PENDING"})
+_GONE = frozenset({"STOPPING", "TERMINATED", "SUSPENDING", "SUSPENDED", "DEPROVISIONING"})
+
+
+def from_settings(settings: Mapping[str, Any]) -> GceRunner:
+    return GceRunner(settings)
+
+
+def machine_type(options: Mapping[str, Any]) -> str:
+    text = str(options.get("machine_type") or options.get("instance_type") or "")
+    text = text.removeprefix("gpu-")
+    text = _AXLEARN.get(text, text)
+    if not re.fullmatch(r"[a-z][a-z0-9]*-[a-z0-9-]+", text):
+        raise RunnerError(f"the gce runner needs options machine_type like a3-highgpu-8g, "
+                          f"not {text!r}")  # fmt: skip
+    return text
+
+
+def request_id(root: str, name: str, verb: str = "insert") -> str:
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"bastion:{root}/{name}/{verb}"))
+
+
+class GceRunner(CloudRunner):
+    kind = "gce"
+    api_env = "BASTION_COMPUTE_API_ENDPOINT"
+
+    def _build(self, credentials: str | None) -> Any:
+        return build_client("compute", "v1", self.endpoint, credentials)
+
+    def _list_zone(self, zone: str) -> list[dict]:
+        items, token = [], None
+        while True:
+            request = self.client.instances().list(
+                project=self.project, zone=zone, filter=f'labels.bastion-root="{self.tag}"',
+                maxResults=self.page_size, pageToken=token)  # fmt: skip
+            page = self.execute(request)
+            items += page.get("items") or []
+            if not (token := page.get("nextPageToken")):
+                return items
+
+    def _workers(self, attempt: Attempt) -> int:
+        return 1
+
+    def _create(self, attempt: Attempt, zone: str, workers: int) -> str | None:
+        mt = machine_type(attempt.options)
+        scheduling: dict[str, Any] = {"onHostMaintenance": "TERMINATE", "automaticRestart": False}
+        if bool(attempt.options.get("spot", self.spot)):
+            scheduling.update(provisioningModel="SPOT", instanceTerminationAction="DELETE")
+        if self.settings.get("max_run_seconds"):
+            seconds = str(int(self.settings["max_run_seconds"]))
+            scheduling.update(
+                instanceTerminationAction="DELETE", maxRunDuration={"seconds": seconds}
+            )
+        nic: dict[str, Any] = {"accessConfigs": [{"type": "ONE_TO_ONE_NAT"}]}
+        for key in ("network", "subnetwork"):
+            if self.settings.get(key):
+                nic[key] = self.settings[key]
+        body: dict[str, Any] = {
+            "name": attempt.name,
+            "machineType": f"zones/{zone}/machineTypes/{mt}",
+            "labels": labels_for(attempt, self.tag),
+            "scheduling": scheduling,
+            "disks": [
+                {
+                    "boot": True,
+                    "autoDelete": True,
+                    "initializeParams": {
+                        "sourceImage": self.settings.get("image") or IMAGE,
+                        "diskSizeGb": str(int(self.settings.get("disk_gb", 200))),
+                    },
+                }
+            ],
+            "networkInterfaces": [nic],
+            "metadata": {
+                "items": [
+                    {"key": "startup-script", "value": self.script(attempt, workers)},
+                    {"key": "bastion-job-name", "value": attempt.job},
+                    {"key": "install-nvidia-driver", "value": "True"},
+                ]
+            },
+        }
+        if gpu := attempt.options.get("accelerator"):  # N1 only
+            body["guestAccelerators"] = [
+                {
+                    "acceleratorType": f"zones/{zone}/acceleratorTypes/{gpu}",
+                    "acceleratorCount": int(attempt.options.get("accelerator_count", 1)),
+                }
+            ]
+        if self.settings.get("service_account"):
+            body["serviceAccounts"] = [
+                {
+                    "email": self.settings["service_account"],
+                    "scopes": ["https://www.googleapis.com/auth/cloud-platform"],
+                }
+            ]
+        request = self.client.instances().insert(
+            project=self.project,
+            zone=zone,
+            body=body,
+            requestId=request_id(self.root, attempt.name),
+        )
+        return self.execute(request, retries=0).get("name")
+
+    def _quota_reason(self, error: HttpError) -> str | None:
+        details = error.error_details if isinstance(error.error_details, list) else []
+        if error.status_code == 403 and any(
+            isinstance(d, dict) and d.get("reason") == "quotaExceeded" for d in details
+        ):
+            m = re.search(r"Quota '([^']+)'", str(details[0].get("message", "")))
+            return m.group(1) if m else "quota"
+        return None
+
+    def job_of(self, resource: dict) -> str | None:
+        items = (resource.get("metadata") or {}).get("items") or []
+        return next((i.get("value") for i in items if i.get("key") == "bastion-job-name"), None)
+
+    def _instance_link(self, handle: Handle) -> str:
+        return (f"https://www.googleapis.com/compute/v1/projects/{self.project}/zones/"
+                f"{handle['zone']}/instances/{handle['name']}")  # fmt: skip
+
+    # -- poll --------------------------------------------------------------------------------
+    def poll(self, handle: Handle) -> Observation:
+        inst = self.listing(handle["zone"]).get(handle["name"])
+        status = inst.get("status", "") if inst else "ABSENT"
+        if status == "RUNNING":
+            return self.agents(handle) or Observation(Phase.RUNNING, "waiting for the agent")
+        if status in _PROVISIONING:
+            return Observation(Phase.PROVISIONING, f"instance {status} in {handle['zone']}")
+        if self._was_preempted(handle):
+            return self.preempted(handle, f"instance {handle['name']} preempted in "
+                                  f"{handle['zone']}")  # fmt: skip
+        if inst is None and (failed := self._insert_failed(handle)) is not None:
+            return failed
+        return self.gone(handle, f"instance {handle['name']} {status.lower()}")
+
+    def _was_preempted(self, handle: Handle) -> bool:
+        """A ``compute.instances.preempted`` op for this instance (asked only once the
+        instance is stopping or gone, so it costs nothing in the steady state)."""
+        request = self.client.zoneOperations().list(
+            project=self.project, zone=handle["zone"],
+            filter=(f'operationType="compute.instances.preempted" AND '
+                    f'targetLink="{self._instance_link(handle)}"'))  # fmt: skip
+        return bool(self.execute(request).get("items"))
+
+    def _insert_failed(self, handle: Handle) -> Observation | None:
+        op_name = handle.get("op") or (
+            self.store.read_provision(handle["job"], handle["name"]) or {}
+        ).get("op")
+        if not op_name:
+            return None
+        try:
+            op = self.execute(
+                self.client.zoneOperations().get(
+                    project=self.project, zone=handle["zone"], operation=op_name
+                )
+            )
+        except HttpError as e:
+            if e.status_code == 404:
+                return None
+            raise
+        if op.get("status") != "DONE":
+            return Observation(Phase.PROVISIONING, f"inserting in {handle['zone']}")
+        errors = (op.get("error") or {}).get("errors") or []
+        if not errors:
+            return None
+        code, message = errors[0].get("code", ""), errors[0].get("message", "")
+        if code in _STOCKOUT:
+            return self.stockout(handle, message)
+        if code == "QUOTA_EXCEEDED":
+            region = region_of(handle["zone"])
+            why = f"quota exceeded in region {region}: {message}"
+            self.blocks.block(f"region:{region}", why, self.zone_block_seconds)
+            return Observation(Phase.FAILED, why, retryable=True)
+        if code == "UNSUPPORTED_OPERATION":
+            return Observation(Phase.PREEMPTED, f"preempted while creating: {message}",
+                               retryable=True)  # fmt: skip
+        return Observation(Phase.FAILED, f"insert failed: {code}: {message}", retryable=True)
+
+    # -- stop, delete, list ------------------------------------------------------------------
+    def stop(self, handle: Handle, deadline: float) -> None:
+        """Delete the VM: its shutdown gives the agent SIGTERM, and it flushes."""
+        inst = self.listing(handle["zone"]).get(handle["name"])
+        if inst is not None and inst.get("status") != "STOPPING":
+            self._delete_instance(handle)
+
+    def _delete_instance(self, handle: Handle) -> None:
+        try:
+            self.execute(
+                self.client.instances().delete(
+                    project=self.project, zone=handle["zone"], instance=handle["name"]
+                )
+            )
+        except HttpError as e:
+            if e.status_code != 404:
+                raise
+        self.invalidate(handle["zone"])
+
+    def delete(self, handle: Handle) -> bool:
+        """Delete the VM; True only once ``get`` answers 404."""
+        try:
+            inst = self.execute(
+                self.client.instances().get(
+                    project=self.project, zone=handle["zone"], instance=handle["name"]
+                )
+            )
+        except HttpError as e:
+            if e.status_code != 404:
+                raise
+            self.forget(handle["name"])
+            return True
+        if inst.get("status") != "STOPPING":
+            self._delete_instance(handle)
+        return False
+
+    def list_owned(self) -> list[Owned]:
+        return [
+            self.owned(inst, zone, 1, inst.get("status") in _GONE)
+            for zone in self.zones
+            for inst in self.listing(zone).values()
+        ]

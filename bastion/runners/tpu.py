@@ -1,0 +1,216 @@
+"""The TPU VM runner (kind ``tpu``): a Cloud TPU node per attempt (``projects.locations.nodes``).
+
+The node is named after the attempt (RFC 1035, at most 63 characters), labelled with the
+daemon's root, the job and the attempt, and runs the agent on every worker from its startup
+script (:mod:`bastion.runners.startup`); the daemon never connects to it and learns how the job
+goes from the agents' records in the bucket (:class:`bastion.runners.remote.RemoteRecords`).
+
+Settings: those of :mod:`bastion.runners.cloud`, plus ``runtime_version`` (default by family:
+``tpu-ubuntu2204-base``, v5p ``v2-alpha-tpuv5``, v5litepod ``v2-alpha-tpuv5-lite``, v6e
+``v2-alpha-tpuv6e``) and ``api_endpoint`` defaulting to ``$BASTION_TPU_API_ENDPOINT``.
+Per-job options: ``accelerator_type`` (``v4-32``) or ``instance_type`` (AXLearn's
+``tpu-v4-32``), ``runtime_version``, ``spot``.
+
+Poll, from the zone's listing (one call per zone per cycle for all attempts):
+
+- node absent: the create operation says why (code 8/9 = stockout: FAILED retryable, zone
+  blocked; code 3 = preempted while creating: PREEMPTED); still running: PROVISIONING; else
+  the node went away: what the agents reported, or LOST;
+- CREATING/STARTING/RESTARTING/REPAIRING (and other transient states): PROVISIONING;
+- READY: the agents' records (none yet: RUNNING, "waiting for the agent");
+- PREEMPTED/TERMINATED: PREEMPTED, retryable (a preempted node is deleted, never reused);
+- DELETING: the node is going (we stopped it): the agents' records, or LOST.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from googleapiclient.errors import HttpError
+
+from bastion.runners.base import Attempt, Handle, Observation, Owned, Phase, RunnerError
+from bastion.runners.cloud import CloudRunner, build_client, labels_for
+
+_TYPE = re.compile(r"(v2|v3|v4|v5p|v5litepod|v6e)-(\d+)")
+_RUNTIME = {"v5p": "v2-alpha-tpuv5", "v5litepod": "v2-alpha-tpuv5-lite", "v6e": "v2-alpha-tpuv6e"}
+_PROVISIONING = frozenset({"CREATING", "STARTING", "RESTARTING", "REPAIRING", "REIMAGING",
+                           "STOPPING", "STOPPED", "HIDING", "HIDDEN", "UNHIDING", "UNKNOWN",
+                           "STATE_UNSPECIFIED"})  # fmt: skip
+_STOCKOUT_CODES = frozenset({8, 9})  # RESOURCE_EXHAUSTED, FAILED_PRECONDITION (reservation)
+
+
+def from_settings(settings: Mapping[str, Any]) -> TpuRunner:
+    return TpuRunner(settings)
+
+
+def accelerator_type(options: Mapping[str, Any]) -> str:
+    """``v4-32`` from ``accelerator_type`` or AXLearn's ``instance_type`` ``tpu-v4-32``."""
+    text = str(options.get("accelerator_type") or options.get("instance_type") or "")
+    text = text.removeprefix("tpu-")
+    if not _TYPE.fullmatch(text):
+        raise RunnerError(f"the tpu runner needs options accelerator_type like v4-32, not {text!r}")
+    return text
+
+
+def hosts(acc_type: str) -> int:
+    """Worker VMs per slice (cloud.md 1.6): v2/v3/v4/v5p count TensorCores, 8 per host;
+    v5litepod/v6e count chips, one host up to 8 chips, 4 per host beyond."""
+    m = _TYPE.fullmatch(acc_type)
+    assert m, acc_type
+    family, n = m.group(1), int(m.group(2))
+    if family in ("v5litepod", "v6e"):
+        return 1 if n <= 8 else n // 4
+    return max(1, n // 8)
+
+
+class TpuRunner(CloudRunner):
+    kind = "tpu"
+    api_env = "BASTION_TPU_API_ENDPOINT"
+
+    def _build(self, credentials: str | None) -> Any:
+        return build_client("tpu", "v2", self.endpoint, credentials).projects().locations()
+
+    def _parent(self, zone: str) -> str:
+        return f"projects/{self.project}/locations/{zone}"
+
+    def _list_zone(self, zone: str) -> list[dict]:
+        nodes, token = [], None
+        while True:
+            request = self.client.nodes().list(parent=self._parent(zone), pageSize=self.page_size,
+                                               pageToken=token)  # fmt: skip
+            page = self.execute(request)
+            nodes += page.get("nodes") or []
+            if not (token := page.get("nextPageToken")):
+                return nodes
+
+    def _workers(self, attempt: Attempt) -> int:
+        if int(attempt.options.get("num_replicas", 1)) > 1:  # multislice: queued resources only
+            raise RunnerError("num_replicas > 1 needs queued resources, not yet supported")
+        return hosts(accelerator_type(attempt.options))
+
+    def _create(self, attempt: Attempt, zone: str, workers: int) -> str | None:
+        acc = accelerator_type(attempt.options)
+        family = acc.split("-")[0]
+        runtime = (attempt.options.get("runtime_version") or self.settings.get("runtime_version")
+                   or _RUNTIME.get(family, "tpu-ubuntu2204-base"))  # fmt: skip
+        body: dict[str, Any] = {
+            "acceleratorType": acc,
+            "runtimeVersion": runtime,
+            "labels": labels_for(attempt, self.tag),
+            "metadata": {
+                "startup-script": self.script(attempt, workers),
+                "bastion-job-name": attempt.job,
+            },
+        }
+        if bool(attempt.options.get("spot", self.spot)):
+            body["schedulingConfig"] = {"spot": True}
+        network = {k: self.settings[k] for k in ("network", "subnetwork") if self.settings.get(k)}
+        if network:
+            body["networkConfig"] = {**network, "enableExternalIps": False}
+        if self.settings.get("service_account"):
+            body["serviceAccount"] = {
+                "email": self.settings["service_account"],
+                "scope": ["https://www.googleapis.com/auth/cloud-platform"],
+            }
+        request = self.client.nodes().create(parent=self._parent(zone), nodeId=attempt.name,
+                                             body=body)  # fmt: skip
+        return self.execute(request, retries=0).get("name")
+
+    def _quota_reason(self, error: HttpError) -> str | None:
+        """A 429 with QuotaFailure details (a rate limit has none): the quota's message."""
+        details = error.error_details if isinstance(error.error_details, list) else []
+        for detail in details:
+            if isinstance(detail, dict) and detail.get("@type", "").endswith("QuotaFailure"):
+                violations = detail.get("violations") or [{}]
+                text = violations[0].get("description") or str(error.reason)
+                m = re.search(r"Quota '([^']+)'", text)
+                return m.group(1) if m else text
+        return None
+
+    def job_of(self, resource: dict) -> str | None:
+        return (resource.get("metadata") or {}).get("bastion-job-name")
+
+    # -- poll --------------------------------------------------------------------------------
+    def poll(self, handle: Handle) -> Observation:
+        node = self.listing(handle["zone"]).get(handle["name"])
+        if node is None:
+            return self._absent(handle)
+        state = node.get("state", "STATE_UNSPECIFIED")
+        if state == "READY":
+            seen = self.agents(handle)
+            return seen or Observation(Phase.RUNNING, "waiting for the agent")
+        if state in ("PREEMPTED", "TERMINATED"):
+            return self.preempted(handle, f"node {handle['name']} {state} in {handle['zone']}")
+        if state == "DELETING":
+            return self.gone(handle, f"node {handle['name']} is being deleted")
+        if state in _PROVISIONING:
+            return Observation(Phase.PROVISIONING, f"node {state} in {handle['zone']}")
+        return Observation(Phase.PROVISIONING, f"node state {state}")
+
+    def _absent(self, handle: Handle) -> Observation:
+        op_name = handle.get("op")
+        if not op_name:
+            record = self.store.read_provision(handle["job"], handle["name"]) or {}
+            op_name = record.get("op")
+        if op_name:
+            try:
+                op = self.execute(self.client.operations().get(name=op_name))
+            except HttpError as e:
+                if e.status_code != 404:
+                    raise
+                op = {"done": True}
+            if not op.get("done"):
+                return Observation(Phase.PROVISIONING, f"creating in {handle['zone']}")
+            error = op.get("error")
+            if error and error.get("code") in _STOCKOUT_CODES:
+                return self.stockout(handle, str(error.get("message", "")))
+            if error and error.get("code") == 3:
+                return Observation(Phase.PREEMPTED, f"preempted while creating: "
+                                   f"{error.get('message', '')}", retryable=True)  # fmt: skip
+            if error:
+                return Observation(Phase.FAILED, f"creating the node failed: "
+                                   f"{error.get('message', '')}", retryable=True)  # fmt: skip
+        return self.gone(handle, f"node {handle['name']} is gone from {handle['zone']}")
+
+    # -- stop, delete, list ------------------------------------------------------------------
+    def stop(self, handle: Handle, deadline: float) -> None:
+        """Delete the node: the VMs' shutdown gives every agent SIGTERM, and it flushes."""
+        node = self.listing(handle["zone"]).get(handle["name"])
+        if node is not None and node.get("state") != "DELETING":
+            self._delete_node(handle)
+
+    def _delete_node(self, handle: Handle) -> None:
+        name = f"{self._parent(handle['zone'])}/nodes/{handle['name']}"
+        try:
+            self.execute(self.client.nodes().delete(name=name))
+        except HttpError as e:
+            if e.status_code != 404:
+                raise
+        self.invalidate(handle["zone"])
+
+    def delete(self, handle: Handle) -> bool:
+        """Delete the node; True only once ``get`` answers 404."""
+        name = f"{self._parent(handle['zone'])}/nodes/{handle['name']}"
+        try:
+            node = self.execute(self.client.nodes().get(name=name))
+        except HttpError as e:
+            if e.status_code != 404:
+                raise
+            self.forget(handle["name"])
+            return True
+        if node.get("state") != "DELETING":
+            self._delete_node(handle)
+        return False
+
+    def list_owned(self) -> list[Owned]:
+        owned = []
+        for zone in self.zones:
+            for node in self.listing(zone).values():
+                workers = len(node.get("networkEndpoints") or []) or hosts(
+                    node.get("acceleratorType", "v4-8")
+                )
+                finished = node.get("state") in ("PREEMPTED", "TERMINATED", "DELETING")
+                owned.append(self.owned(node, zone, workers, finished))
+        return owned

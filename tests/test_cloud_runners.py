@@ -1,0 +1,435 @@
+"""The TPU VM and GCE runners against the stand-ins (tests/standins), through the real
+googleapiclient, with the real agent: when a node or VM turns ready, the stand-in's on_ready
+hook runs its startup script as a local process per worker, each with its own metadata server
+(``GCE_METADATA_HOST``) carrying that worker's ``agent-worker-number``; the agents write to a
+local-directory root. Virtual cloud time moves with ``tick()`` between polls; agents run in
+real time, so every wait is bounded."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+from googleapiclient.errors import HttpError
+
+from bastion.runners.base import Attempt, Observation, Phase, TryAgain, attempt_name
+from bastion.runners.gce import GceRunner, request_id
+from bastion.runners.tpu import TpuRunner
+from bastion.store import Store
+from tests.harness import REPO, kill_all, processes_with_env
+from tests.standins.compute import ComputeServer
+from tests.standins.metadata import MetadataServer
+from tests.standins.tpu import TpuServer
+
+P, ZA, ZB = "proj", "us-central2-b", "europe-west4-a"
+FAST = ["--chunk_seconds=0.2", "--heartbeat_seconds=0.3", "--grace_seconds=3"]
+
+
+class Guests:
+    """The VMs' workers: a startup script process and a metadata server per worker."""
+
+    def __init__(self, tmp_path):
+        self.tag = uuid.uuid4().hex
+        self.tmp = tmp_path
+        self.workers: dict[str, list[tuple[subprocess.Popen, MetadataServer]]] = {}
+
+    def on_ready(self, resource: dict, worker: int, metadata: dict) -> None:
+        name = resource["name"].rsplit("/", 1)[-1]
+        md = MetadataServer({"agent-worker-number": str(worker)}).start()
+        env = dict(os.environ, GCE_METADATA_HOST=md.host, CLOUD_TEST_TAG=self.tag)
+        out = open(self.tmp / f"{name}.{worker}.boot", "wb")  # noqa: SIM115 (closed by the child)
+        proc = subprocess.Popen(
+            ["bash", "-c", metadata["startup-script"]],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        out.close()
+        self.workers.setdefault(name, []).append((proc, md))
+
+    def preempt(self, name: str) -> None:
+        for _, md in self.workers[name]:
+            md.preempt()
+
+    def shutdown(self, name: str) -> None:
+        """The VMs' power-off: SIGTERM to each agent (it forwards and flushes)."""
+        for proc, _ in self.workers.get(name, []):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+
+    def wait(self, name: str, timeout: float = 30) -> list[int]:
+        return [proc.wait(timeout) for proc, _ in self.workers[name]]
+
+    def close(self) -> None:
+        for procs in self.workers.values():
+            for proc, md in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(10)
+                md.stop()
+        kill_all(processes_with_env("CLOUD_TEST_TAG", self.tag))
+
+
+@pytest.fixture
+def guests(tmp_path):
+    g = Guests(tmp_path)
+    yield g
+    g.close()
+
+
+@pytest.fixture
+def root(tmp_path):
+    return str(tmp_path / "root")
+
+
+def settings(root: str, endpoint: str, **more) -> dict:
+    return {
+        "root": root,
+        "project": P,
+        "zones": [ZA, ZB],
+        "api_endpoint": endpoint,
+        "python": sys.executable,
+        "agent_args": FAST,
+        "listing_ttl": 0,
+        "heartbeat_timeout": 30,
+        **more,
+    }
+
+
+def attempt(root: str, command: str, n: int = 1, job: str = "train", **options) -> Attempt:
+    return Attempt(
+        name=attempt_name(root, job, "sub1", n, "run"),
+        job=job,
+        attempt=n,
+        command=command,
+        env={"GREETING": "it's a 'test'"},
+        options=options,
+    )
+
+
+def poll_until(runner, handle, server, want, timeout: float = 60) -> Observation:
+    """Poll (ticking the cloud) until the phase is in ``want``; bounded."""
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = runner.poll(handle)
+        if seen.phase in want:
+            return seen
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still {seen} after {timeout}s")
+        server.tick()
+        time.sleep(0.1)
+
+
+def creates(server, kind: str = "nodes") -> list:
+    return [r for r in server.requests if r[0] == "POST" and r[1].endswith("/" + kind)]
+
+
+def lists(server, kind: str = "nodes") -> list:
+    return [r for r in server.requests if r[0] == "GET" and r[1].endswith("/" + kind)]
+
+
+def no_sleep(runner):
+    runner.sleep = lambda _s: None
+    return runner
+
+
+# --- TPU VM --------------------------------------------------------------------------------
+@pytest.fixture
+def tpu_server(guests):
+    with TpuServer(on_ready=guests.on_ready) as server:
+        yield server
+
+
+@pytest.fixture
+def tpu(root, tpu_server):
+    runner = no_sleep(TpuRunner(settings(root, tpu_server.endpoint)))
+    yield runner
+    runner.close()
+
+
+V4 = {"accelerator_type": "v4-32", "spot": True}
+
+
+def test_tpu_happy_path_four_workers(root, tpu_server, tpu, guests):
+    a = attempt(
+        root,
+        'echo "hello from $BASTION_WORKER of $BASTION_NUM_WORKERS: $GREETING"',
+        instance_type="tpu-v4-32",
+        spot=True,
+    )
+    handle = tpu.start(a)
+    assert (handle["zone"], handle["workers"]) == (ZA, 4)
+    assert Store(root).read_provision("train", a.name)["zone"] == ZA
+    assert tpu.poll(handle).phase is Phase.PROVISIONING
+    body = creates(tpu_server)[0][3]
+    assert body["labels"] == {
+        "bastion-root": tpu.tag,
+        "bastion-job": "train",
+        "bastion-attempt": "1",
+    }
+    assert body["acceleratorType"] == "v4-32" and body["schedulingConfig"] == {"spot": True}
+    seen = poll_until(tpu, handle, tpu_server, {Phase.SUCCEEDED, Phase.FAILED})
+    assert seen == Observation(Phase.SUCCEEDED, "all 4 workers exited 0", 0)
+    assert len(guests.workers[a.name]) == 4 and guests.wait(a.name) == [0, 0, 0, 0]
+    assert tpu.read_output(handle, 0, 1 << 20) == b"hello from 0 of 4: it's a 'test'\n"
+    records = tpu.records(handle)
+    for w in range(4):
+        expected = f"hello from {w} of 4: it's a 'test'\n".encode()
+        assert records.read_output(0, 100, worker=w) == expected
+    assert tpu.delete(handle) is False  # delete issued, not yet verified gone
+    tpu_server.tick()
+    assert tpu.delete(handle) is True
+    with pytest.raises(HttpError) as e:
+        tpu.client.nodes().get(name=f"projects/{P}/locations/{ZA}/nodes/{a.name}").execute()
+    assert e.value.status_code == 404
+
+
+def test_tpu_start_twice_is_one_node_and_restart_adopts(root, tpu_server, tpu):
+    a = attempt(root, "true", **V4)
+    first = tpu.start(a)
+    assert tpu.start(a) == first
+    assert len(creates(tpu_server)) == 1 and len(tpu_server.nodes) == 1
+    # a daemon restarted with no memory: the node is found by label, the zone by the record
+    restarted = no_sleep(TpuRunner(settings(root, tpu_server.endpoint, zones=[ZB, ZA])))
+    owned = {o.name: o for o in restarted.list_owned()}
+    assert owned[a.name].handle["zone"] == ZA and owned[a.name].handle["job"] == "train"
+    assert owned[a.name].handle["workers"] == 4 and not owned[a.name].finished
+    again = restarted.start(a)
+    assert again["zone"] == ZA and len(creates(tpu_server)) == 1
+    assert restarted.poll(again).phase is Phase.PROVISIONING
+
+
+def test_tpu_phantom_409_is_adopted(root, tpu_server, tpu):
+    tpu_server.phantom_409()
+    a = attempt(root, "true", **V4)
+    handle = tpu.start(a)
+    assert handle["zone"] == ZA and len(creates(tpu_server)) == 1
+    assert tpu.poll(handle).phase is Phase.PROVISIONING  # the node that the 409 hid
+
+
+def test_tpu_stockout_blocks_the_zone_next_attempt_in_the_next(root, tpu_server, tpu):
+    tpu_server.stockout(ZA)
+    a1 = attempt(root, "true", 1, **V4)
+    h1 = tpu.start(a1)
+    tpu_server.tick()
+    seen = tpu.poll(h1)
+    assert (seen.phase, seen.retryable, seen.exit_code) == (Phase.FAILED, True, None)
+    assert seen.reason.startswith(f"stockout in {ZA}: There is no more capacity")
+    h2 = tpu.start(attempt(root, "true", 2, **V4))  # the daemon requeues: a new name
+    assert h2["zone"] == ZB
+    assert [r[1].split("/")[5] for r in creates(tpu_server)] == [ZA, ZB]
+
+
+def test_tpu_quota_blocks_the_region_without_a_hot_loop(root, tpu_server, tpu):
+    tpu_server.quota()  # every zone
+    a = attempt(root, "true", **V4)
+    with pytest.raises(TryAgain) as e:
+        tpu.start(a)
+    assert "quota TPUV2sPreemptiblePodPerProjectPerRegionForTPUAPI exhausted" in str(e.value)
+    assert f"(zone {ZA})" in str(e.value) and f"(zone {ZB})" in str(e.value)
+    assert len(creates(tpu_server)) == 2  # one per region, none retried
+    for _ in range(3):
+        with pytest.raises(TryAgain, match="quota"):
+            tpu.start(a)
+    assert len(creates(tpu_server)) == 2  # blocked: no call at all
+
+
+def test_tpu_spot_preemption_while_running(root, tpu_server, tpu, guests):
+    a = attempt(root, "for i in $(seq 1 100000); do echo line $i; sleep 0.02; done", **V4)
+    handle = tpu.start(a)
+    poll_until(tpu, handle, tpu_server, {Phase.RUNNING})
+    deadline = time.monotonic() + 30
+    while tpu.poll(handle).reason != "4 of 4 workers running" or b"line 5\n" not in tpu.read_output(
+        handle, 0, 1 << 20
+    ):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    guests.preempt(a.name)  # the metadata notice, then the node turns PREEMPTED
+    tpu_server.preempt(a.name)
+    seen = tpu.poll(handle)
+    assert (seen.phase, seen.retryable) == (Phase.PREEMPTED, True)
+    assert guests.wait(a.name) == [143] * 4 or all(c != 0 for c in guests.wait(a.name))
+    out = tpu.read_output(handle, 0, 1 << 24).decode()
+    n = out.count("\n")
+    assert n >= 5 and out == "".join(f"line {i}\n" for i in range(1, n + 1))  # complete prefix
+    exit_record = Store(root).read_run_record("train", a.name, 0, "exit")
+    assert exit_record["preempted"] is True and exit_record["output_bytes"] == len(out)
+    tpu.stop(handle, time.time() + 30)
+    tpu_server.tick()
+    assert tpu.delete(handle) is True
+
+
+def test_tpu_one_worker_fails(root, tpu_server, tpu, guests):
+    a = attempt(root, 'if [ "$BASTION_WORKER" = 2 ]; then echo bad; exit 1; fi; sleep 60', **V4)
+    handle = tpu.start(a)
+    seen = poll_until(tpu, handle, tpu_server, {Phase.FAILED, Phase.SUCCEEDED})
+    assert seen == Observation(Phase.FAILED, "worker 2 exited with status 1", 1)
+    tpu.stop(handle, time.time() + 30)  # the daemon stops the others: the node is deleted
+    assert tpu_server.nodes[f"projects/{P}/locations/{ZA}/nodes/{a.name}"]["state"] == "DELETING"
+    guests.shutdown(a.name)
+    codes = guests.wait(a.name)
+    assert codes[2] == 1 and all(c in (143, -15) for i, c in enumerate(codes) if i != 2)
+    assert tpu.poll(handle).exit_code == 1  # still the first failure, node going away
+
+
+def test_tpu_orphans_labelled_listed_unlabelled_not(root, tpu_server, tpu):
+    api = tpu.client.nodes()
+    parent = f"projects/{P}/locations/{ZB}"
+    body = {"acceleratorType": "v4-8", "runtimeVersion": "tpu-ubuntu2204-base"}
+    api.create(
+        parent=parent,
+        nodeId="orphan",
+        body={
+            **body,
+            "labels": {"bastion-root": tpu.tag},
+            "metadata": {"bastion-job-name": "gone"},
+        },
+    ).execute()
+    api.create(parent=parent, nodeId="someone-elses", body=body).execute()
+    api.create(
+        parent=parent, nodeId="other-root", body={**body, "labels": {"bastion-root": "ffffff"}}
+    ).execute()
+    owned = tpu.list_owned()
+    assert [(o.name, o.handle["job"], o.handle["zone"]) for o in owned] == [("orphan", "gone", ZB)]
+    assert tpu.delete(owned[0].handle) is False
+    tpu_server.tick()
+    assert tpu.delete(owned[0].handle) is True
+    assert sorted(n.rsplit("/", 1)[1] for n in tpu_server.nodes) == ["other-root", "someone-elses"]
+
+
+def test_tpu_429_and_5xx_bursts_are_retried(root, tpu_server, tpu):
+    tpu_server.transient_5xx(3)
+    handle = tpu.start(attempt(root, "true", **V4))
+    assert len(tpu_server.nodes) == 1
+    tpu_server.rate_limit(4)
+    assert tpu.poll(handle).phase is Phase.PROVISIONING
+    tpu_server.transient_5xx(10)  # more than num_retries (5): the error surfaces, bounded
+    with pytest.raises(HttpError):
+        tpu.poll(handle)
+
+
+def test_tpu_listing_pages_and_one_list_per_zone_per_cycle(root, tpu_server):
+    runner = no_sleep(TpuRunner(settings(root, tpu_server.endpoint, listing_ttl=5, page_size=7)))
+    handles = [runner.start(attempt(root, "true", n, job=f"j{n}", **V4)) for n in range(20)]
+    assert {h["zone"] for h in handles} == {ZA}
+    before = len(tpu_server.requests)
+    assert all(runner.poll(h).phase is Phase.PROVISIONING for h in handles)
+    asked = tpu_server.requests[before:]
+    assert len(asked) == 3 and all(r[1].endswith("/nodes") for r in asked)  # 20 nodes, 3 pages
+    assert len({o.name for o in runner.list_owned()}) == 20
+
+
+def test_tpu_preempted_while_creating(root, tpu_server, tpu):
+    handle = tpu.start(attempt(root, "true", **V4))
+    tpu_server.preempt(handle["name"])
+    seen = tpu.poll(handle)
+    assert (seen.phase, seen.retryable) == (Phase.PREEMPTED, True)
+
+
+# --- GCE GPU VM ----------------------------------------------------------------------------
+@pytest.fixture
+def gce_server(guests):
+    with ComputeServer(on_ready=guests.on_ready) as server:
+        yield server
+
+
+@pytest.fixture
+def gce(root, gce_server):
+    runner = no_sleep(GceRunner(settings(root, gce_server.endpoint, max_run_seconds=86400)))
+    yield runner
+    runner.close()
+
+
+A3 = {"instance_type": "gpu-a3-highgpu-8g", "spot": True}
+
+
+def inserts(server, zone: str | None = None) -> list:
+    return [r for r in creates(server, "instances") if zone is None or f"/zones/{zone}/" in r[1]]
+
+
+def test_gce_happy_path(root, gce_server, gce, guests):
+    a = attempt(root, 'echo "gpu $BASTION_WORKER/$BASTION_NUM_WORKERS: $GREETING"', **A3)
+    handle = gce.start(a)
+    assert (handle["zone"], handle["workers"]) == (ZA, 1)
+    ((_, _, query, body),) = inserts(gce_server)
+    assert query["requestId"] == request_id(root, a.name)
+    assert body["machineType"] == f"zones/{ZA}/machineTypes/a3-highgpu-8g"
+    assert body["scheduling"] == {
+        "onHostMaintenance": "TERMINATE",
+        "automaticRestart": False,
+        "provisioningModel": "SPOT",
+        "instanceTerminationAction": "DELETE",
+        "maxRunDuration": {"seconds": "86400"},
+    }
+    assert body["labels"]["bastion-root"] == gce.tag
+    assert gce.poll(handle).phase is Phase.PROVISIONING
+    seen = poll_until(gce, handle, gce_server, {Phase.SUCCEEDED, Phase.FAILED})
+    assert seen == Observation(Phase.SUCCEEDED, "all 1 workers exited 0", 0)
+    assert gce.read_output(handle, 0, 1 << 20) == b"gpu 0/1: it's a 'test'\n"
+    assert [o.name for o in gce.list_owned()] == [a.name]
+    assert gce.delete(handle) is False
+    gce_server.tick()
+    assert gce.delete(handle) is True and not gce_server.instances
+
+
+def test_gce_retried_insert_is_deduplicated_by_request_id(root, gce_server, gce):
+    a = attempt(root, "true", **A3)
+    handle = gce.start(a)
+    ((_, _, query, body),) = inserts(gce_server)
+    # the same insert again, as after a lost answer: the server returns the first operation
+    again = (
+        gce.client.instances()
+        .insert(project=P, zone=ZA, body=body, requestId=query["requestId"])
+        .execute()
+    )
+    assert again["name"] == handle["op"] and len(gce_server.instances) == 1
+    restarted = no_sleep(GceRunner(settings(root, gce_server.endpoint)))
+    assert restarted.start(a)["zone"] == ZA and len(inserts(gce_server)) == 2  # adopted
+
+
+def test_gce_stockout_then_next_zone(root, gce_server, gce):
+    gce_server.stockout(ZA)
+    h1 = gce.start(attempt(root, "true", 1, **A3))
+    gce_server.tick()
+    seen = gce.poll(h1)
+    assert (seen.phase, seen.retryable) == (Phase.FAILED, True)
+    assert seen.reason.startswith(f"stockout in {ZA}: The zone 'projects/{P}/zones/{ZA}'")
+    assert gce.start(attempt(root, "true", 2, **A3))["zone"] == ZB
+
+
+def test_gce_quota_blocks_the_region(root, gce_server, gce):
+    gce_server.quota(ZA)
+    h1 = gce.start(attempt(root, "true", 1, **A3))
+    assert h1["zone"] == ZB  # ZA's region blocked, ZB in another region
+    h2 = gce.start(attempt(root, "true", 2, **A3))
+    assert h2["zone"] == ZB and len(inserts(gce_server, ZA)) == 1
+    gce_server.quota(ZB)
+    with pytest.raises(TryAgain, match=r"quota NVIDIA_H100_GPUS exhausted in region europe-west4"):
+        gce.start(attempt(root, "true", 3, **A3))
+
+
+def test_gce_preemption_via_the_preempted_operation(root, gce_server, gce, guests):
+    a = attempt(root, "for i in $(seq 1 100000); do echo line $i; sleep 0.02; done", **A3)
+    handle = gce.start(a)
+    poll_until(gce, handle, gce_server, {Phase.RUNNING})
+    deadline = time.monotonic() + 30
+    while b"line 3\n" not in gce.read_output(handle, 0, 1 << 20):
+        assert time.monotonic() < deadline
+        gce.poll(handle)
+        time.sleep(0.1)
+    guests.preempt(a.name)
+    gce_server.preempt(a.name)  # DELETE action: the VM is gone, a preempted op remains
+    seen = gce.poll(handle)
+    assert (seen.phase, seen.retryable) == (Phase.PREEMPTED, True)
+    guests.wait(a.name)
+    out = gce.read_output(handle, 0, 1 << 24).decode()
+    n = out.count("\n")
+    assert n >= 3 and out == "".join(f"line {i}\n" for i in range(1, n + 1))
+    assert gce.delete(handle) is True  # already gone: 404 is success
