@@ -89,6 +89,15 @@ def root(tmp_path):
     return str(tmp_path / "root")
 
 
+@pytest.fixture(params=["local", "gcs"])
+def any_root(request, tmp_path):
+    """A local directory, and gs:// on the GCS emulator (the agents inherit its address)."""
+    if request.param == "gcs":
+        request.getfixturevalue("gcs_emulator")
+        return f"gs://bastion-test/{uuid.uuid4().hex[:12]}"
+    return str(tmp_path / "root")
+
+
 def settings(root: str, endpoint: str, **more) -> dict:
     return {
         "root": root,
@@ -157,7 +166,15 @@ def tpu(root, tpu_server):
 V4 = {"accelerator_type": "v4-32", "spot": True}
 
 
-def test_tpu_happy_path_four_workers(root, tpu_server, tpu, guests):
+@pytest.fixture
+def tpu_any(any_root, tpu_server):
+    runner = no_sleep(TpuRunner(settings(any_root, tpu_server.endpoint)))
+    yield runner
+    runner.close()
+
+
+def test_tpu_happy_path_four_workers(any_root, tpu_server, tpu_any, guests):
+    root, tpu = any_root, tpu_any
     a = attempt(
         root,
         'echo "hello from $BASTION_WORKER of $BASTION_NUM_WORKERS: $GREETING"',
@@ -433,3 +450,18 @@ def test_gce_preemption_via_the_preempted_operation(root, gce_server, gce, guest
     n = out.count("\n")
     assert n >= 3 and out == "".join(f"line {i}\n" for i in range(1, n + 1))
     assert gce.delete(handle) is True  # already gone: 404 is success
+
+
+def test_tpu_worker_stops_heartbeating_is_lost(root, tpu_server, guests):
+    runner = no_sleep(TpuRunner(settings(root, tpu_server.endpoint, heartbeat_timeout=2)))
+    a = attempt(root, "sleep 60", **V4)
+    handle = runner.start(a)
+    poll_until(runner, handle, tpu_server, {Phase.RUNNING})
+    deadline = time.monotonic() + 30
+    while runner.poll(handle).reason != "4 of 4 workers running":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    proc, _ = guests.workers[a.name][1]
+    proc.kill()  # the agent of worker 1 dies without a word (its command lives on, orphaned)
+    seen = poll_until(runner, handle, tpu_server, {Phase.LOST}, timeout=20)
+    assert seen.retryable and seen.reason.startswith("worker 1 stopped heartbeating")
