@@ -15,7 +15,7 @@ from bastion.store import Store
 from bundlers import BundleError, bundler_for
 from bundlers.cloudbuild import CloudBuildBundler
 from tests.conftest import BUCKET
-from tests.standins.cloudbuild import CloudBuildServer
+from tests.standins.cloudbuild import CloudBuildServer, DockerExecutor
 
 DOCKER = bundler_for("docker")
 
@@ -364,3 +364,46 @@ def test_cloudbuild_needs_a_gs_root_and_a_project(cloudbuild, tmp_path, monkeypa
     assert not (tmp_path / "root" / "bundles").exists()
     with pytest.raises(BundleError, match="--bundler_spec=repo="):
         CloudBuildBundler().bundle(str(src), None, {"project": "p"})
+
+
+def test_cloudbuild_steps_on_the_real_engine_give_a_pullable_digest(
+    engine, gs_store, tmp_path, monkeypatch
+):
+    """The stand-in runs the build's docker steps on the real engine from the uploaded source
+    tarball: the recorded digest is the registry's, and the image pulls and runs by it."""
+    client = engine.client()
+
+    def fetch(bucket, obj):
+        with gs_store.fs.open(f"{bucket}/{obj}", "rb") as f:
+            return f.read()
+
+    server = CloudBuildServer(polls_per_tick=1, executor=DockerExecutor(client, fetch)).start()
+    monkeypatch.setenv("BASTION_CLOUDBUILD_API_ENDPOINT", server.endpoint)
+    repo = f"{engine.registry}/bst-cb-{uuid.uuid4().hex[:8]}"
+    try:
+        src = app(tmp_path, engine)
+        record = CloudBuildBundler().bundle(str(src), gs_store, {**CB_OPTIONS, "repo": repo})
+        assert record.uri == f"{repo}/app@{record.digest}"
+        image = client.images.get(f"{repo}/app:{head(src)[:12]}")
+        assert image.labels["bastion.git-commit"] == head(src)
+        client.images.remove(image.id, force=True)
+        client.images.pull(record.uri)
+        out = client.containers.run(
+            record.uri, ["cat", "/app/hello.txt"], remove=True, labels={"bastion.test": "1"}
+        )
+        assert out.decode() == (src / "hello.txt").read_text()
+        bad = app(tmp_path, engine, "RUN echo cb-step-marker && exit 4", name="bad")
+        with pytest.raises(BundleError) as e:
+            CloudBuildBundler().bundle(str(bad), gs_store, {**CB_OPTIONS, "repo": repo})
+        assert "ended FAILURE: USER_BUILD_STEP" in str(e.value)
+        assert "returned a non-zero code: 4" in str(e.value)
+    finally:
+        server.stop()
+        client.close()
+
+
+def test_docker_names_an_unreachable_engine(tmp_path):
+    src = git_project(tmp_path / "p", {"Dockerfile": "FROM scratch\n"})
+    sock = f"unix://{tmp_path}/missing.sock"
+    with pytest.raises(BundleError, match=rf"cannot reach {sock}.*docker_host="):
+        DOCKER.bundle(str(src), None, {"repo": "127.0.0.1:5000/x", "docker_host": sock})

@@ -259,7 +259,8 @@ class CloudBuildServer(StandinServer):
             try:
                 digests = self._digests(build)
             except Exception as e:  # the executor's step failed
-                self._end(build, "FAILURE", f"Build step failure: {e}", "USER_BUILD_STEP")
+                failure_type = getattr(e, "failure_type", "USER_BUILD_STEP")
+                self._end(build, "FAILURE", f"Build step failure: {e}", failure_type)
                 continue
             build["results"] = {"images": [
                 {"name": name, "digest": digests[name]} for name in build.get("images") or []
@@ -297,3 +298,84 @@ class CloudBuildServer(StandinServer):
                 "code": _OP_CODES[status],
                 "message": f"Build {status.lower()}: {build['statusDetail']}",
             }
+
+
+class StepFailed(RuntimeError):
+    def __init__(self, message: str, failure_type: str = "USER_BUILD_STEP"):
+        super().__init__(message)
+        self.failure_type = failure_type
+
+
+class DockerExecutor:
+    """Runs a build's ``gcr.io/cloud-builders/docker`` steps on a real engine, so the stand-in
+    records true digests: ``build`` (``-f``, ``-t``, ``--build-arg``, ``--label``, ``--target``,
+    ``--platform``, context ``.``) from the storageSource tarball, ``push``; then every entry of
+    ``images`` is pushed (as Cloud Build does) and its registry digest returned.
+
+    ``client``: a docker.DockerClient; ``fetch_source(bucket, object) -> bytes``. Use as
+    ``CloudBuildServer(executor=DockerExecutor(client, fetch))``. A failing step raises, which the
+    stand-in turns into FAILURE/USER_BUILD_STEP with the step's last log line as detail."""
+
+    def __init__(self, client, fetch_source):
+        self.client, self.fetch_source = client, fetch_source
+
+    def __call__(self, build: dict) -> dict[str, str]:
+        import io
+
+        storage = build["source"]["storageSource"]
+        context = self.fetch_source(storage["bucket"], storage["object"])
+        for index, step in enumerate(build["steps"]):
+            if step["name"] != "gcr.io/cloud-builders/docker":
+                raise StepFailed(f"build step {index} {step['name']!r}: not supported here")
+            args = list(step.get("args") or [])
+            if args[:1] == ["build"]:
+                self._build(index, args[1:], io.BytesIO(context))
+            elif args[:1] == ["push"]:
+                self._push(index, args[1])
+            else:
+                raise StepFailed(f"build step {index}: docker {args[:1]} is not supported here")
+        return {name: self._push(len(build["steps"]), name) for name in build.get("images") or []}
+
+    def _build(self, index: int, args: list[str], context) -> None:
+        kw: dict = {"buildargs": {}, "labels": {}}
+        names = {
+            "-f": "dockerfile",
+            "--file": "dockerfile",
+            "-t": "tag",
+            "--tag": "tag",
+            "--target": "target",
+            "--platform": "platform",
+        }
+        it = iter(args)
+        for arg in it:
+            if arg in names:
+                kw[names[arg]] = next(it)
+            elif arg in ("--build-arg", "--label"):
+                key, _, value = next(it).partition("=")
+                kw["buildargs" if arg == "--build-arg" else "labels"][key] = value
+            elif arg != ".":
+                raise StepFailed(f"build step {index}: docker build {arg} is not supported here")
+        last = ""
+        for chunk in self.client.api.build(
+            fileobj=context, custom_context=True, rm=True, decode=True, **kw
+        ):
+            last = (chunk.get("stream") or "").strip() or last
+            if "error" in chunk:
+                raise StepFailed(
+                    f'build step {index} "gcr.io/cloud-builders/docker" failed: '
+                    f"{chunk['error'].strip()} (after: {last})"
+                )
+
+    def _push(self, index: int, ref: str) -> str:
+        repository, _, tag = ref.rpartition(":")
+        if "/" in tag:  # no tag, the colon was the registry's port
+            repository, tag = ref, "latest"
+        digest = None
+        for chunk in self.client.api.push(repository, tag=tag, stream=True, decode=True):
+            if "error" in chunk:
+                raise StepFailed(f"pushing {ref} failed: {chunk['error']}", "PUSH_FAILED")
+            aux = chunk.get("aux") or {}
+            digest = aux.get("Digest") or digest
+        if not digest:
+            raise StepFailed(f"pushing {ref} gave no digest")
+        return digest
