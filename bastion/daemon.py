@@ -267,6 +267,10 @@ class Daemon:
         done("write_back")
         self._carry_out(now)
         done("effects")
+        if self.cycles % SWEEP_EVERY_CYCLES == 0:
+            self._sweep()
+            self._check_states()
+            done("upkeep")
         self._each(self._finalize, now)
         done("finalize")
         self._sync_daemon_log()
@@ -393,20 +397,31 @@ class Daemon:
             log.info(
                 "%s: recovered in state %s (attempt %d)", name, state.status.value, state.attempt
             )
-        owned = self._sweep()
-        now = time.time()
+        self._sweep()
         for job in self.jobs.values():
             for purpose in (RUN, CLEANUP):
                 record = lifecycle.attempt_record(job.state, purpose)
-                if record is None or record.get("handle") is not None:
-                    continue
-                # Recorded before the start: if the runner has it, it was made (adopt its
-                # handle); if not, it never was, and starting it now starts it once.
-                found = owned.get(str(record.get("name")))
-                if found is not None:
-                    self._apply(job, lifecycle.Started(purpose, found), now)
-                else:
+                if record is not None and record.get("handle") is None:
+                    # Recorded before the start, which may or may not have happened: start is
+                    # idempotent by name (a runner that has it adopts it), so it happens once.
                     job.effects.append(lifecycle.Start(purpose))
+
+    def _check_states(self) -> None:
+        """Only the daemon writes states. One whose listing token is not the token of our own
+        last write was written (or deleted) by someone else: report it and write ours back
+        over it on this cycle's write-back, never acting on what it says."""
+        listed = self.store.list_states()
+        for name, job in self.jobs.items():
+            info = listed.get(name)
+            if not job.written or job.state_token is None:
+                continue
+            if info is None or info.token != job.state_token:
+                log.error(
+                    "%s: its state object was %s by someone else; restoring the daemon's own",
+                    name,
+                    "deleted" if info is None else "overwritten",
+                )
+                job.written = b""  # differs from the state: written back, over the foreign one
 
     def _read_state_or_problem(self, name: str) -> bytes | UnacceptableObject | None:
         try:
@@ -422,13 +437,12 @@ class Daemon:
                     names.add(str(record["name"]))
         return names
 
-    def _sweep(self) -> dict[str, dict[str, Any]]:
+    def _sweep(self) -> None:
         """Attempts a runner holds that no job's state names (their job ended or was deleted
         while we were down, or a daemon died between an attempt's end and its deletion) are
         orphans: delete them. Asks the runners in use and those the settings configure.
-        Returns what the runners hold, by attempt name."""
+        """
         live = self._live_attempts()
-        found: dict[str, dict[str, Any]] = {}
         kinds = {self.runners.default, *self.runners.configured} | {
             str(r["kind"])
             for job in self.jobs.values()
@@ -442,11 +456,9 @@ class Daemon:
                 log.error("could not list the attempts of runner %s: %s", kind, e)
                 continue
             for item in owned:
-                found[item.name] = item.handle
                 if item.name not in live and item.name not in self._deleting:
                     log.warning("deleting attempt %s: no job of this root names it", item.name)
                     self._deleting[item.name] = (kind, item.handle)
-        return found
 
     def _read_specs(self, specs: dict[str, ObjectInfo], now: float) -> None:
         changed = [
@@ -636,8 +648,6 @@ class Daemon:
         ]
         deletes = list(self._deleting.items())
         if not ready and not deletes:
-            if self.cycles % SWEEP_EVERY_CYCLES == 0:
-                self._sweep()
             return
         self._may_act()
         for job in ready:
@@ -653,8 +663,6 @@ class Daemon:
         for name, (kind, handle) in deletes:
             self._deleting.pop(name, None)
             self._submit(self._delete_attempt, name, kind, handle)
-        if self.cycles % SWEEP_EVERY_CYCLES == 0:
-            self._sweep()
 
     def _submit(self, call: Callable[..., None], *args: Any) -> None:
         future = self._pool.submit(call, *args)
@@ -699,7 +707,8 @@ class Daemon:
                 self._may_act()
                 if isinstance(effect, lifecycle.Start):
                     attempt = attempts.get(effect.purpose)
-                    if attempt is None:  # its spec is gone: nothing to start it from
+                    if attempt is None:  # its spec is gone: nothing to start it from (if the
+                        # runner has it after all, it is an orphan now: the sweep deletes it)
                         results.append(lifecycle.StartFailed(effect.purpose, "its spec is gone"))
                         continue
                     try:

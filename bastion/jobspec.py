@@ -322,9 +322,11 @@ class JobSpec:
         }  # fmt: skip
         return cls(
             name=check_name(_require(data, "name", str, "")),
-            command=_require(data, "command", str, ""),
+            command=_check_command(_require(data, "command", str, ""), "command"),
             metadata=JobMetadata.from_json(_require(data, "metadata", dict, "")),
-            cleanup_command=_optional(data, "cleanup_command", str, ""),
+            cleanup_command=_check_command(
+                _optional(data, "cleanup_command", str, ""), "cleanup_command"
+            ),
             env_vars=env,
             version=version,
             runner=_check_runner(data.get("runner")),
@@ -377,6 +379,21 @@ def _spec_text(raw: bytes | str) -> str:
             elif bracket in ("]", "}"):
                 depth -= 1
     return raw
+
+
+MAX_COMMAND_BYTES = 100 << 10  # one argv string may not exceed 128 KiB (MAX_ARG_STRLEN)
+
+
+def _check_command(value: str | None, field_name: str) -> str | None:
+    """A command is one argument of ``bash -c``: the kernel refuses one over 128 KiB, so a
+    longer one could never start. Refused at submit, with its size and the fix."""
+    if value is not None and len(value.encode(errors="replace")) > MAX_COMMAND_BYTES:
+        raise SpecError(
+            f"field {field_name}: the command is {len(value.encode(errors='replace')):,} bytes; "
+            f"the limit is {MAX_COMMAND_BYTES:,}: put the long part in a file of the bundle "
+            "(or in env_vars) and run that"
+        )
+    return value
 
 
 def _check_bundle(value: Any) -> dict[str, Any] | None:

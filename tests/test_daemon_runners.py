@@ -482,6 +482,7 @@ def test_a_recorded_attempt_that_the_runner_made_is_adopted_not_started_again(ri
         rig.drive(daemon, lambda: rig.finished("made"), what="the job to end")
     finally:
         FakeRunner.start = original
-    assert starts == []  # found by the recovery's listing, adopted
+    assert starts == [state["runner"]["name"]]  # asked once, by name: the runner adopts it
+    assert owned_names(rig, daemon) == [] or owned_names(rig, daemon) == [state["runner"]["name"]]
     record = json.loads((rig.root / "jobs" / "complete" / "made").read_text())
     assert record["state"]["outcome"] == "SUCCEEDED" and record["state"]["attempt"] == 1
