@@ -34,6 +34,7 @@ stand-ins) or Google's, with ``google.auth.default()`` credentials.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import sys
 import time
@@ -50,6 +51,7 @@ DEBIAN_IMAGE = "projects/debian-cloud/global/images/family/debian-12"
 DAEMON_UID = 10001  # the ``bastion`` user of the Dockerfile's ``bastion`` target
 STATE_DIR = "/var/lib/bastion"  # the daemon's work directory on the VM's boot disk
 WAIT_SECONDS = 600.0
+VM_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")  # RFC 1035, as Compute Engine wants
 _NAMESPACE = uuid.UUID("7f1c2b64-51e4-4d7e-9a0b-3d5c1f0a9e21")
 _STOCKOUT = {
     "ZONE_RESOURCE_POOL_EXHAUSTED",
@@ -461,6 +463,11 @@ def cli(
     try:
         if not name or not zone:
             raise VmError(f"vm {verb}: give --vm_name=NAME and --zone=ZONE")
+        if not VM_NAME.fullmatch(name):
+            raise VmError(
+                f"vm {verb}: bad --vm_name={name}; use 1-63 lowercase letters, digits and "
+                "dashes, starting with a letter and not ending with a dash"
+            )
         client, project = compute_client(project)
         cfg = VmConfig(
             name=name,
