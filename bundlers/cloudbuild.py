@@ -38,7 +38,7 @@ from typing import Any
 from bundlers.base import Bundle, BundleError, Bundler
 from bundlers.docker import OPTIONS as DOCKER_OPTIONS
 from bundlers.docker import ImageSpec, check_options, image_digest_hex, image_spec
-from bundlers.tar import TarBundler
+from bundlers.tar import TarBundler, collect, parse_excludes
 
 OPTIONS = (
     *(o for o in DOCKER_OPTIONS if o != "docker_host"),
@@ -69,6 +69,14 @@ class CloudBuildBundler(Bundler):
         tar_options = {k: options[k] for k in ("exclude", "max_bytes") if k in options}
         if not dry_run:  # before uploading anything: Cloud Build can only fetch from gs://
             _gcs_object(store.bundle_url("sha256:" + "0" * 64))
+        root = os.path.realpath(source_dir)
+        if spec.dockerfile not in {
+            e.name for e in collect(root, parse_excludes(options.get("exclude")))
+        }:
+            raise BundleError(
+                f"{spec.dockerfile} is left out of the source bundle (by .gitignore or "
+                "--bundler_exclude), so Cloud Build would not find it; stop ignoring it"
+            )
         source = TarBundler().bundle(source_dir, store, tar_options, dry_run=dry_run)
         if dry_run:
             return Bundle(self.kind, spec.ref, "", 0, spec.git_commit, spec.git_dirty)

@@ -364,6 +364,9 @@ def test_cloudbuild_needs_a_gs_root_and_a_project(cloudbuild, tmp_path, monkeypa
     assert not (tmp_path / "root" / "bundles").exists()
     with pytest.raises(BundleError, match="--bundler_spec=repo="):
         CloudBuildBundler().bundle(str(src), None, {"project": "p"})
+    (src / ".gitignore").write_text("Dockerfile\n")
+    with pytest.raises(BundleError, match=r"Dockerfile is left out of the source bundle"):
+        CloudBuildBundler().bundle(str(src), None, {**CB_OPTIONS, "allow_dirty": "1"}, True)
 
 
 def test_cloudbuild_steps_on_the_real_engine_give_a_pullable_digest(
