@@ -51,6 +51,7 @@ DEBIAN_IMAGE = "projects/debian-cloud/global/images/family/debian-12"
 DAEMON_UID = 10001  # the ``bastion`` user of the Dockerfile's ``bastion`` target
 STATE_DIR = "/var/lib/bastion"  # the daemon's work directory on the VM's boot disk
 WAIT_SECONDS = 600.0
+GPU_FAMILIES = {"a2", "a3", "a4", "g2", "g4"}
 VM_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")  # RFC 1035, as Compute Engine wants
 _NAMESPACE = uuid.UUID("7f1c2b64-51e4-4d7e-9a0b-3d5c1f0a9e21")
 _STOCKOUT = {
@@ -166,6 +167,10 @@ systemctl enable --now bastion.service
 """
 
 
+def _gpu_family(machine_type: str) -> bool:
+    return machine_type.split("-", 1)[0] in GPU_FAMILIES
+
+
 def instance_body(cfg: VmConfig) -> dict[str, Any]:
     """The ``instances.insert`` body for the daemon's VM."""
     metadata = [
@@ -198,7 +203,8 @@ def instance_body(cfg: VmConfig) -> dict[str, Any]:
         "scheduling": {
             "provisioningModel": "STANDARD",
             "automaticRestart": True,
-            "onHostMaintenance": "MIGRATE",
+            # Machine types with built-in GPUs cannot live-migrate (cloud.md 2.2).
+            "onHostMaintenance": "TERMINATE" if _gpu_family(cfg.machine_type) else "MIGRATE",
         },
         "metadata": {"items": metadata},
         "labels": {"bastion-root": root_tag(cfg.root), "bastion-role": "daemon"},

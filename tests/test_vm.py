@@ -246,3 +246,14 @@ def test_cli_verb_end_to_end(server, root):
         [*base, "delete", *flags], env=env, cwd=REPO, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0 and "deleted" in done.stdout, done.stderr
+
+
+def test_a_gpu_machine_type_does_not_ask_for_live_migration(server, root):
+    code, _, err = run_cli("create", root, machine_type="g2-standard-4")
+    assert code == 0, err
+    sched = server.instances[(P, Z, NAME)]["scheduling"]
+    assert sched == {
+        "provisioningModel": "STANDARD",
+        "automaticRestart": True,
+        "onHostMaintenance": "TERMINATE",
+    }
