@@ -60,6 +60,8 @@ def main() -> None:
             running = sum(1 for j in daemon.jobs.values() if j.state.status is Status.ACTIVE)
             print(f"admission cycle: {first.seconds:.3f}s, ops {dict(sorted(first.ops.items()))}, "
                   f"{running} running, {len(daemon.jobs) - running} pending")
+            daemon.settle()  # the starts run in the I/O pool; their handles are recorded next
+            daemon.cycle(time.time())
             steady = [daemon.cycle(time.time()) for _ in range(args.cycles)]
             seconds = [r.seconds for r in steady]
             print(f"steady-state cycle: median {statistics.median(seconds):.4f}s "
@@ -70,9 +72,13 @@ def main() -> None:
             writes = sum(r.ops.get("write", 0) + r.ops.get("append", 0) for r in steady)
             print(f"steady-state spec/state reads: {reads}, state writes + appends: {writes}")
         finally:
+            local = daemon.runners.get("local")
             for job in list(daemon.jobs.values()):
-                if job.state.runner:
-                    daemon.runner.kill(job.state.runner)
+                handle = (job.state.runner or {}).get("handle")
+                if handle:
+                    local.stop(handle, 0.0)
+                    local.delete(handle)
+            daemon.close()
 
 
 if __name__ == "__main__":
