@@ -228,3 +228,49 @@ def test_missing_image_fails_job_and_others_keep_running(dk):
     ]
     assert dk.wait_complete("lsteady", timeout=30)["state"]["outcome"] == "SUCCEEDED"
     assert "local done" in dk.log("lsteady")
+
+
+def _project(tmp: Path, dockerfile_from: str) -> Path:
+    project = tmp / "proj"
+    project.mkdir()
+    (project / "train.py").write_text("print(open('config.txt').read().strip(), 'in', __file__)\n")
+    (project / "config.txt").write_text("lr=0.3\n")
+    (project / "Dockerfile").write_text(
+        f"FROM {dockerfile_from}\nCOPY . /app\nWORKDIR /app\n"
+    )
+    return project
+
+
+def _launch_from(dk: DockerBastion, cwd: Path, *args: str) -> None:
+    import subprocess
+    import sys
+
+    from tests.harness import REPO
+
+    proc = subprocess.run([sys.executable, "-m", "launch.cli", "launch", *args],
+                          env={**dk.env, "PYTHONPATH": str(REPO)}, cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_container_job_runs_inside_its_tar_bundle(dk: DockerBastion, tmp_path):
+    project = _project(tmp_path, dk.engine.base_image)
+    dk.start_daemon()
+    _launch_from(dk, project, "--name=tarred", "--runner=docker",
+                 f"--image={dk.engine.base_image}", "--", "python3 train.py")
+    record = dk.wait_complete("tarred", timeout=90)
+    assert record["state"]["outcome"] == "SUCCEEDED", dk.log("tarred")
+    assert "lr=0.3 in" in dk.log("tarred")
+
+
+def test_a_docker_bundle_is_built_pushed_and_run_by_digest(dk: DockerBastion, tmp_path):
+    project = _project(tmp_path, dk.engine.base_image)
+    dk.start_daemon()
+    _launch_from(dk, project, "--name=imaged", "--bundler=docker",
+                 f"--bundler_spec=repo={dk.engine.registry}/team", "--runner=docker", "--",
+                 "python3 /app/train.py")
+    record = dk.wait_complete("imaged", timeout=120)
+    bundle = record["spec"]["bundle"]
+    assert bundle["kind"] == "docker" and "@sha256:" in bundle["uri"]
+    assert record["state"]["outcome"] == "SUCCEEDED", dk.log("imaged")
+    assert "lr=0.3 in /app/train.py" in dk.log("imaged")

@@ -37,6 +37,7 @@ from __future__ import annotations
 import calendar
 import contextlib
 import os
+import shutil
 import threading
 import time
 import urllib.parse
@@ -76,6 +77,7 @@ def from_settings(settings: Mapping[str, Any]) -> DockerRunner:
         network=str(settings.get("network") or "host"),
         gpus=None if gpus is None else [int(g) for g in gpus],
         mounts=list(settings.get("mounts") or []),
+        work_dir=str(settings.get("work_dir") or ""),
     )
 
 
@@ -99,8 +101,10 @@ class DockerRunner(Runner):
         network: str = "host",
         gpus: Sequence[int] | None = None,
         mounts: Sequence[str] = (),
+        work_dir: str = "",
     ) -> None:
         self.root = root
+        self.code_dir = os.path.join(os.path.abspath(work_dir or "."), "docker-code")
         self.tag = make_root_tag(root)
         self.docker_host = docker_host
         self.image = image
@@ -121,6 +125,7 @@ class DockerRunner(Runner):
 
     def start(self, attempt: Attempt) -> Handle:
         options = _check_options(attempt.options)
+        self._unpack(attempt)
         count = int(attempt.resources.get("gpu", 0) or 0)
         try:
             with self._gpu_lock if count else contextlib.nullcontext():
@@ -193,6 +198,8 @@ class DockerRunner(Runner):
         except NotFound:
             self._termed.discard(ref)
             self._cursors.pop(ref, None)
+            if handle.get("name"):  # the extracted tar bundle, if it had one
+                shutil.rmtree(os.path.join(self.code_dir, str(handle["name"])), ignore_errors=True)
             return True
 
     def list_owned(self) -> list[Owned]:
@@ -279,11 +286,34 @@ class DockerRunner(Runner):
                         ) from e
         return self._client.api
 
+    def _code(self, attempt: Attempt) -> str | None:
+        """Where a tar bundle is extracted for the container (mounted at the same path)."""
+        if (attempt.bundle or {}).get("kind") != "tar":
+            return None
+        return os.path.join(self.code_dir, attempt.name)
+
+    def _unpack(self, attempt: Attempt) -> None:
+        """A tar bundle is fetched, verified and extracted on the host, then mounted: the job
+        runs inside its code as with the local runner."""
+        code = self._code(attempt)
+        if code is None:
+            return
+        from bastion.store import Store
+        from bundlers import Bundle, BundleError, fetch
+
+        try:
+            os.makedirs(code, exist_ok=True)
+            fetch(Bundle.from_json(dict(attempt.bundle or {})), Store(self.root), code)
+        except BundleError as e:
+            raise RunnerError(str(e)) from None
+
     def _container_spec(
         self, attempt: Attempt, options: Mapping[str, Any], gpus: list[int]
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The arguments of ``create_container`` and of its host config."""
-        image = options.get("image") or self.image
+        bundle = attempt.bundle or {}
+        built = bundle.get("uri") if bundle.get("kind") in ("docker", "cloudbuild") else None
+        image = options.get("image") or built or self.image  # an image bundle is run by digest
         if not image:
             raise RunnerError(
                 "the job names no image (runner option 'image') and the docker runner has no "
@@ -298,9 +328,12 @@ class DockerRunner(Runner):
         }
         # tini (init) signals the whole process group, as the local runner does.
         env = {**options.get("env", {}), **attempt.env, "TINI_KILL_PROCESS_GROUP": "1"}
+        code = self._code(attempt)
         host_config: dict[str, Any] = {
             "network_mode": options.get("network") or self.network,
-            "binds": self.mounts + list(options.get("mounts", [])),
+            "binds": self.mounts
+            + list(options.get("mounts", []))
+            + ([f"{code}:{code}:rw"] if code else []),
             "init": True,
         }
         if gpus:
@@ -320,7 +353,7 @@ class DockerRunner(Runner):
             "labels": labels,
             "environment": env,
             "user": options.get("user"),
-            "working_dir": options.get("workdir"),
+            "working_dir": options.get("workdir") or self._code(attempt),
             "detach": True,
             "use_config_proxy": False,  # no proxies from ~/.docker/config.json
         }
