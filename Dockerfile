@@ -13,9 +13,9 @@
 #   docker build --build-arg BASE=bastion-test/python:3.11 --target=bastion -t bastion .
 # When wheels/ is there, pip runs --no-index --find-links=/wheels; a base without pip runs pip
 # straight from its wheel (`python3 /wheels/pip-*.whl/pip`, which pip supports). Packages go to
-# /opt/bastion/deps and /opt/bastion/app with `pip install --target` (no venv module needed), on
-# PYTHONPATH, with the `bastion` script on PATH. The dependencies are one layer keyed on
-# pyproject.toml and wheels/, so editing the code rebuilds only the small package layer.
+# /opt/bastion/deps and /opt/bastion/app with `pip install --target` (no venv module needed),
+# put on sys.path by a .pth file, with the `bastion` script on PATH. The dependencies are one
+# layer keyed on pyproject.toml and wheels/, so editing the code rebuilds only the package layer.
 # The legacy builder is enough (no RUN --mount, no BuildKit syntax).
 
 ARG BASE=python:3.11-slim
@@ -41,9 +41,10 @@ RUN set -eu; rm -rf /src/wheels; \
         --no-build-isolation --no-deps --target=/opt/bastion/app /src
 
 FROM ${BASE} AS runtime
-ENV PYTHONPATH=/opt/bastion/app:/opt/bastion/deps \
-    PATH=/opt/bastion/app/bin:/opt/bastion/deps/bin:$PATH \
-    PYTHONUNBUFFERED=1 LANG=C.UTF-8
+ENV PATH=/opt/bastion/app/bin:/opt/bastion/deps/bin:$PATH PYTHONUNBUFFERED=1 LANG=C.UTF-8
+# A .pth file, not PYTHONPATH: the packages come after site-packages on sys.path, so what a
+# user's image pip-installs on top of `worker` wins over bastion's copies.
+RUN python3 -c 'import os, site; d = site.getsitepackages()[0]; os.makedirs(d, exist_ok=True); open(os.path.join(d, "bastion.pth"), "w").write("/opt/bastion/app\n/opt/bastion/deps\n")'
 COPY --from=build /opt/bastion /opt/bastion
 
 FROM runtime AS worker

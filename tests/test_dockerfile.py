@@ -170,7 +170,13 @@ def test_worker_image_has_the_agent(images):
     code, logs = _run(client, built["worker"][0], ["python3", "-m", "bastion.agent", "--help"])
     assert "usage: python -m bastion.agent" in logs, logs
     assert code == 2, logs  # the agent's usage exit status
-    code, logs = _run(client, built["worker"][0], ["python3", "-c", "import bastion, docker"])
+    check = (
+        "import site, sys, bastion, docker; "
+        "assert bastion.__file__.startswith('/opt/bastion/app/'); "
+        # where a user's `pip install` goes comes first: their versions win
+        "assert sys.path.index(site.getsitepackages()[0]) < sys.path.index('/opt/bastion/deps')"
+    )
+    code, logs = _run(client, built["worker"][0], ["python3", "-c", check])
     assert code == 0, logs
 
 
