@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -82,7 +83,9 @@ def worker_index(flag: int | None) -> int:
 class Agent:
     def __init__(self, store: Store, job: str, attempt: str, worker: int, num_workers: int,
                  command: str, chunk_seconds: float = 5.0, heartbeat_seconds: float = 10.0,
-                 grace_seconds: float = 25.0, spool_dir: str | None = None) -> None:  # fmt: skip
+                 grace_seconds: float = 25.0, spool_dir: str | None = None,
+                 bundle: dict[str, Any] | None = None) -> None:  # fmt: skip
+        self.bundle = bundle  # the job's code (bundlers.Bundle record), fetched before it runs
         self.store, self.job, self.attempt = store, job, attempt
         self.worker, self.num_workers, self.command = worker, num_workers, command
         self.chunk_seconds, self.heartbeat_seconds = chunk_seconds, heartbeat_seconds
@@ -174,9 +177,16 @@ class Agent:
             return 0
         env = dict(os.environ, BASTION_WORKER=str(self.worker),
                    BASTION_NUM_WORKERS=str(self.num_workers))  # fmt: skip
+        cwd = None
+        if self.bundle:
+            try:
+                cwd = self._unpack()
+            except Exception as e:  # a bundle that fails its digest never runs
+                return self._refuse(f"the job's bundle could not be used: {e}")
         with open(self.spool, "wb") as out:
             proc = subprocess.Popen(
                 ["bash", "-c", self.command],
+                cwd=cwd,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -200,6 +210,25 @@ class Agent:
             self.job, self.attempt, self.worker, "exit", exit_record), end)  # fmt: skip
         log.info("worker %d of %s: %s (code %d)", self.worker, self.attempt, reason, code)
         return code
+
+    def _unpack(self) -> str:
+        """Fetch the job's code, verify its digest and extract it: the command runs in it."""
+        from bundlers import Bundle, fetch
+
+        bundle = Bundle.from_json(dict(self.bundle or {}))
+        if bundle.kind != "tar":
+            raise ValueError(f"a {bundle.kind} bundle runs as a container image, not here")
+        work = tempfile.mkdtemp(prefix=f"bastion-{self.attempt}-{self.worker}-")
+        fetch(bundle, self.store, work)
+        return work
+
+    def _refuse(self, reason: str) -> int:
+        """The command cannot run: say why in the exit record (code 1), run nothing."""
+        log.error("worker %d of %s: %s", self.worker, self.attempt, reason)
+        record = self._record(code=1, preempted=False, reason=reason, output_bytes=0)
+        self._retry("exit record", lambda: self.store.write_run_record(
+            self.job, self.attempt, self.worker, "exit", record), time.time() + 60)  # fmt: skip
+        return 1
 
     def _supervise(self, proc: subprocess.Popen[bytes]) -> int:
         """Wait for the command, uploading and heartbeating; on a stop request SIGTERM its
@@ -258,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heartbeat_seconds", type=float, default=10.0)
     parser.add_argument("--grace_seconds", type=float, default=25.0)
     parser.add_argument("--spool_dir", default=None)
+    parser.add_argument("--bundle", default=None, help="the job's bundle record (JSON)")
     args = parser.parse_args(argv[:split])
     command = " ".join(argv[split + 1 :])
     logging.basicConfig(
@@ -265,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     agent = Agent(Store(args.root), args.job, args.attempt, worker_index(args.worker),
                   args.num_workers, command, args.chunk_seconds, args.heartbeat_seconds,
-                  args.grace_seconds, args.spool_dir)  # fmt: skip
+                  args.grace_seconds, args.spool_dir,
+                  json.loads(args.bundle) if args.bundle else None)  # fmt: skip
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(
             sig, lambda signum, _: agent.request_stop(f"stopped by {signal.Signals(signum).name}")

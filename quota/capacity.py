@@ -51,6 +51,7 @@ class Capacity:
     def __init__(self, tiers: Sequence[Res]) -> None:
         self.tiers = [dict(t) for t in tiers]
         self.total: dict[str, int] = {}
+        self.held: dict[str, list[tuple[int, str, int]]] = {}  # key -> (tier, resource, n)
         for t in self.tiers:
             add(self.total, t)
 
@@ -83,14 +84,33 @@ class Capacity:
         self._consume(need, order)
         return tier
 
-    def reserve(self, need: Res) -> dict[str, int]:
-        """Hold what is free of `need` (up to `need`) for a waiting job; return the amounts."""
+    def reserve(self, need: Res, key: str | None = None) -> dict[str, int]:
+        """Hold what is free of `need` (up to `need`) for a waiting job; return the amounts.
+        With a `key`, where it came from is remembered, for `unreserve`."""
         got = {r: min(n, self.total.get(r, 0)) for r, n in need.items()}
         got = {r: n for r, n in got.items() if n > 0}
-        self._consume(got, range(len(self.tiers) - 1, -1, -1))
+        taken = self._consume(got, range(len(self.tiers) - 1, -1, -1))
+        if key is not None and got:
+            self.held.setdefault(key, []).extend(taken)
         return got
 
-    def _consume(self, need: Res, order: Sequence[int] | range) -> None:
+    def unreserve(self, key: str, amount: Res) -> None:
+        """Give back `amount` of what was reserved under `key` to the tiers it came from."""
+        taken = self.held.get(key, [])
+        for r, n in amount.items():
+            left = n
+            for k in range(len(taken) - 1, -1, -1):
+                i, rr, m = taken[k]
+                if rr != r or left <= 0:
+                    continue
+                back = min(m, left)
+                self.tiers[i][r] = self.tiers[i].get(r, 0) + back
+                self.total[r] = self.total.get(r, 0) + back
+                left -= back
+                taken[k] = (i, rr, m - back)
+
+    def _consume(self, need: Res, order: Sequence[int] | range) -> list[tuple[int, str, int]]:
+        taken = []
         for r, n in need.items():
             left = n
             for i in order:
@@ -100,6 +120,8 @@ class Capacity:
                     used = min(have, left)
                     t[r] = have - used
                     left -= used
+                    taken.append((i, r, used))
             took = n - left
             if took:
                 self.total[r] = self.total.get(r, 0) - took
+        return taken

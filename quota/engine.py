@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Mapping, Sequence
 
-from quota.capacity import Capacity, add, fmt_ratio, fmt_units
+from quota.capacity import Capacity, add, fmt_ratio, fmt_units, shortfall
 from quota.config import QuotaConfig
 from quota.model import Decision, JobRequest, Phase, Plan, Verdict
 from quota.reasons import full_reason, wait_reason
@@ -52,6 +52,8 @@ class _Pass:
         self.held_total: dict[str, int] = {}
         self.reason_cache: dict[object, str] = {}
         self.head: str | None = None  # see _head
+        # pending job -> running backfill jobs started in capacity held for it
+        self.anchored: dict[str, list[JobRequest]] = {}
 
     # -- driver ------------------------------------------------------------------------------
 
@@ -61,8 +63,14 @@ class _Pass:
             raise ValueError("job names must be unique")
         held = [j for j in self.jobs if j.phase is not Phase.PENDING]
         self._hold(held)
+        for j in held:
+            if j.phase is Phase.RUNNING:
+                for a in j.backfill_for:
+                    self.anchored.setdefault(a, []).append(j)
         self.reclaim = Reclaim(self, [j for j in held if j.phase is Phase.RUNNING])
-        queues = self._queues([j for j in self.jobs if j.phase is Phase.PENDING])
+        pending = [j for j in self.jobs if j.phase is Phase.PENDING]
+        self.pending_project = {j.name: j.project_id for j in pending}
+        queues = self._queues(pending)
         self.head = self._head(queues)
         first = Within(self, queues)
         first.run()
@@ -89,7 +97,15 @@ class _Pass:
                by: str | None = None) -> None:
         self.decisions[job.name] = Decision(job.name, verdict, reason, tier, by)
 
-    def start(self, j: JobRequest) -> None:
+    def anchored_usage(self, name: str, project: str) -> dict[str, int]:
+        """Units of `project`'s running backfill jobs that the waiting job `name` may take."""
+        out: dict[str, int] = {}
+        for b in self.anchored.get(name, ()):
+            if b.project_id == project and not self.reclaim.taken(b.name):
+                add(out, b.resources)
+        return out
+
+    def start(self, j: JobRequest, backfill_for: tuple[str, ...] = ()) -> None:
         p = j.project_id
         tier = self.cap.take(j.resources)
         used = self.proj_usage(p)
@@ -101,7 +117,10 @@ class _Pass:
         else:
             why = (f"borrowing idle capacity: project {p} at {fmt_ratio(used, q, j.resources)} "
                    "with this job (preemptible when owners need it)")
-        self.decide(j, Verdict.START, why, tier)
+        if backfill_for:
+            why = (f"backfill: runs in capacity held for {', '.join(backfill_for)}, which may "
+                   f"preempt it at once (no minimum runtime) when it can start; {why}")
+        self.decisions[j.name] = Decision(j.name, Verdict.START, why, tier, None, backfill_for)
 
     # -- running and releasing jobs ------------------------------------------------------------
 
@@ -139,7 +158,7 @@ class _Pass:
             self.decide(j, Verdict.REJECT, invalid_reason(config, j) or "invalid")
         uu = self.user_usage
         for q in queues.values():
-            q.sort(key=lambda j: (j.priority, uu.get(j.user_id, 0.0), j.submit_time, j.name))
+            q.sort(key=lambda j: (j.priority, uu.get(j.user_id, 0.0), *arrival(j)))
         return dict(sorted(queues.items()))
 
     def _head(self, queues: dict[str, list[JobRequest]]) -> str | None:
@@ -152,14 +171,14 @@ class _Pass:
         Depending only on age and quota, the choice does not flip when a plan is applied.
         """
         cutoff = self.now - self.knobs.reserve_after_seconds
-        best: tuple[float, str] | None = None
+        best: tuple[float, float, float, str] | None = None
         for p, queue in queues.items():
             q = self.quota(p)
             for j in queue:
-                if j.submit_time <= cutoff and (best is None or (j.submit_time, j.name) < best) \
+                if j.submit_time <= cutoff and (best is None or arrival(j) < best) \
                         and within({}, j.resources, q):
-                    best = (j.submit_time, j.name)
-        return best[1] if best else None
+                    best = arrival(j)
+        return best[-1] if best else None
 
     # -- pass 2: lend what is left ---------------------------------------------------------------
 
@@ -198,23 +217,66 @@ class _Pass:
     def _lend_one(self, p: str, j: JobRequest, first: Within) -> None:
         if j.name in self.decisions or j.name in self.waits:
             return  # admitted within quota once its project's head started
+        anchors: list[str] = []
         head = first.followers.get(j.name)
         if head is not None and head not in self.started:
-            self.waits[j.name] = ("behind", head)
-            return
+            # Behind its project's aged head: it runs as backfill, which the head preempts
+            # when it can start, so small jobs cannot keep the head out.
+            anchors.append(head)
         claim = first.claims.get(p)
         if claim:
             for r, n in j.resources.items():
                 if n > 0 and r in claim:
-                    # Its project's within-quota job waits on a reclaim: taking resources
-                    # that job needs would push it out of quota.
-                    self.waits[j.name] = ("behind", first.claimants[p])
-                    return
+                    # Its project's within-quota jobs wait on a reclaim: what it takes of
+                    # their quota is theirs again when they can start.
+                    anchors += first.claim_names[p]
+                    break
         if self.cap.fits(j.resources):
-            self.start(j)
+            self.start(j, tuple(sorted(set(anchors))))
             if first.heads.get(p) == j.name:
                 first.unblock(p)
+            return
+        if self.reserved and self._backfill_held(p, j, anchors):
+            return
+        if anchors:
+            self.waits[j.name] = ("behind", anchors[0])
         # else it waits for capacity: the default reason, written by _finish_waits
+
+    def _backfill_held(self, p: str, j: JobRequest, anchors: list[str]) -> bool:
+        """Start j in capacity held for waiting jobs (its own project's, or any when j
+        borrows: a project within its quota is never preempted for another), as their
+        backfill, only from jobs that wait for protected borrowers (one whose reclaim is
+        under way keeps what it holds). The most recently held capacity is taken first."""
+        need = j.resources
+        total = self.cap.total
+        borrowing = not within(self.usage.get(p, {}), need, self.quota(p))
+        have = {r: total.get(r, 0) for r in need}
+        takes: list[tuple[str, dict[str, int]]] = []
+        lack = shortfall(need, have)
+        for a in reversed(list(self.reserved)):
+            if not lack:
+                break
+            if (not borrowing and self.pending_project.get(a) != p) or \
+                    self.waits.get(a, _NONE)[0] != "protected":
+                continue  # (a job whose reclaim is under way keeps what it holds)
+            got = self.reserved[a]
+            take = {r: min(n, got.get(r, 0)) for r, n in lack.items() if got.get(r, 0) > 0}
+            if take:
+                takes.append((a, take))
+                lack = shortfall(lack, take)
+        if lack:
+            return False
+        for a, take in takes:
+            self.cap.unreserve(a, take)
+            got = self.reserved[a]
+            for r, n in take.items():
+                got[r] -= n
+            self.reserved[a] = {r: n for r, n in got.items() if n > 0}
+            if not self.reserved[a]:
+                del self.reserved[a]
+            anchors.append(a)
+        self.start(j, tuple(sorted(set(anchors))))
+        return True
 
     def _lend_key(self, p: str, j: JobRequest) -> tuple[float, float, float]:
         """AXLearn's order: the project that would be least over its quota goes first.
@@ -253,6 +315,16 @@ class _Pass:
                           f"{'' if ahead == 1 else 's'} ahead in {p}"
                 decisions[name] = Decision(name, Verdict.WAIT, why)
                 ahead += 1
+
+
+_NONE = ("", None)
+
+
+def arrival(j: JobRequest) -> tuple[float, float, float, str]:
+    """Queue order among equals: first seen by the daemon, then the spec's creation time
+    (jobs seen in the same cycle), then name."""
+    c = j.creation_time
+    return (j.submit_time, 0.0 if c is not None else 1.0, c or 0.0, j.name)
 
 
 def _least_need(jobs: list[JobRequest]) -> dict[str, int]:

@@ -31,6 +31,14 @@ class JobRequest:
     # RELEASING after a preemption: the job that reclaimed (Decision.preempted_by). That job
     # keeps its turn while this one stops, so the reclaim is never redone with new victims.
     preempted_by: str | None = None
+    # When the spec was created (the user's clock): breaks ties between jobs the daemon
+    # first saw in the same cycle (submit_time, the daemon's clock, stays the first key).
+    creation_time: float | None = None
+    # RUNNING jobs started as backfill (Decision.backfill_for, stored by the daemon with the
+    # job's state): the waiting jobs whose held capacity it took. Any of them that is still
+    # pending may preempt it at once (no minimum runtime; inside its project regardless of
+    # priority) when it can start.
+    backfill_for: tuple[str, ...] = ()
 
 
 class Verdict(StrEnum):
@@ -48,6 +56,9 @@ class Decision:
     reason: str  # human readable, in absolute units
     tier: int | None = None  # for START/KEEP
     preempted_by: str | None = None  # for PREEMPT: the job that needed the room
+    # for START: started as backfill in capacity held for these waiting jobs (the daemon
+    # stores it as the job's JobRequest.backfill_for while it runs)
+    backfill_for: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

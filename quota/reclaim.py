@@ -58,11 +58,34 @@ class Reclaim:
         self.blocked_until = None
         same_ok = ps.knobs.preempt_within_project
         done = _done(cs, qs)
+        # First its backfill: started in capacity held for it, preemptible at once, the
+        # smallest loss (units x time run) first, then the newest.
+        picked: set[str] = set()
+        for c in sorted((c for c in ps.anchored.get(job.name, ()) if c.name not in self.chosen
+                         and c.name in self.eligible), key=self._loss):
+            if done:
+                break
+            own = c.project_id == p
+            if own:
+                useful = _uses(c, cs, qs)
+            else:
+                useful = _uses(c, cs, {}) and self._borrowing_in(c, cs,
+                                                                delta.get(c.project_id, {}))
+            if not useful:
+                continue
+            chosen.append(c)
+            picked.add(c.name)
+            _sub(cs, c.resources)
+            if own:
+                _sub(qs, c.resources)
+            else:
+                add(delta.setdefault(c.project_id, {}), c.resources)
+            done = _done(cs, qs)
         for own in (False, True) if same_ok else (False,):
             if done:
                 break
             for c in self.cands:
-                if c.name in self.chosen or (c.project_id == p) != own:
+                if c.name in self.chosen or c.name in picked or (c.project_id == p) != own:
                     continue
                 if own:
                     useful = c.priority > job.priority and _uses(c, cs, qs)
@@ -93,8 +116,16 @@ class Reclaim:
                 _sub(cs, c.resources, -1)
                 if own:
                     _sub(qs, c.resources, -1)
-        self._commit(job, chosen)
+        self._commit(job, chosen, picked)
         return chosen
+
+    def taken(self, name: str) -> bool:
+        return name in self.chosen
+
+    def _loss(self, c: JobRequest) -> tuple[float, float, str]:
+        ran = max(0.0, self.ps.now - (c.start_time if c.start_time is not None else self.ps.now))
+        return (sum(n for n in c.resources.values() if n > 0) * ran,
+                -(c.start_time or 0.0), c.name)
 
     def _borrowing_in(self, c: JobRequest, cs: Mapping[str, int],
                       delta: Mapping[str, int]) -> bool:
@@ -104,7 +135,8 @@ class Reclaim:
                    and used.get(r, 0) - delta.get(r, 0) > q.get(r, 0.0) + EPS
                    for r, n in c.resources.items())
 
-    def _commit(self, job: JobRequest, victims: list[JobRequest]) -> None:
+    def _commit(self, job: JobRequest, victims: list[JobRequest],
+                backfill: set[str] | frozenset[str] = frozenset()) -> None:
         ps = self.ps
         p = job.project_id
         q = ps.quota(p)
@@ -114,7 +146,13 @@ class Reclaim:
             vp = v.project_id
             vq = ps.quota(vp)
             before = dict(ps.usage.get(vp, {}))
-            if vp == p:
+            if v.name in backfill:
+                why = (f"preempted by {job.name} of project {p}: it ran as backfill in "
+                       f"capacity held for {job.name} (or behind it), which can start now "
+                       f"and needs "
+                       f"{fmt_units(job.resources)}; project {vp} at "
+                       f"{fmt_ratio(before, vq, v.resources)} of its quota")
+            elif vp == p:
                 why = (f"preempted by higher-priority {job.name} (priority {job.priority} over "
                        f"{v.priority}) of the same project {p}, which needs "
                        f"{fmt_units(job.resources)}; {p} at "

@@ -68,6 +68,7 @@ class _Job:
     wait: float = 0.0
     preemptions: int = 0
     started: bool = False
+    backfill_for: tuple[str, ...] = ()
 
 
 @dataclass
@@ -164,9 +165,9 @@ class _Sim:
                 self._leave(job)
                 self._event(t, "reject", job, d.reason)
             elif d.verdict is Verdict.PREEMPT:
-                self._preempt(job, t, d.reason)
+                self._preempt(job, t, d.reason, d.preempted_by)
             else:
-                self._start(job, t, d.tier, d.reason)
+                self._start(job, t, d.tier, d.reason, d.backfill_for)
         for d in plan.decisions.values():
             if d.verdict is Verdict.KEEP and d.tier is not None:
                 self.jobs[d.name].tier = d.tier  # recorded, never a restart
@@ -184,9 +185,11 @@ class _Sim:
                 proj.pending.add(spec.name)
                 add(proj.demand, spec.resources)
 
-    def _start(self, job: _Job, t: float, tier: int | None, reason: str) -> None:
+    def _start(self, job: _Job, t: float, tier: int | None, reason: str,
+               backfill_for: tuple[str, ...] = ()) -> None:
         spec = job.spec
         job.phase, job.start, job.tier, job.started = Phase.RUNNING, t, tier, True
+        job.backfill_for = backfill_for
         job.wait += t - job.since
         job.attempt += 1
         self.pending -= 1
@@ -196,9 +199,9 @@ class _Sim:
             proj.pending.discard(spec.name)
             add(proj.usage, spec.resources)
         heapq.heappush(self.timers, (t + spec.duration, 0, spec.name, job.attempt))
-        self._event(t, "start", job, reason)
+        self._event(t, "start", job, reason, backfill_for=list(backfill_for))
 
-    def _preempt(self, job: _Job, t: float, reason: str) -> None:
+    def _preempt(self, job: _Job, t: float, reason: str, by: str | None) -> None:
         spec = job.spec
         job.phase = Phase.RELEASING
         job.preemptions += 1
@@ -211,7 +214,7 @@ class _Sim:
             proj.pending.add(spec.name)  # unserved demand from now on
         release = t + self.knobs.preemption_grace_seconds
         heapq.heappush(self.timers, (release, 1, spec.name, job.attempt))
-        self._event(t, "preempt", job, reason)
+        self._event(t, "preempt", job, reason, preempted_by=by)
 
     def _release(self, job: _Job, t: float) -> None:
         spec = job.spec
@@ -237,17 +240,19 @@ class _Sim:
         job.phase = None
         self.active.discard(job.spec.name)
 
-    def _event(self, t: float, kind: str, job: _Job, reason: str) -> None:
+    def _event(self, t: float, kind: str, job: _Job, reason: str, **extra: Any) -> None:
         s = job.spec
         self.events.append({"time": t, "event": kind, "name": s.name, "project_id": s.project_id,
-                            "resources": dict(s.resources), "tier": job.tier, "reason": reason})
+                            "resources": dict(s.resources), "tier": job.tier, "reason": reason,
+                            **extra})
 
     def _as_request(self, job: _Job) -> JobRequest:
         s = job.spec
         running = job.phase is not Phase.PENDING
         return JobRequest(s.name, s.project_id, s.user_id, s.resources, s.priority, s.submit,
                           job.phase or Phase.PENDING, job.start if running else None,
-                          job.tier if running else None)
+                          job.tier if running else None,
+                          backfill_for=job.backfill_for if running else ())
 
     # -- metrics ------------------------------------------------------------------------------
 

@@ -44,6 +44,7 @@ class Within:
         self.queues = queues
         self.claims: dict[str, dict[str, int]] = {}  # within-quota jobs that wait, per project
         self.claimants: dict[str, str] = {}  # project -> its first within-quota job that waits
+        self.claim_names: dict[str, list[str]] = {}  # project -> its within-quota jobs that wait
         self.lenders: dict[str, list[JobRequest]] = {p: [] for p in queues}
         self.followers: dict[str, str] = {}  # job -> aged head of its project it waits behind
         self.heads: dict[str, str] = {}
@@ -93,6 +94,7 @@ class Within:
         claimed = self.claimed(p)
         done, waits = self.ps.decisions, self.ps.waits  # (decided in the lending pass)
         knob, head = self.ps.knobs.preempt_within_project, self.ps.head
+        anchored = self.ps.anchored
         i = self._pos[p]
         while i < len(queue):
             j = queue[i]
@@ -108,7 +110,7 @@ class Within:
                     self._same[name] = False
                     self._pos[p] = i
                     return i - 1
-                if not knob and name != head:
+                if not knob and name != head and name not in anchored:
                     self.lenders[p].append(j)
                     continue
             same = self._classify(p, j, q, claimed)
@@ -197,6 +199,14 @@ class Within:
         """False: within quota; True: within once own lower-priority jobs go; None: not."""
         if within(claimed, j.resources, q):
             return False
+        mine = self.ps.anchored_usage(j.name, p)
+        if mine:
+            # Its project's backfill (started behind it) counts as its own quota: it is
+            # within quota, and those jobs are its first victims if capacity is short.
+            trial = dict(claimed)
+            add(trial, mine, -1)
+            if within(trial, j.resources, q):
+                return False
         claim = self.claims.get(p, {})
         if self.ps.knobs.preempt_within_project and not any(
                 n > 0 and claim.get(r, 0) > 0 for r, n in j.resources.items()):
@@ -264,10 +274,11 @@ class Within:
         ps = self.ps
         for r, n in cshort.items():
             ps.earmark[r] = max(0, ps.earmark.get(r, 0) - n)
-        got = ps.cap.reserve(j.resources if hold is None else hold)
+        got = ps.cap.reserve(j.resources if hold is None else hold, j.name)
         if got:
             ps.reserved[j.name] = got
         add(self.claims.setdefault(j.project_id, {}),
             {r: n for r, n in j.resources.items() if n > 0})
         self.claimants.setdefault(j.project_id, j.name)
+        self.claim_names.setdefault(j.project_id, []).append(j.name)
         ps.waits[j.name] = why

@@ -3,6 +3,7 @@ emulator), with the metadata-server stand-in, and what RemoteRecords makes of it
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -282,3 +283,34 @@ def test_metadata_stand_in_behaves_like_the_server(metadata):
     started = time.monotonic()
     assert get("instance/preempted?wait_for_change=true", timeout=10) == "TRUE"
     assert 0.2 < time.monotonic() - started < 5
+
+
+def _tar_bundle(root: str, tmp_path) -> dict:
+    from bundlers import bundler_for
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "settings.txt").write_text("from the bundle\n")
+    return bundler_for("tar").bundle(str(project), Store(root), {}).to_json()
+
+
+def test_the_agent_runs_the_command_inside_its_verified_bundle(root, agents, tmp_path):
+    bundle = _tar_bundle(root, tmp_path)
+    proc = agents(root, "cat settings.txt", bundle=json.dumps(bundle))
+    assert finished(proc) == 0
+    remote = records(root)
+    assert output(remote) == b"from the bundle\n"
+    assert remote.observe(remote.list(), time.time()).phase == Phase.SUCCEEDED
+
+
+def test_a_bundle_that_fails_its_digest_never_runs(tmp_path, agents):
+    root = str(tmp_path / "root")
+    bundle = _tar_bundle(root, tmp_path)
+    (path,) = (tmp_path / "root" / "bundles").iterdir()
+    path.write_bytes(path.read_bytes() + b"tampered")
+    marker = tmp_path / "ran"
+    proc = agents(root, f"touch {marker}", bundle=json.dumps(bundle))
+    assert finished(proc) == 1
+    assert not marker.exists()
+    observed = records(root).observe(records(root).list(), time.time())
+    assert observed.phase == Phase.FAILED and "does not match its digest" in observed.reason

@@ -39,6 +39,7 @@ Why the pieces are here:
 from __future__ import annotations
 
 import abc
+import json
 import os
 import re
 import threading
@@ -317,7 +318,9 @@ class CloudRunner(Runner):
             command=attempt.command, env=attempt.env,
             python=str(self.settings.get("python") or "python3"),
             package_url=self.settings.get("package_url"),
-            agent_args=list(self.settings.get("agent_args") or []),
+            agent_args=list(self.settings.get("agent_args") or [])
+            + ([f"--bundle={json.dumps(dict(attempt.bundle), sort_keys=True)}"]
+               if attempt.bundle else []),
         )  # fmt: skip
 
     def forget(self, name: str) -> None:

@@ -76,7 +76,10 @@ class RemoteRecords:
         if failed:
             _, w, record = min(failed, key=lambda item: item[:2])
             code = record.get("code")
-            return Observation(Phase.FAILED, f"worker {w} exited with status {code}", code)
+            said = str(record.get("reason") or "")
+            why = said if said and said != f"exited with status {code}" else ""
+            reason = f"worker {w} exited with status {code}" + (f": {why}" if why else "")
+            return Observation(Phase.FAILED, reason, code)
         if len(exits) == self.num_workers:
             return Observation(Phase.SUCCEEDED, f"all {self.num_workers} workers exited 0", 0)
         for w in sorted(started - exits.keys()):

@@ -71,7 +71,8 @@ def apply(plan: Plan, jobs: Sequence[JobRequest], now: float) -> list[JobRequest
     for j in jobs:
         d = plan.decisions[j.name]
         if d.verdict is Verdict.START:
-            out.append(replace(j, phase=Phase.RUNNING, start_time=now, tier=d.tier))
+            out.append(replace(j, phase=Phase.RUNNING, start_time=now, tier=d.tier,
+                               backfill_for=d.backfill_for))
         elif d.verdict is Verdict.PREEMPT:
             out.append(replace(j, phase=Phase.RELEASING, preempted_by=d.preempted_by))
         elif d.verdict is Verdict.KEEP and j.phase is Phase.RUNNING:

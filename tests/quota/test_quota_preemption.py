@@ -191,9 +191,19 @@ def test_within_quota_job_holds_free_capacity_against_new_borrowers() -> None:
     jobs = [running("b1", "b", 4, start=NOW - 60), running("b2", "b", 4, start=NOW - 60),
             pend("a1", "a", 5, submit=NOW), pend("b3", "b", 2, submit=NOW)]
     plan = schedule(c, jobs, {}, NOW)
-    assert plan.reserved["a1"] == {"v4": 2}
-    assert plan.decisions["b3"].verdict is Verdict.WAIT
-    assert "2 v4 held for within-quota or older jobs" in plan.decisions["b3"].reason
+    # b3 borrows the 2 v4 held for a1, as its backfill: a1 may take it back at once.
+    assert "a1" not in plan.reserved
+    d = plan.decisions["b3"]
+    assert d.verdict is Verdict.START and d.backfill_for == ("a1",)
+    assert d.reason.startswith("backfill: runs in capacity held for a1")
+    jobs = apply(plan, jobs, NOW)
+    assert schedule(c, jobs, {}, NOW).preemptions() == []  # b1, b2 protected: no new victim
+    # Once b1 and b2 pass their minimum runtime, a1 takes b3 (1 s old, a backfill) and b1.
+    later = NOW + 541
+    plan = schedule(c, jobs, {}, later)
+    pre = {d.name: d for d in plan.preemptions()}
+    assert sorted(pre) == ["b1", "b3"] and all(d.preempted_by == "a1" for d in pre.values())
+    assert "ran as backfill in capacity held for a1" in pre["b3"].reason
 
 
 def test_large_within_quota_job_starts_within_one_reclaim_period() -> None:
@@ -210,7 +220,8 @@ def test_large_within_quota_job_starts_within_one_reclaim_period() -> None:
             started = t
             break
         assert not plan.starts() or k < 1 or all(
-            d.name == "big" for d in plan.starts()), "a borrower took the held capacity"
+            d.name == "big" or "big" in d.backfill_for
+            for d in plan.starts()), "a borrower took the held capacity, not as backfill"
         jobs = released(apply(plan, jobs, t))  # victims stop within a cycle
         if k % 4 == 3:  # now and then a running borrower finishes, freeing one unit
             done = min((j for j in jobs if j.phase is Phase.RUNNING), key=lambda j: j.start_time)
@@ -221,15 +232,24 @@ def test_large_within_quota_job_starts_within_one_reclaim_period() -> None:
     assert preempted > 0  # it did need to reclaim
 
 
-def test_aged_head_blocks_backfill_by_later_jobs_of_its_project() -> None:
-    c = cfg({"v4": 10}, {"a": 1.0}, reserve_after_seconds=300)
+def test_later_jobs_of_an_aged_head_run_as_its_backfill() -> None:
+    c = cfg({"v4": 10}, {"a": 0.8, "b": 0.2}, reserve_after_seconds=300)
     jobs = [running("r1", "a", 6, start=0), pend("big", "a", 8, submit=NOW - 400),
             pend("small", "a", 2, submit=NOW - 10)]
     plan = schedule(c, jobs, {}, NOW)
-    assert plan.decisions["small"].verdict is Verdict.WAIT
-    assert "waiting behind big" in plan.decisions["small"].reason
-    young = schedule(c, jobs, {}, NOW - 200)  # before the head has aged, small backfills
+    d = plan.decisions["small"]
+    assert d.verdict is Verdict.START and d.backfill_for == ("big",)
+    young = schedule(c, jobs, {}, NOW - 200)  # before the head has aged: not a backfill
     assert young.decisions["small"].verdict is Verdict.START
+    assert young.decisions["small"].backfill_for == ()
+    # r1 finishes; a b job took 1 unit meanwhile: big is within a's quota once its backfill
+    # goes, and takes it back (1 s old: no minimum runtime for a backfill).
+    jobs = [j for j in apply(plan, jobs, NOW) if j.name != "r1"]
+    jobs.append(running("b1", "b", 1, start=NOW))
+    plan = schedule(c, jobs, {}, NOW + 1)
+    pre = plan.decisions["small"]
+    assert pre.verdict is Verdict.PREEMPT and pre.preempted_by == "big"
+    assert "ran as backfill in capacity held for big" in pre.reason
 
 
 def test_only_the_oldest_entitled_job_blocks_its_project() -> None:
@@ -242,7 +262,7 @@ def test_only_the_oldest_entitled_job_blocks_its_project() -> None:
     plan = schedule(c, jobs, {}, NOW)
     assert plan.decisions["a-old"].verdict is Verdict.WAIT
     assert plan.reserved == {}
-    assert "waiting behind a-old" in plan.decisions["a-new"].reason
+    assert plan.decisions["a-new"].backfill_for == ("a-old",)
     assert plan.decisions["b-new"].verdict is Verdict.START
     young = schedule(c, jobs, {}, NOW - 800)  # before a-old has waited 300 s
     assert young.decisions["a-new"].verdict is Verdict.START

@@ -1,0 +1,176 @@
+"""The rules of issue 13 per scenario, measured from the simulator's event log.
+
+Scenarios (each over several seeds): mixed sizes (1, 4, 16 units, priorities 2..4, unequal
+shares), two resource types with different shares per type, one large job against a stream
+of small ones, two projects always over their share, a borrower holding the whole pool when
+its owner returns. Each row is scored by quota/rules.py (loaded by path from this checkout,
+so `--tree` can replay another checkout's policy, e.g. the one before a change, and be
+scored the same way):
+
+    .venv/bin/python benchmarks/bench_fairness.py [--seeds 3] [--hours 8]
+    git worktree add /tmp/before <commit> && \
+        .venv/bin/python benchmarks/bench_fairness.py --tree /tmp/before
+
+Columns: idle% (rule 1, <= 2%), deprv (max deprivation seconds over projects, rule 2, <=
+reclaim period), attain (min attainment, >= 0.97), wq (within-quota preemptions, rule 3,
+0), wp (within-project violations, rule 4, 0), maxp (max preemptions of one job, rule 5,
+<= 3), pre (preemptions), lost (resource-hours lost to preemption).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent.parent
+POLL = 30.0
+MIN_RUNTIME, GRACE = 300.0, 60.0
+PERIOD = MIN_RUNTIME + GRACE + 2 * POLL
+
+
+def _rules() -> Any:
+    spec = importlib.util.spec_from_file_location("_rules", HERE / "quota" / "rules.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _job(name: str, p: str, submit: float, duration: float, res: dict[str, int],
+         prio: int) -> dict[str, Any]:
+    return {"name": name, "project_id": p, "user_id": f"{p}-u", "submit": round(submit),
+            "duration": round(duration), "resources": res, "priority": prio}
+
+
+def mixed(rng: random.Random, hours: float) -> tuple[dict, dict, list]:
+    pool = {"v4": 64}
+    shares = {"a": {"v4": 0.4}, "b": {"v4": 0.3}, "c": {"v4": 0.2}, "d": {"v4": 0.1}}
+    jobs = []
+    t = 0.0
+    i = 0
+    while t < hours * 3600:
+        t += rng.expovariate(1 / 90)
+        p = rng.choices("abcd", (4, 3, 2, 1))[0]
+        n = rng.choices((1, 4, 16), (5, 3, 1))[0]
+        jobs.append(_job(f"m{i}", p, t, rng.uniform(600, 3600), {"v4": n}, rng.randint(2, 4)))
+        i += 1
+    return pool, shares, jobs
+
+
+def two_types(rng: random.Random, hours: float) -> tuple[dict, dict, list]:
+    pool = {"v4": 32, "gpu": 32}
+    shares = {"a": {"v4": 0.6, "gpu": 0.1}, "b": {"v4": 0.1, "gpu": 0.6},
+              "c": {"v4": 0.3, "gpu": 0.3}}
+    jobs = []
+    t = 0.0
+    i = 0
+    while t < hours * 3600:
+        t += rng.expovariate(1 / 120)
+        p = rng.choice("abc")
+        r = rng.choice(("v4", "gpu"))
+        n = rng.choices((1, 4, 8), (4, 3, 1))[0]
+        jobs.append(_job(f"t{i}", p, t, rng.uniform(600, 3600), {r: n}, rng.randint(2, 4)))
+        i += 1
+    return pool, shares, jobs
+
+
+def large_vs_stream(rng: random.Random, hours: float) -> tuple[dict, dict, list]:
+    pool = {"v4": 32}
+    shares = {"a": {"v4": 0.5}, "b": {"v4": 0.5}}
+    jobs = [_job("big", "a", 1800, 3600, {"v4": 16}, 3)]
+    t = 0.0
+    i = 0
+    while t < hours * 3600:
+        t += rng.expovariate(1 / 40)
+        p = rng.choice("ab")
+        jobs.append(_job(f"s{i}", p, t, rng.uniform(300, 1500), {"v4": rng.choice((1, 2))},
+                         rng.randint(2, 4)))
+        i += 1
+    return pool, shares, jobs
+
+
+def over_share(rng: random.Random, hours: float) -> tuple[dict, dict, list]:
+    pool = {"v4": 48}
+    shares = {"a": {"v4": 0.25}, "b": {"v4": 0.25}, "c": {"v4": 0.5}}
+    jobs = []
+    i = 0
+    for p in "ab":  # always far over their share: a deep queue from the start
+        for k in range(int(hours * 6)):
+            jobs.append(_job(f"{p}{k}", p, rng.uniform(0, 600), rng.uniform(900, 2400),
+                             {"v4": rng.choice((2, 4, 8))}, rng.randint(2, 4)))
+    t = 0.0
+    while t < hours * 3600:
+        t += rng.expovariate(1 / 600)
+        jobs.append(_job(f"c{i}", "c", t, rng.uniform(600, 3000), {"v4": rng.choice((4, 8))},
+                         rng.randint(2, 4)))
+        i += 1
+    return pool, shares, jobs
+
+
+def borrower_returns(rng: random.Random, hours: float) -> tuple[dict, dict, list]:
+    pool = {"v4": 32}
+    shares = {"owner": {"v4": 0.75}, "borrower": {"v4": 0.25}}
+    jobs = [_job(f"b{k}", "borrower", rng.uniform(0, 60), rng.uniform(3 * 3600, hours * 3600),
+                 {"v4": rng.choice((1, 2, 4))}, 3) for k in range(20)]
+    back = 3600.0
+    for k in range(12):
+        jobs.append(_job(f"o{k}", "owner", back + rng.uniform(0, 900), rng.uniform(1800, 5400),
+                         {"v4": rng.choice((2, 4, 8))}, rng.randint(2, 4)))
+    return pool, shares, jobs
+
+
+SCENARIOS = {"mixed": mixed, "two-types": two_types, "large-vs-stream": large_vs_stream,
+             "over-share": over_share, "borrower-returns": borrower_returns}
+
+
+def run_one(name: str, seed: int, hours: float) -> tuple[dict[str, Any], float]:
+    from quota.config import QuotaConfig, SchedulingKnobs
+    from quota.simulate import simulate
+    from quota.trace import TraceJob
+
+    pool, shares, raw = SCENARIOS[name](random.Random(seed), hours)
+    config = QuotaConfig(tiers=(pool,), membership={p: (f"{p}-.*",) for p in shares},
+                         shares=shares,
+                         scheduling=SchedulingKnobs(min_runtime_seconds=MIN_RUNTIME,
+                                                    preemption_grace_seconds=GRACE))
+    trace = [TraceJob(j["name"], j["project_id"], j["user_id"], j["submit"], j["duration"],
+                      j["resources"], j["priority"]) for j in raw]
+    t0 = time.perf_counter()
+    result = simulate(config, trace, POLL)
+    wall = time.perf_counter() - t0
+    jobs = {j["name"]: j for j in raw}
+    m = _rules().measure(pool, config.quotas, jobs, result.events, GRACE, PERIOD)
+    return m, wall
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--hours", type=float, default=8.0)
+    ap.add_argument("--tree", default=str(HERE), help="checkout whose quota/ policy to run")
+    ap.add_argument("--only", default="", help="comma-separated scenario names")
+    args = ap.parse_args()
+    sys.path.insert(0, str(Path(args.tree).resolve()))
+    names = [s for s in args.only.split(",") if s] or list(SCENARIOS)
+    print(f"policy from {args.tree}; reclaim period {PERIOD:g}s; {args.hours:g} h per trace")
+    print(f"{'scenario':<18} {'seed':>4} {'idle%':>6} {'deprv':>6} {'attain':>6} {'wq':>3} "
+          f"{'wp':>3} {'maxp':>4} {'pre':>5} {'lost h':>7} {'sim s':>6}")
+    for name in names:
+        for seed in range(args.seeds):
+            m, wall = run_one(name, seed, args.hours)
+            deprv = max(m["max_deprivation_seconds"].values(), default=0.0)
+            attain = min(m["attainment"].values(), default=1.0)
+            print(f"{name:<18} {seed:>4} {100 * m['idle_while_fit_fraction']:>6.2f} "
+                  f"{deprv:>6.0f} {attain:>6.3f} {m['within_quota_preemptions']:>3} "
+                  f"{m['within_project_violations']:>3} {m['max_preemptions_per_job']:>4} "
+                  f"{m['preemptions']:>5} {m['lost_resource_seconds'] / 3600:>7.1f} "
+                  f"{wall:>6.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
