@@ -292,7 +292,8 @@ def test_tpu_one_worker_fails(root, tpu_server, tpu, guests):
     assert tpu_server.nodes[f"projects/{P}/locations/{ZA}/nodes/{a.name}"]["state"] == "DELETING"
     guests.shutdown(a.name)
     codes = guests.wait(a.name)
-    assert codes[2] == 1 and all(c in (143, -15) for i, c in enumerate(codes) if i != 2)
+    # worker 2 exited 1 (its agent may still be exiting when the power-off SIGTERM lands)
+    assert codes[2] in (1, -15) and all(c in (143, -15) for i, c in enumerate(codes) if i != 2)
     assert tpu.poll(handle).exit_code == 1  # still the first failure, node going away
 
 
