@@ -123,6 +123,10 @@ def metrics_table(m: dict[str, Any]) -> str:
         + (", ".join(f"{p} {v:.0f}s" for p, v in w["by_project"].items()) or "-"),
         f"preemptions: {m['preemptions']} (max {m['max_preemptions_per_job']} per job), "
         f"lost {m['lost_resource_seconds']:.0f} resource-seconds",
+        f"idle while a job fits: {m['idle_while_fit_fraction']:.2%} of the waiting time; "
+        f"within-quota preemptions: {m['within_quota_preemptions']}; max deprivation: "
+        + (", ".join(f"{p} {v:.0f}s" for p, v in m["max_deprivation_seconds"].items()) or "-"),
+        "attainment: " + (", ".join(f"{p} {v:.1%}" for p, v in m["attainment"].items()) or "-"),
         f"makespan: {m['makespan_seconds']:.0f}s; jobs: {m['jobs']['total']} total, "
         f"{m['jobs']['started']} started, {m['jobs']['rejected']} rejected",
     ]

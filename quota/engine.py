@@ -23,7 +23,7 @@ from quota.capacity import Capacity, add, fmt_ratio, fmt_units, shortfall
 from quota.config import QuotaConfig
 from quota.model import Decision, JobRequest, Phase, Plan, Verdict
 from quota.reasons import full_reason, wait_reason
-from quota.reclaim import Reclaim
+from quota.reclaim import REPEATED, Reclaim
 from quota.within import EPS, Within, within
 
 __all__ = ["EPS", "invalid_reason", "run"]
@@ -73,6 +73,7 @@ class _Pass:
         queues = self._queues(pending)
         self.head = self._head(queues)
         first = Within(self, queues)
+        self.rank = first.rank
         first.run()
         self._lend(first)
         self._finish_waits(queues)
@@ -231,12 +232,14 @@ class _Pass:
                     # their quota is theirs again when they can start.
                     anchors += first.claim_names[p]
                     break
+        if j.preemptions >= REPEATED:
+            anchors = []  # preempted twice already: it runs as an ordinary job or waits
         if self.cap.fits(j.resources):
             self.start(j, tuple(sorted(set(anchors))))
             if first.heads.get(p) == j.name:
                 first.unblock(p)
             return
-        if self.reserved and self._backfill_held(p, j, anchors):
+        if self.reserved and j.preemptions < REPEATED and self._backfill_held(p, j, anchors):
             return
         if anchors:
             self.waits[j.name] = ("behind", anchors[0])
@@ -249,6 +252,7 @@ class _Pass:
         under way keeps what it holds). The most recently held capacity is taken first."""
         need = j.resources
         total = self.cap.total
+        rank = self.rank.__getitem__
         borrowing = not within(self.usage.get(p, {}), need, self.quota(p))
         have = {r: total.get(r, 0) for r in need}
         takes: list[tuple[str, dict[str, int]]] = []
@@ -256,9 +260,11 @@ class _Pass:
         for a in reversed(list(self.reserved)):
             if not lack:
                 break
-            if (not borrowing and self.pending_project.get(a) != p) or \
-                    self.waits.get(a, _NONE)[0] != "protected":
-                continue  # (a job whose reclaim is under way keeps what it holds)
+            own = self.pending_project.get(a) == p
+            if (not borrowing and not own) or self.waits.get(a, _NONE)[0] != "protected" \
+                    or (own and rank(a) > rank(j.name)):
+                continue  # (a job whose reclaim is under way keeps what it holds; nobody
+                # backfills behind a job of its own project that comes after it)
             got = self.reserved[a]
             take = {r: min(n, got.get(r, 0)) for r, n in lack.items() if got.get(r, 0) > 0}
             if take:

@@ -39,6 +39,9 @@ class JobRequest:
     # pending may preempt it at once (no minimum runtime; inside its project regardless of
     # priority) when it can start.
     backfill_for: tuple[str, ...] = ()
+    # How many earlier attempts of this job were preempted. Jobs preempted twice or more are
+    # chosen as victims last and never started as backfill (at most three preemptions).
+    preemptions: int = 0
 
 
 class Verdict(StrEnum):

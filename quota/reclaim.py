@@ -21,10 +21,14 @@ if TYPE_CHECKING:
 EPS = 1e-6
 
 
-def _order(j: JobRequest) -> tuple[int, float, str]:
-    """Lowest priority (highest number) first, then the most recently started."""
+REPEATED = 2  # jobs preempted this often already are chosen last, never run as backfill
+
+
+def _order(j: JobRequest) -> tuple[bool, int, float, str]:
+    """Jobs preempted twice already last; then lowest priority (highest number) first,
+    then the most recently started."""
     started = j.start_time if j.start_time is not None else float("-inf")
-    return (-j.priority, -started, j.name)
+    return (j.preemptions >= REPEATED, -j.priority, -started, j.name)
 
 
 class Reclaim:

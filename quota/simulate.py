@@ -16,6 +16,9 @@ Metrics (time integrals over the piecewise-constant state):
   quota in some resource, the fraction during which p's running usage reached its quota in
   each such resource, or none of p's pending (or releasing) jobs fit in the quota p had
   left (jobs are indivisible). 1.0 if p never demanded its quota.
+* idle_while_fit_fraction, max_deprivation_seconds, attainment, within_quota_preemptions,
+  within_project_violations: the rules of issue 13, measured from the events alone by
+  quota/rules.py (see there; the reclaim period is min runtime + grace + two polls).
 * wait_seconds: time each job spent pending, summed over its attempts (mean, p95 by nearest
   rank, mean by project); lost_resource_seconds: resource units x run time of preempted
   attempts; makespan_seconds: last finish minus first submission.
@@ -34,6 +37,7 @@ from quota.config import QuotaConfig
 from quota.engine import invalid_reason
 from quota.model import JobRequest, Phase, Verdict
 from quota.policy import schedule
+from quota.rules import measure
 from quota.trace import TraceError, TraceJob, parse_trace
 from quota.usage import UsageLedger
 
@@ -69,6 +73,7 @@ class _Job:
     preemptions: int = 0
     started: bool = False
     backfill_for: tuple[str, ...] = ()
+    preempted_by: str | None = None  # while releasing (the daemon keeps it in the job state)
 
 
 @dataclass
@@ -204,6 +209,7 @@ class _Sim:
     def _preempt(self, job: _Job, t: float, reason: str, by: str | None) -> None:
         spec = job.spec
         job.phase = Phase.RELEASING
+        job.preempted_by = by
         job.preemptions += 1
         job.attempt += 1  # the pending finish is void
         self.preemptions += 1
@@ -252,7 +258,9 @@ class _Sim:
         return JobRequest(s.name, s.project_id, s.user_id, s.resources, s.priority, s.submit,
                           job.phase or Phase.PENDING, job.start if running else None,
                           job.tier if running else None,
-                          backfill_for=job.backfill_for if running else ())
+                          job.preempted_by if job.phase is Phase.RELEASING else None,
+                          backfill_for=job.backfill_for if running else (),
+                          preemptions=job.preemptions)
 
     # -- metrics ------------------------------------------------------------------------------
 
@@ -298,7 +306,21 @@ class _Sim:
             "makespan_seconds": self.last_finish - self.t0 if started else 0.0,
             "jobs": {"total": len(self.jobs), "started": len(started),
                      "rejected": sum(1 for e in self.events if e["event"] == "reject")},
+            **self._rules(),
         }
+
+    def _rules(self) -> dict[str, Any]:
+        """Issue 13's rules, measured from the event log alone (quota/rules.py)."""
+        k = self.knobs
+        jobs = {n: {"project_id": j.spec.project_id, "submit": j.spec.submit,
+                    "resources": dict(j.spec.resources), "priority": j.spec.priority}
+                for n, j in self.jobs.items() if j.valid}
+        m = measure(self.pool, self.config.quotas, jobs, self.events,
+                    k.preemption_grace_seconds,
+                    k.min_runtime_seconds + k.preemption_grace_seconds + 2 * self.poll)
+        keys = ("idle_while_fit_fraction", "max_deprivation_seconds", "attainment",
+                "within_quota_preemptions", "within_project_violations")
+        return {key: m[key] for key in keys}
 
 
 def _attainment(proj: _Project, jobs: dict[str, _Job]) -> tuple[bool, bool]:

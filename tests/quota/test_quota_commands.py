@@ -68,7 +68,8 @@ def test_simulate_json_and_events(tmp_path: Path) -> None:
     lines = [json.loads(x) for x in events.read_text().splitlines()]
     assert [e["event"] for e in lines][:2] == ["start", "preempt"]
     assert set(lines[0]) == {"time", "event", "name", "project_id", "resources", "tier",
-                             "reason"}
+                             "reason", "backfill_for"}
+    assert lines[0]["backfill_for"] == [] and lines[1]["preempted_by"] == "p1"
     assert "preempted by p1 of project product" in lines[1]["reason"]
     out = io.StringIO()
     assert simulate(str(EXAMPLE), str(trace), 30, False, None, out) == 0
