@@ -49,6 +49,7 @@ class _Pass:
         self.reserved: dict[str, dict[str, int]] = {}
         self.waits: dict[str, tuple[str, object]] = {}  # name -> (kind, detail); text at the end
         self.started: set[str] = set()
+        self.fresh: dict[str, dict[str, int]] = {}  # per project: units started this pass
         self.held_total: dict[str, int] = {}
         self.reason_cache: dict[object, str] = {}
         self.head: str | None = None  # see _head
@@ -62,14 +63,18 @@ class _Pass:
         if len(set(names)) != len(names):
             raise ValueError("job names must be unique")
         held = [j for j in self.jobs if j.phase is not Phase.PENDING]
+        pending = [j for j in self.jobs if j.phase is Phase.PENDING]
+        self.pending_project = {j.name: j.project_id for j in pending}
         self._hold(held)
+        waiting = {j.name: j.submit_time if j.pending_since is None else j.pending_since
+                   for j in self.jobs if j.phase is Phase.PENDING}
         for j in held:
             if j.phase is Phase.RUNNING:
                 for a in j.backfill_for:
-                    self.anchored.setdefault(a, []).append(j)
+                    since = waiting.get(a)
+                    if since is not None and (j.start_time is None or since <= j.start_time):
+                        self.anchored.setdefault(a, []).append(j)
         self.reclaim = Reclaim(self, [j for j in held if j.phase is Phase.RUNNING])
-        pending = [j for j in self.jobs if j.phase is Phase.PENDING]
-        self.pending_project = {j.name: j.project_id for j in pending}
         queues = self._queues(pending)
         self.head = self._head(queues)
         first = Within(self, queues)
@@ -111,6 +116,7 @@ class _Pass:
         tier = self.cap.take(j.resources)
         used = self.proj_usage(p)
         add(used, j.resources)
+        add(self.fresh.setdefault(p, {}), j.resources)
         self.started.add(j.name)
         q = self.quota(p)
         if within({}, used, q):

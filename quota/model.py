@@ -42,6 +42,10 @@ class JobRequest:
     # How many earlier attempts of this job were preempted. Jobs preempted twice or more are
     # chosen as victims last and never started as backfill (at most three preemptions).
     preemptions: int = 0
+    # PENDING: when this attempt became pending (the submit, or the requeue after a
+    # preemption); None means submit_time. A backfill job is taken back early only by a job
+    # of its backfill_for that has been waiting since before the backfill started.
+    pending_since: float | None = None
 
 
 class Verdict(StrEnum):

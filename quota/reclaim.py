@@ -42,6 +42,16 @@ class Reclaim:
         self.by_project: dict[str, list[JobRequest]] = {}
         for j in self.cands:
             self.by_project.setdefault(j.project_id, []).append(j)
+        # Per project: its running backfill behind its own waiting jobs. A reclaim by another
+        # project does not count it as borrowing (the project's own job takes it back), so
+        # victims taken at one instant find their project over quota whatever the order.
+        self.own_backfill: dict[str, dict[str, int]] = {}
+        seen: set[str] = set()
+        for a, jobs in sorted(ps.anchored.items()):
+            for j in jobs:
+                if j.name not in seen and ps.pending_project.get(a) == j.project_id:
+                    seen.add(j.name)
+                    add(self.own_backfill.setdefault(j.project_id, {}), j.resources)
 
     def lower_priority_usage(self, project: str, priority: int) -> dict[str, int]:
         """Units of the project's preemptible running jobs of lower priority than `priority`."""
@@ -133,10 +143,15 @@ class Reclaim:
 
     def _borrowing_in(self, c: JobRequest, cs: Mapping[str, int],
                       delta: Mapping[str, int]) -> bool:
-        """c's project uses more than its quota of a resource that c holds and we lack."""
-        used, q = self.ps.usage.get(c.project_id, {}), self.ps.quota(c.project_id)
+        """c's project uses more than its quota of a resource that c holds and we lack, counting
+        its running jobs only (victims of one project at one instant each find it over)."""
+        p = c.project_id
+        used, q = self.ps.usage.get(p, {}), self.ps.quota(p)
+        fresh = self.ps.fresh.get(p, {})  # started in this pass: not running yet
+        own = self.own_backfill.get(p, {})  # its own waiting jobs take these back
         return any(n > 0 and cs.get(r, 0) > 0
-                   and used.get(r, 0) - delta.get(r, 0) > q.get(r, 0.0) + EPS
+                   and used.get(r, 0) - fresh.get(r, 0) - own.get(r, 0) - delta.get(r, 0)
+                   > q.get(r, 0.0) + EPS
                    for r, n in c.resources.items())
 
     def _commit(self, job: JobRequest, victims: list[JobRequest],

@@ -94,6 +94,7 @@ def measure(pool: Mapping[str, int], quotas: Mapping[str, Mapping[str, float]],
     ep_total: dict[str, float] = {}
     ep_over: dict[str, float] = {}
     ep_max: dict[str, float] = {}
+    worst: dict[str, tuple[float, float]] = {}
     wq_violations = 0
     wp_violations = 0
 
@@ -107,7 +108,9 @@ def measure(pool: Mapping[str, int], quotas: Mapping[str, Mapping[str, float]],
         length = t - t0
         ep_total[p] = ep_total.get(p, 0.0) + length
         ep_over[p] = ep_over.get(p, 0.0) + max(0.0, length - period)
-        ep_max[p] = max(ep_max.get(p, 0.0), length)
+        if length > ep_max.get(p, -1.0):
+            ep_max[p] = length
+            worst[p] = (t0, t)
 
     i = 0
     clock = changes[0][0] if changes else 0.0
@@ -196,6 +199,7 @@ def measure(pool: Mapping[str, int], quotas: Mapping[str, Mapping[str, float]],
     return {
         "idle_while_fit_fraction": idle_fit / pending_time if pending_time > 0 else 0.0,
         "max_deprivation_seconds": {p: ep_max.get(p, 0.0) for p in projects},
+        "worst_deprivation": {p: worst[p] for p in projects if p in worst},
         "attainment": {p: (1.0 - ep_over.get(p, 0.0) / ep_total[p]) if ep_total.get(p) else 1.0
                        for p in projects},
         "within_quota_preemptions": wq_violations,

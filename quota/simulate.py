@@ -260,7 +260,8 @@ class _Sim:
                           job.tier if running else None,
                           job.preempted_by if job.phase is Phase.RELEASING else None,
                           backfill_for=job.backfill_for if running else (),
-                          preemptions=job.preemptions)
+                          preemptions=job.preemptions,
+                          pending_since=None if running else job.since)
 
     # -- metrics ------------------------------------------------------------------------------
 

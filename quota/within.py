@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from quota.capacity import add, shortfall
 from quota.model import JobRequest, Verdict
+from quota.reclaim import REPEATED
 
 if TYPE_CHECKING:
     from quota.engine import _Pass
@@ -165,7 +166,9 @@ class Within:
         named = sorted((pending[n].submit_time, n) for n in ps.reclaimers if n in pending)
         for _, name in named:
             j = pending[name]
-            if not within(self.claimed(j.project_id), j.resources, ps.quota(j.project_id)):
+            claimed = self.claimed(j.project_id)
+            add(claimed, ps.anchored_usage(name, j.project_id), -1)  # its backfill goes
+            if not within(claimed, j.resources, ps.quota(j.project_id)):
                 continue
             # What it preempted for is still on its way: use that before free capacity,
             # which the others counted on last pass.
@@ -184,6 +187,8 @@ class Within:
         head = self.heads.get(p)
         if head is not None:
             self.followers[j.name] = head
+            if within(claimed, j.resources, q):
+                return False  # within quota: it starts (or reclaims), as the head's backfill
             self.lenders[p].append(j)
             return None
         fit = self._fit(p, j, q, claimed)
@@ -225,7 +230,9 @@ class Within:
         if not cshort:
             # It fits free capacity, so it starts (work conserving), even if it then borrows.
             self.admitted.add(j.name)
-            ps.start(j)
+            head = self.followers.get(j.name)
+            ps.start(j, (head,) if head is not None and head not in ps.started
+                     and j.preemptions < REPEATED else ())
             return
         if same_project:
             self._admit_over_own(j, cshort)
