@@ -17,7 +17,9 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,8 @@ import pytest
 from bastion.lease import Lease
 from bastion.store import Store
 from launch.api import Client, new_jobspec
+from tests.conftest import BUCKET
+from tests.faultproxy import FaultPlan, FaultProxy
 from tests.harness import Bastion, wait_for
 
 LEASE = 2.0
@@ -54,14 +58,37 @@ def _intervals(side: Path) -> dict[str, list[tuple[str, float]]]:
     return seen
 
 
-@pytest.mark.parametrize("bastion", ["local", "gcs"], indirect=True)
-def test_kill_9_and_sigstop_chaos_never_runs_a_job_twice(bastion: Bastion, tmp_path: Path):
+@pytest.fixture(params=["local", "gcs", "gcs-faults"])
+def chaos_root(request, tmp_path) -> Iterator[tuple[Bastion, dict[str, str]]]:
+    """A root, and the environment of its daemons: a local directory; gs:// on the emulator;
+    gs:// with every daemon request through a proxy that fails 10% of them (503s, dropped
+    connections, lost answers)."""
+    if request.param == "local":
+        b = Bastion(tmp_path)
+        yield b, {}
+        b.close()
+        return
+    emulator = request.getfixturevalue("gcs_emulator")
+    b = Bastion(tmp_path, root=f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}")
+    if request.param == "gcs":
+        yield b, {}
+        b.close()
+        return
+    plan = FaultPlan(fail_rate=0.1, weights=(("503", 1.0), ("drop", 1.0)), seed=3)
+    with FaultProxy(emulator.endpoint, plan, lifetime=900) as proxy:
+        yield b, {"STORAGE_EMULATOR_HOST": proxy.endpoint}
+        proxy.set_plan(FaultPlan())
+        b.close()
+
+
+def test_kill_9_and_sigstop_chaos_never_runs_a_job_twice(chaos_root, tmp_path: Path):
+    bastion, env = chaos_root
     rng = random.Random(int(os.environ.get("BASTION_CHAOS_SEED", "7")))
     side = tmp_path / "side"
     side.touch()
     flags = (f"--lease_seconds={LEASE:g}",)
     work = [str(tmp_path / "work-a"), str(tmp_path / "work-b")]
-    daemons = [bastion.start(*flags, work_dir=w) for w in work]
+    daemons = [bastion.start(*flags, work_dir=w, env=env) for w in work]
     names: list[str] = []
     counts = {"sigstop": 0, "kill9": 0}
 
@@ -97,7 +124,7 @@ def test_kill_9_and_sigstop_chaos_never_runs_a_job_twice(bastion: Bastion, tmp_p
             time.sleep(rng.uniform(0, 1.0))
             daemons[which].send_signal(signal.SIGKILL)
             daemons[which].wait()
-            daemons[which] = bastion.start(*flags, work_dir=work[which])
+            daemons[which] = bastion.start(*flags, work_dir=work[which], env=env)
             counts["kill9"] += 1
         if event % 5 == 0:
             submit(2)
