@@ -62,18 +62,24 @@ class _Pass:
         names = [j.name for j in self.jobs]
         if len(set(names)) != len(names):
             raise ValueError("job names must be unique")
-        held = [j for j in self.jobs if j.phase is not Phase.PENDING]
-        pending = [j for j in self.jobs if j.phase is Phase.PENDING]
-        self.pending_project = {j.name: j.project_id for j in pending}
+        held, pending = [], []
+        for j in self.jobs:
+            (pending if j.phase is Phase.PENDING else held).append(j)
         self._hold(held)
-        waiting = {j.name: j.submit_time if j.pending_since is None else j.pending_since
-                   for j in self.jobs if j.phase is Phase.PENDING}
-        for j in held:
-            if j.phase is Phase.RUNNING:
+        self.pending_project: dict[str, str] = {}  # anchors of running backfill and of holds
+        if any(j.backfill_for for j in held):
+            by_name = {j.name: j for j in pending}
+            for j in held:
+                if j.phase is not Phase.RUNNING:
+                    continue
                 for a in j.backfill_for:
-                    since = waiting.get(a)
-                    if since is not None and (j.start_time is None or since <= j.start_time):
+                    w = by_name.get(a)
+                    if w is None:
+                        continue
+                    since = w.submit_time if w.pending_since is None else w.pending_since
+                    if j.start_time is None or since <= j.start_time:
                         self.anchored.setdefault(a, []).append(j)
+                        self.pending_project[a] = w.project_id
         self.reclaim = Reclaim(self, [j for j in held if j.phase is Phase.RUNNING])
         queues = self._queues(pending)
         self.head = self._head(queues)
@@ -165,7 +171,8 @@ class _Pass:
             self.decide(j, Verdict.REJECT, invalid_reason(config, j) or "invalid")
         uu = self.user_usage
         for q in queues.values():
-            q.sort(key=lambda j: (j.priority, uu.get(j.user_id, 0.0), *arrival(j)))
+            q.sort(key=lambda j: (j.priority, uu.get(j.user_id, 0.0), j.submit_time,
+                                  j.creation_time is None, j.creation_time or 0.0, j.name))
         return dict(sorted(queues.items()))
 
     def _head(self, queues: dict[str, list[JobRequest]]) -> str | None:
@@ -178,7 +185,7 @@ class _Pass:
         Depending only on age and quota, the choice does not flip when a plan is applied.
         """
         cutoff = self.now - self.knobs.reserve_after_seconds
-        best: tuple[float, float, float, str] | None = None
+        best: tuple[float, bool, float, str] | None = None
         for p, queue in queues.items():
             q = self.quota(p)
             for j in queue:
@@ -224,7 +231,7 @@ class _Pass:
     def _lend_one(self, p: str, j: JobRequest, first: Within) -> None:
         if j.name in self.decisions or j.name in self.waits:
             return  # admitted within quota once its project's head started
-        anchors: list[str] = []
+        anchors: list[str] = []  # waiting jobs it runs as backfill for, if it starts
         head = first.followers.get(j.name)
         if head is not None and head not in self.started:
             # Behind its project's aged head: it runs as backfill, which the head preempts
@@ -240,7 +247,14 @@ class _Pass:
                     break
         if j.preemptions >= REPEATED:
             anchors = []  # preempted twice already: it runs as an ordinary job or waits
-        if self.cap.fits(j.resources):
+        total = self.cap.total
+        for r, n in j.resources.items():  # (inline: this runs for every waiting job)
+            if n > total.get(r, 0):
+                fits = False
+                break
+        else:
+            fits = True
+        if fits:
             self.start(j, tuple(sorted(set(anchors))))
             if first.heads.get(p) == j.name:
                 first.unblock(p)
@@ -332,11 +346,11 @@ class _Pass:
 _NONE = ("", None)
 
 
-def arrival(j: JobRequest) -> tuple[float, float, float, str]:
+def arrival(j: JobRequest) -> tuple[float, bool, float, str]:
     """Queue order among equals: first seen by the daemon, then the spec's creation time
     (jobs seen in the same cycle), then name."""
     c = j.creation_time
-    return (j.submit_time, 0.0 if c is not None else 1.0, c or 0.0, j.name)
+    return (j.submit_time, c is None, c or 0.0, j.name)
 
 
 def _least_need(jobs: list[JobRequest]) -> dict[str, int]:

@@ -284,6 +284,7 @@ class Within:
         got = ps.cap.reserve(j.resources if hold is None else hold, j.name)
         if got:
             ps.reserved[j.name] = got
+            ps.pending_project[j.name] = j.project_id
         add(self.claims.setdefault(j.project_id, {}),
             {r: n for r, n in j.resources.items() if n > 0})
         self.claimants.setdefault(j.project_id, j.name)
