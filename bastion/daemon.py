@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -78,6 +79,7 @@ class Job:
     effects: list[lifecycle.Effect] = field(default_factory=list)  # decided, not yet carried out
     inflight: int = 0  # effects handed to the pool whose results are not taken in yet
     pending_log: list[tuple[str, str]] = field(default_factory=list)  # lines a full disk refused
+    spec_json: tuple[JobSpec | None, str] = (None, "")  # the spec, serialized for its env
 
 
 @dataclass
@@ -120,6 +122,11 @@ def _retrying(call: Callable[[Any], Any], attempts: int = 4) -> Callable[[Any], 
     return wrapped
 
 
+def _run_all(calls: list[Callable[[], None]]) -> None:
+    for call in calls:
+        call()
+
+
 class NotHolding(Exception):
     """The lease is not certainly ours: nothing may be started or stopped."""
 
@@ -146,6 +153,7 @@ class Daemon:
         self.cycles = 0
         self._decision_records = 0
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers)
+        self._workers = max_workers
         # Effect results to take in: an event, or None (the batch is done).
         self._done: list[tuple[str, lifecycle.Event | None]] = []
         self._done_lock = threading.Lock()
@@ -650,6 +658,7 @@ class Daemon:
         if not ready and not deletes:
             return
         self._may_act()
+        batch: list[Callable[[], None]] = []
         for job in ready:
             effects, job.effects = job.effects, []
             job.inflight += 1
@@ -659,10 +668,15 @@ class Daemon:
                 if any(isinstance(e, lifecycle.Start) and e.purpose == p for e in effects)
             }
             records = {p: lifecycle.attempt_record(job.state, p) for p in (RUN, CLEANUP)}
-            self._submit(self._effects_of, job.name, effects, records, attempt)
+            batch.append(functools.partial(self._effects_of, job.name, effects, records, attempt))
         for name, (kind, handle) in deletes:
             self._deleting.pop(name, None)
-            self._submit(self._delete_attempt, name, kind, handle)
+            batch.append(functools.partial(self._delete_attempt, name, kind, handle))
+        # A few tasks of many effects each: a thousand separate submissions make the decision
+        # loop fight the pool's threads (busy forking processes) for the executor's locks.
+        size = max(1, -(-len(batch) // self._workers))
+        for i in range(0, len(batch), size):
+            self._submit(_run_all, batch[i : i + size])
 
     def _submit(self, call: Callable[..., None], *args: Any) -> None:
         future = self._pool.submit(call, *args)
@@ -780,7 +794,9 @@ class Daemon:
             "BASTION_TIER": "" if state.tier is None else str(state.tier),
             "BASTION_SPEC_URL": self.store.url("jobs", "active", job.name),
         }
-        serialized = json.dumps(spec.to_json())
+        if job.spec_json[0] is not spec:  # serialized once per spec, not once per attempt
+            job.spec_json = (spec, json.dumps(spec.to_json()))
+        serialized = job.spec_json[1]
         if len(serialized) <= MAX_SPEC_ENV_BYTES:  # AXLearn's variable; past this, the URL
             env["_BASTION_SERIALIZED_JOBSPEC"] = serialized
         if spec.metadata.version:
