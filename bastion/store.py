@@ -502,3 +502,33 @@ class Store:
             import shutil
 
             shutil.rmtree(self._path("runs", job, attempt), ignore_errors=True)
+
+    # -- read-only helpers for the client (launch/): streaming a log -------------------------
+    #
+    # Nothing here writes; the daemon does not use these.
+
+    def read_log_chunks(self, log: str, start: int = 0, chunk: int = 1 << 20) -> Iterator[bytes]:
+        """A log from ``start`` to its current end, in pieces of at most ``chunk`` bytes, so a
+        reader's memory stays bounded whatever the log's size; nothing when it is absent."""
+        info = self._info("logs", log)
+        if info is None:
+            return
+        end = info.size
+        self._count("read")
+        path = self._path("logs", log)
+        try:
+            if isinstance(self.objects, LocalObjects):  # a link planted in logs/ is not followed
+                f = os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb")
+            else:
+                f = self.fs.open(path, "rb")
+        except FileNotFoundError:
+            return
+        with f:
+            f.seek(start)
+            position = start
+            while position < end:
+                data = f.read(min(chunk, end - position))
+                if not data:
+                    return
+                position += len(data)
+                yield data

@@ -1,8 +1,17 @@
 """The client side of Bastion: build, submit, watch and tail jobs from Python."""
 
-from bastion.jobspec import JobSpec, SpecError, new_jobspec
+from bastion.jobspec import JobSpec, SpecError
 from bastion.jobstate import JobState, Outcome, Status
-from launch.api import Client, JobExists, JobInfo, UnknownJob, default_user
+from launch.api import (
+    Client,
+    JobExists,
+    JobInfo,
+    NoDaemon,
+    NoDaemonWarning,
+    UnknownJob,
+    default_user,
+    new_jobspec,
+)
 
 __all__ = [
     "Client",
@@ -10,6 +19,8 @@ __all__ = [
     "JobInfo",
     "JobSpec",
     "JobState",
+    "NoDaemon",
+    "NoDaemonWarning",
     "Outcome",
     "SpecError",
     "Status",

@@ -21,18 +21,23 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Iterator
+import warnings
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bastion.jobspec import JobSpec, SpecError, check_name, new_jobspec, shorten
+from bastion import jobspec as _jobspec
+from bastion.jobspec import JobSpec, SpecError, check_name, shorten
 from bastion.jobstate import JobState, Outcome, Status
 from bastion.store import Store, UnacceptableObject, resolve_root
+from launch.status import DaemonStatus, NoDaemon, NoDaemonWarning, daemon_status
 
 __all__ = [
     "Client",
     "JobExists",
     "JobInfo",
+    "NoDaemon",
+    "NoDaemonWarning",
     "SpecError",
     "UnknownJob",
     "default_user",
@@ -41,6 +46,8 @@ __all__ = [
 
 
 MAX_FOLLOW_FAILURES = 10
+NO_DAEMON_SECONDS = 30.0  # follow_log gives up after this long with no daemon acting
+LOG_CHUNK = 1 << 20  # logs are read and yielded in pieces of at most this many bytes
 
 
 class UnknownJob(LookupError):
@@ -53,6 +60,22 @@ class JobExists(FileExistsError):
 
 def default_user() -> str:
     return os.environ.get("BASTION_USER") or getpass.getuser()
+
+
+def new_jobspec(*, name: str, command: str, user_id: str, project_id: str,
+                **kwargs: Any) -> JobSpec:
+    """Build and validate a spec; raises SpecError naming the bad field (an empty command or
+    user id too: the daemon could never run or attribute such a job)."""
+    if not isinstance(command, str) or not command.strip():
+        raise SpecError("field command: give the command the job runs, e.g. 'python train.py'")
+    if not isinstance(user_id, str) or not user_id.strip():
+        raise SpecError("field metadata.user_id: give the user the job runs for, e.g. 'alice'")
+    resources = kwargs.get("resources")
+    if resources is not None and not isinstance(resources, Mapping):
+        raise SpecError("field metadata.resources: expected an object of type -> count")
+    return _jobspec.new_jobspec(
+        name=name, command=command, user_id=user_id, project_id=project_id, **kwargs
+    )
 
 
 def default_job_name(user: str | None = None) -> str:
@@ -111,6 +134,7 @@ class Client:
     # -- submit, update, cancel ------------------------------------------------------------
 
     def submit(self, spec: JobSpec) -> JobSpec:
+        """Write the spec; a NoDaemonWarning (warnings) when no daemon acts on the root."""
         spec.validate()
         if not self.store.submit_spec(spec.name, spec.dumps()):
             raise JobExists(
@@ -118,7 +142,19 @@ class Client:
                 f"{self.store.url('jobs', 'active')}; pick another --name, or "
                 f"`bastion update {spec.name}` to change it"
             )
+        status = self.daemon_status()
+        if status.stopped:
+            warnings.warn(
+                NoDaemonWarning(f"{spec.name} waits: {status.message}"), stacklevel=2
+            )
         return spec
+
+    def daemon_status(self) -> DaemonStatus:
+        """Whether a daemon acts on this root, from its lease (``.acting``, ``.message``)."""
+        try:
+            return daemon_status(self.store)
+        except Exception as e:
+            return DaemonStatus(None, f"could not read the lease: {_brief(e)}")
 
     def update(self, name: str, command: str) -> JobSpec:
         """Give an active job a new command; a running attempt restarts with it."""
@@ -133,7 +169,9 @@ class Client:
         request = {
             "status": "CANCELLING",
             "job_identity": spec.identity,
-            "user_id": user_id or default_user(),
+            # who asked: the caller's Bastion identity, else the job's own user (never the
+            # OS login of whoever runs the CLI)
+            "user_id": user_id or os.environ.get("BASTION_USER") or spec.metadata.user_id,
             "time": time.time(),
         }
         self.store.write_request(name, json.dumps(request).encode())
@@ -231,29 +269,43 @@ class Client:
             start = info.state.log_start if info.state else 0
         return self.store.read_log(name, start)
 
+    def iter_log(self, name: str, start: int | None = None) -> Iterator[bytes]:
+        """This submission's log so far in pieces of at most LOG_CHUNK bytes (bounded memory
+        for a log of any size)."""
+        if start is None:
+            info = self.get(name)
+            start = info.state.log_start if info.state else 0
+        yield from self.store.read_log_chunks(name, start, LOG_CHUNK)
+
     def follow_log(
-        self, name: str, poll_seconds: float = 1.0, timeout: float | None = None
+        self,
+        name: str,
+        poll_seconds: float = 1.0,
+        timeout: float | None = None,
+        no_daemon_timeout: float | None = NO_DAEMON_SECONDS,
     ) -> Iterator[str]:
         """Yield log text as it is written; returns once the job is finished.
 
         A failed bucket request is retried (the bucket may be briefly unreachable); only
-        ``MAX_FOLLOW_FAILURES`` failures in a row give up."""
+        ``MAX_FOLLOW_FAILURES`` failures in a row give up. When no daemon acts on the root
+        (its lease is absent, released or stale) for ``no_daemon_timeout`` seconds in a row,
+        raises NoDaemon saying since when (None: wait forever)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         info = self.get(name)
         offset: int | None = None
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         failures = 0
+        no_daemon_since: float | None = None
         while True:
             try:
                 if offset is None and info.state is not None and info.state.attempt > 0:
                     offset = info.state.log_start
                 if offset is not None:
-                    data = self.store.read_log(name, offset)
-                    offset += len(data)
-                    if data:
+                    for data in self.store.read_log_chunks(name, offset, LOG_CHUNK):
+                        offset += len(data)
                         yield decoder.decode(data)
                 if info.finished:
-                    if offset is None and info.state and info.state.outcome is Outcome.REJECTED:
+                    if info.state and info.state.outcome is Outcome.REJECTED:
                         yield f"[bastion] job {name} was rejected: {info.state.reason}\n"
                     tail = decoder.decode(b"", final=True)
                     if tail:
@@ -261,10 +313,21 @@ class Client:
                     return
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"job {name!r} still {info.status} after {timeout}s")
+                if no_daemon_timeout is not None:
+                    status = self.daemon_status()
+                    if not status.stopped:
+                        no_daemon_since = None
+                    elif no_daemon_since is None:
+                        no_daemon_since = time.monotonic()
+                    elif time.monotonic() - no_daemon_since >= no_daemon_timeout:
+                        raise NoDaemon(
+                            f"job {name} is {info.status} and nothing will change: "
+                            f"{status.message}"
+                        )
                 time.sleep(poll_seconds)
                 info = self.get(name)
                 failures = 0
-            except (UnknownJob, TimeoutError):
+            except (UnknownJob, TimeoutError, NoDaemon):
                 raise
             except Exception:
                 failures += 1

@@ -12,11 +12,13 @@ Every verb takes --root (else $BASTION_ROOT, else a local directory).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 
 from absl import app, flags
@@ -27,6 +29,7 @@ from launch.api import (
     Client,
     JobExists,
     JobInfo,
+    NoDaemon,
     UnknownJob,
     age_seconds,
     default_job_name,
@@ -34,8 +37,14 @@ from launch.api import (
     new_jobspec,
 )
 from launch.bundling import instance_type_runner, make_bundle
+from launch.status import RootProblem, brief, check_root
+
+# What a job without --resources (and without --instance_type) asks for, so that the quota,
+# and the default one-project quota of the machine, meters it: one CPU.
+DEFAULT_RESOURCES = {"cpu": 1}
 
 FLAGS = flags.FLAGS
+_ABSL_FLAGS = set(FLAGS)  # absl's own (--helpfull, --verbosity, ...): never checked per verb
 flags.DEFINE_string(
     "root",
     None,
@@ -87,6 +96,11 @@ flags.DEFINE_bool("json", False, "list/simulate: print JSON.")
 flags.DEFINE_bool("follow", False, "logs/launch: keep printing until the job is finished.")
 flags.DEFINE_bool("exit_status", False, "logs --follow: exit with the job's failure status.")
 flags.DEFINE_float("follow_poll_seconds", 1.0, "How often logs --follow polls the bucket.")
+flags.DEFINE_float(
+    "daemon_wait_seconds",
+    30.0,
+    "logs/launch --follow: give up (exit 1) after this long with no daemon acting on the root.",
+)
 # start
 flags.DEFINE_float("poll_seconds", 3.0, "start: seconds between cycles.")
 flags.DEFINE_bool("once", False, "start: run one cycle and exit (tests, cron).")
@@ -120,14 +134,32 @@ flags.DEFINE_string("service_account", None, "vm create: the VM's service accoun
 # simulate
 flags.DEFINE_string("trace", None, "simulate: JSON-lines trace file.")
 flags.DEFINE_string("events", None, "simulate: also write every decision as JSON lines here.")
+OUR_FLAGS = set(FLAGS) - _ABSL_FLAGS
 
 
 class UsageError(Exception):
     """Bad command line; printed with the verb's usage."""
 
 
-def _client() -> Client:
-    return Client(resolve_root(FLAGS.root))
+def _client(reading: bool = True) -> Client:
+    """The client of --root; RootProblem (one line) when the root is a file, unreachable or,
+    for a verb that only reads (``reading``), does not exist (a typo'd --root)."""
+    root = resolve_root(FLAGS.root)
+    check_root(root, reading=reading)
+    return Client(root)
+
+
+def _resources(text: str) -> dict[str, int]:
+    """--resources, refusing a type given twice (``cpu=1,cpu=2``)."""
+    seen: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key = item.partition("=")[0].strip()
+        if key in seen:
+            raise SpecError(
+                f"resources: {key} is given twice ({seen[key]}, {item}); give each type once"
+            )
+        seen[key] = item
+    return parse_resources(text)
 
 
 def _command(args: Sequence[str], verb: str) -> str:
@@ -149,9 +181,19 @@ def _one_name(args: Sequence[str], verb: str) -> str:
 
 def cmd_start(args: Sequence[str]) -> int:
     from bastion.service import start_daemon
+    from bastion.store import Store
 
+    _no_args(args, "start")
+    root = resolve_root(FLAGS.root)
+    check_root(root, reading=False)
+    if FLAGS.quota_file and Store(root).url_token(FLAGS.quota_file) is None:
+        raise UnknownJob(
+            f"no quota file at {FLAGS.quota_file}; fix --quota_file, or leave it out (the daemon "
+            f"then reads {Store(root).default_quota_url()}, and without it runs one project "
+            "'default' on this machine's pool)"
+        )
     return start_daemon(
-        root=resolve_root(FLAGS.root),
+        root=root,
         work_dir=FLAGS.work_dir,
         quota_file=FLAGS.quota_file,
         poll_seconds=FLAGS.poll_seconds,
@@ -171,12 +213,14 @@ def cmd_launch(args: Sequence[str]) -> int:
         env[key] = value
     user = FLAGS.user_id or default_user()
     runner = _runner_object()
-    resources = parse_resources(FLAGS.resources)
+    resources = _resources(FLAGS.resources)
     if FLAGS.instance_type:
         if runner:
             raise UsageError("--instance_type picks the runner: drop --runner/--image")
         runner, implied = instance_type_runner(FLAGS.instance_type, FLAGS.num_replicas, FLAGS.spot)
         resources = {**implied, **resources}
+    elif not resources and not FLAGS["resources"].present:
+        resources = dict(DEFAULT_RESOURCES)
     spec = new_jobspec(
         name=FLAGS.name or default_job_name(user),
         command=_command(args, "launch"),
@@ -192,14 +236,28 @@ def cmd_launch(args: Sequence[str]) -> int:
     if FLAGS.dry_run:
         print(json.dumps(spec.to_json(), indent=1))
         return 0
-    client = _client()
-    client.submit(spec)
+    root = resolve_root(FLAGS.root)
+    local = "://" not in root or root.startswith("file://")
+    new_root = local and not os.path.isdir(root.removeprefix("file://"))
+    client = _client(reading=False)
+    if new_root:
+        print(
+            f"bastion: warning: {root} did not exist; created a new root there (check --root "
+            "or $BASTION_ROOT if you meant an existing one)",
+            file=sys.stderr,
+        )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # said below, in the CLI's words
+        client.submit(spec)
     print(f"submitted {spec.name} (job_id {spec.metadata.job_id}) to {client.store.root_url}")
     if spec.bundle:
         print(f"  code: {spec.bundle['kind']} bundle {spec.bundle['uri']}")
     print(f"  follow its log:  bastion logs {spec.name} --follow")
+    status = client.daemon_status()
+    if status.stopped:
+        print(f"bastion: warning: {spec.name} waits: {status.message}", file=sys.stderr)
     if FLAGS.follow:
-        return _follow(client, spec.name)
+        return _follow(client, spec.name, exit_status=True)
     return 0
 
 
@@ -216,6 +274,8 @@ def _bundle(dry_run: bool) -> dict | None:
 
 def cmd_bundle(args: Sequence[str]) -> int:
     """Build (and upload or push) the bundle only; print its record."""
+    _no_args(args, "bundle")
+    check_root(resolve_root(FLAGS.root), reading=False)
     record = _bundle(dry_run=False)
     print(json.dumps(record, indent=1))
     return 0
@@ -239,10 +299,30 @@ def _runner_object() -> dict[str, str] | None:
 
 
 def cmd_list(args: Sequence[str]) -> int:
-    jobs = _client().list_jobs(include_completed=FLAGS.all)
+    from launch.why import quota_refusal
+
+    _no_args(args, "list")
+    client = _client()
+    jobs = client.list_jobs(include_completed=FLAGS.all)
+    notes = []
+    status = client.daemon_status()
+    if status.stopped:
+        active = [j for j in jobs if not j.finished]
+        notes.append(
+            f"! {status.message}"
+            + (f"; the {len(active)} unfinished job(s) below are not being run or watched"
+               if active else "")
+        )
+    refusal = quota_refusal(client, FLAGS.quota_file)
+    if refusal:
+        notes += ["! " + line for line in refusal.splitlines()]
     if FLAGS.json:
+        for note in notes:
+            print(note, file=sys.stderr)
         print(json.dumps([j.to_json() for j in jobs], indent=1))
         return 0
+    for note in notes:
+        print(note)
     rows = [("NAME", "STATE", "PROJECT", "USER", "RESOURCES", "PRI", "AGE", "REASON")]
     rows += [_row(j) for j in jobs]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
@@ -278,20 +358,44 @@ def cmd_logs(args: Sequence[str]) -> int:
     name = _one_name(args, "logs")
     client = _client()
     if FLAGS.follow:
-        return _follow(client, name)
-    sys.stdout.write(client.read_log(name).decode(errors="replace"))
+        return _follow(client, name, exit_status=FLAGS.exit_status)
+    info = client.get(name)
+    start = info.state.log_start if info.state else 0
+    out = sys.stdout.buffer
+    for chunk in client.iter_log(name, start):  # streamed: memory stays bounded
+        out.write(chunk)
+    out.flush()
+    if info.finished and info.status == "REJECTED":
+        print(f"[bastion] job {name} was rejected: {info.reason}")
+    elif info.state is None:
+        print(f"bastion: {name} has no output yet: {info.reason}", file=sys.stderr)
     return 0
 
 
-def _follow(client: Client, name: str) -> int:
-    for text in client.follow_log(name, poll_seconds=FLAGS.follow_poll_seconds):
-        sys.stdout.write(text)
-        sys.stdout.flush()
+def _follow(client: Client, name: str, exit_status: bool) -> int:
+    """Print the log until the job ends; with ``exit_status``, exit 0 only if it succeeded."""
+    try:
+        for text in client.follow_log(
+            name,
+            poll_seconds=FLAGS.follow_poll_seconds,
+            no_daemon_timeout=FLAGS.daemon_wait_seconds,
+        ):
+            sys.stdout.write(text)
+            sys.stdout.flush()
+    except NoDaemon as e:
+        print(f"bastion: error: {e}", file=sys.stderr)
+        return 1
     info = client.get(name)
-    if not FLAGS.exit_status or info.status == "SUCCEEDED":
+    if info.status == "SUCCEEDED":
         return 0
-    code = info.state.exit_code if info.state else None
-    return code if code and 0 < code < 256 else 1
+    if exit_status:
+        print(
+            f"bastion: {name} {info.status}" + (f": {info.reason}" if info.reason else ""),
+            file=sys.stderr,
+        )
+        code = info.state.exit_code if info.state else None
+        return code if code and 0 < code < 256 else 1
+    return 0
 
 
 def cmd_cancel(args: Sequence[str]) -> int:
@@ -339,13 +443,51 @@ def cmd_quota(args: Sequence[str]) -> int:
     from quota import commands
 
     if len(args) != 2 or args[0] != "check":
-        raise UsageError("quota: bastion quota check FILE")
+        raise UsageError("quota: bastion quota check FILE|ROOT")
+    if _is_root(args[1]):
+        return _check_root_quota(args[1])
     return commands.check(args[1], sys.stdout)
+
+
+def _is_root(url: str) -> bool:
+    """A directory, or a bucket prefix that is no object: a root, not a quota file."""
+    import fsspec
+
+    if "://" not in url or url.startswith("file://"):
+        return os.path.isdir(url.removeprefix("file://"))
+    fs, path = fsspec.core.url_to_fs(url)
+    return not fs.isfile(path)
+
+
+def _check_root_quota(root: str) -> int:
+    """The quota file the daemon of ROOT reads: OK and its table, or every problem and what
+    the daemon runs on instead (the last good version it kept)."""
+    from launch.why import daemon_quota_url, quota_refusal
+    from quota import commands
+
+    check_root(root, reading=True)
+    client = Client(root)
+    url = daemon_quota_url(client)
+    print(f"{root}: the daemon reads the quota file {url}")
+    if client.store.url_token(url) is None:
+        print(f"no quota file at {url}: the daemon runs one project 'default' on its pool")
+        return 0
+    code = commands.check(url, sys.stdout)
+    refusal = quota_refusal(client, url)
+    if refusal:
+        print(refusal.splitlines()[0])
+        last_good = client.store.read_last_good_quota()
+        if last_good:
+            from quota.config import parse_quota
+
+            print(commands.quota_table(parse_quota(last_good, source="last good quota")))
+    return code
 
 
 def cmd_simulate(args: Sequence[str]) -> int:
     from quota import commands
 
+    _no_args(args, "simulate")
     if not FLAGS.quota_file or not FLAGS.trace:
         raise UsageError("simulate: bastion simulate --quota_file=FILE --trace=FILE")
     return commands.simulate(
@@ -371,6 +513,19 @@ def cmd_vm(args: Sequence[str]) -> int:
     )
 
 
+def cmd_status(args: Sequence[str]) -> int:
+    """Whether a daemon acts on the root: exit 0 if one holds its lease, 3 if none does."""
+    _no_args(args, "status")
+    status = _client(reading=False).daemon_status()
+    print(status.message)
+    return 3 if status.stopped else 0
+
+
+def _no_args(args: Sequence[str], verb: str) -> None:
+    if args:
+        raise UsageError(f"{verb} takes no arguments, got {' '.join(args)!r}")
+
+
 VERBS: dict[str, Callable[[Sequence[str]], int]] = {
     "start": cmd_start,
     "launch": cmd_launch,
@@ -384,28 +539,198 @@ VERBS: dict[str, Callable[[Sequence[str]], int]] = {
     "quota": cmd_quota,
     "simulate": cmd_simulate,
     "vm": cmd_vm,
+    "status": cmd_status,
 }
+
+
+# -- usage: one short page per verb, its own flags only ------------------------------------
+
+_LAUNCH_FLAGS = (
+    "name", "project_id", "user_id", "resources", "priority", "env", "cleanup_command",
+    "runner", "image", "runner_option", "instance_type", "num_replicas", "spot", "bundler",
+    "bundler_type", "bundler_spec", "bundler_exclude", "source_dir", "dry_run", "follow",
+    "follow_poll_seconds", "daemon_wait_seconds",
+)
+_BUNDLE_FLAGS = ("bundler", "bundler_type", "bundler_spec", "bundler_exclude", "source_dir")
+
+# verb -> (usage, what it does, example, its flags besides --root)
+USAGE: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
+    "start": (
+        "bastion start [flags]",
+        "Run the daemon on the root (Ctrl-C stops it; running jobs are adopted by the next).",
+        "bastion start --poll_seconds=1",
+        ("poll_seconds", "once", "work_dir", "grace_seconds", "lease_seconds", "settings",
+         "quota_file"),
+    ),
+    "launch": (
+        "bastion launch [flags] -- COMMAND...",
+        "Bundle the current directory and submit a job that runs COMMAND in it. Without "
+        "--resources a job asks for cpu=1.",
+        "bastion launch --name=hello --resources=cpu=2 -- python train.py",
+        _LAUNCH_FLAGS,
+    ),
+    "bundle": (
+        "bastion bundle [flags]",
+        "Build and upload the bundle of the current directory only; print its record.",
+        "bastion bundle --bundler_exclude=data",
+        _BUNDLE_FLAGS,
+    ),
+    "list": (
+        "bastion list [--all] [--json]",
+        "Active jobs (with --all, finished ones too): name, state, project, user, resources, "
+        "priority, age, reason.",
+        "bastion list --all",
+        ("all", "json", "quota_file"),
+    ),
+    "logs": (
+        "bastion logs NAME [--follow] [--exit_status]",
+        "A job's output; --follow prints lines as they are written until the job ends.",
+        "bastion logs hello --follow",
+        ("follow", "exit_status", "follow_poll_seconds", "daemon_wait_seconds"),
+    ),
+    "cancel": (
+        "bastion cancel NAME",
+        "Stop a job: SIGTERM to its process group, SIGKILL after the daemon's --grace_seconds.",
+        "bastion cancel hello",
+        ("user_id",),
+    ),
+    "history": (
+        "bastion history NAME",
+        "A job's lifecycle events with their times and reasons.",
+        "bastion history hello",
+        (),
+    ),
+    "update": (
+        "bastion update NAME -- NEW COMMAND...",
+        "Give an active job a new command; a running attempt restarts with it.",
+        "bastion update train -- python train.py --resume",
+        (),
+    ),
+    "why": (
+        "bastion why NAME",
+        "Why a job waits or runs: quota, usage, borrowing, its place in the queue.",
+        "bastion why train",
+        ("quota_file",),
+    ),
+    "quota": (
+        "bastion quota check FILE|ROOT",
+        "Check a quota file (every problem with its key, or the quota per project); for a "
+        "root, the file its daemon reads and whether it runs on the last good version.",
+        "bastion quota check configs/project-quotas.toml",
+        (),
+    ),
+    "simulate": (
+        "bastion simulate --quota_file=FILE --trace=FILE [--json]",
+        "Replay a JSON-lines trace with the daemon's scheduling policy; print the metrics.",
+        "bastion simulate --quota_file=configs/project-quotas.toml --trace=trace.jsonl",
+        ("quota_file", "trace", "json", "events", "poll_seconds"),
+    ),
+    "vm": (
+        "bastion vm create|delete|status --vm_name=NAME --zone=ZONE",
+        "A Compute Engine VM that runs the daemon on the root.",
+        "bastion vm create --vm_name=bastion-1 --zone=us-central1-a",
+        ("vm_name", "zone", "machine_type", "project", "service_account", "image"),
+    ),
+    "status": (
+        "bastion status",
+        "Whether a daemon holds the root's lease (exit 0) or none does (exit 3).",
+        "bastion status --root=gs://my-bucket/bastion",
+        (),
+    ),
+}
+COMMON_FLAGS = ("root",)
+
+
+def usage(verb: str | None) -> str:
+    if verb is None:
+        lines = ["usage: bastion VERB [flags] [args]", "", "verbs:"]
+        lines += [f"  {v:<9} {USAGE[v][1].split('. ')[0].rstrip('.')}" for v in USAGE]
+        lines += [
+            "",
+            "Every verb takes --root=URL (else $BASTION_ROOT, else ~/.local/share/bastion).",
+            "bastion VERB --help: that verb's flags and an example; --helpfull: every flag.",
+        ]
+        return "\n".join(lines)
+    line, what, example, own = USAGE[verb]
+    lines = [f"usage: {line}", "", what, "", "flags:"]
+    for name in (*own, *COMMON_FLAGS):
+        flag = FLAGS[name]
+        default = "" if flag.default in (None, "", [], False) else f" (default {flag.default})"
+        lines.append(f"  --{name}: {flag.help}{default}")
+    lines += ["", f"example: {example}"]
+    return "\n".join(lines)
+
+
+_HELP = ("-h", "--help", "-help", "--h", "-?")
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's parsing, with a short usage for --help/-h (exit 0) and one-line flag errors."""
+    args = argv[1:]
+    before = args[: args.index("--")] if "--" in args else args
+    if any(a in _HELP for a in before) or before[:1] == ["help"]:
+        verb = next((a for a in before if a in USAGE), None)
+        print(usage(verb))
+        sys.exit(0)
+    if "--helpfull" in before:  # absl prints every flag, then exits 1; asking for help is no error
+        with contextlib.suppress(SystemExit):
+            FLAGS(argv)
+        sys.exit(0)
+    try:
+        return FLAGS(argv)
+    except flags.Error as e:
+        verb = next((a for a in before if a in USAGE), None)
+        see = f"bastion {verb} --help" if verb else "bastion --help"
+        print(f"bastion: {e}; see {see}", file=sys.stderr)
+        sys.exit(2)
+
+
+def check_verb_flags(verb: str) -> None:
+    """A flag given to a verb that does not take it is an error, never silently ignored."""
+    allowed = {*USAGE[verb][3], *COMMON_FLAGS}
+    for name in sorted(OUR_FLAGS):
+        if FLAGS[name].present and name not in allowed:
+            takers = [v for v in USAGE if name in USAGE[v][3]]
+            hint = f" (it is a flag of: {', '.join(takers)})" if takers else ""
+            raise UsageError(
+                f"{verb} does not take --{name}{hint}; see bastion {verb} --help"
+            )
 
 
 def main(argv: Sequence[str]) -> int:
     if len(argv) < 2 or argv[1] not in VERBS:
-        raise app.UsageError(f"give a verb: {', '.join(VERBS)}")
+        got = f"unknown verb {argv[1]!r}; " if len(argv) >= 2 else ""
+        print(f"bastion: {got}give a verb\n\n{usage(None)}", file=sys.stderr)
+        return 2
+    verb = argv[1]
     try:
-        return VERBS[argv[1]](argv[2:])
+        check_verb_flags(verb)
+        return VERBS[verb](argv[2:])
     except UsageError as e:
         print(f"bastion: {e}", file=sys.stderr)
         return 2
-    except (SpecError, UnknownJob, JobExists) as e:
+    except (SpecError, UnknownJob, JobExists, RootProblem, NoDaemon) as e:
         print(f"bastion: error: {e}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         return 0
     except KeyboardInterrupt:
         return 130
+    except SystemExit:
+        raise
+    except Exception as e:  # one line, never a traceback; BASTION_DEBUG=1 shows it
+        if os.environ.get("BASTION_DEBUG"):
+            raise
+        root = resolve_root(FLAGS.root)
+        print(
+            f"bastion: error: {verb} on {root}: {brief(e)} (BASTION_DEBUG=1 shows the traceback)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 def run() -> None:
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

@@ -13,17 +13,74 @@ from bastion.jobspec import JobSpec, SpecError, check_name
 from bastion.jobstate import JobState
 from bastion.scheduling import job_request
 from launch.api import Client, UnknownJob
+from launch.status import humanize_epochs
 from quota.config import QuotaConfig, QuotaError, default_quota, parse_quota
 from quota.policy import explain
 from quota.usage import UsageLedger
 
 
-def load_quota(client: Client, quota_file: str | None) -> QuotaConfig:
-    """The quota file, or the default the daemon uses when there is none."""
+class QuotaFileMissing(UnknownJob):
+    """--quota_file names no object (a typo); one line naming the URL and the fix."""
+
+
+def daemon_quota_url(client: Client) -> str:
+    """The quota file the daemon of this root reads (it publishes it), else the default."""
+    try:
+        info = client.store.read_daemon_info() or {}
+    except Exception:
+        info = {}
+    return str(info.get("quota_file") or client.store.default_quota_url())
+
+
+def quota_refusal(client: Client, quota_file: str | None = None) -> str | None:
+    """When the quota file the daemon reads is invalid: a message saying that the daemon runs
+    on the last good version (ROOT/history/quota-last-good) and why the file was refused.
+
+    The daemon refuses an invalid file and keeps the last good one; the reasons are computed
+    here by parsing the current file as the daemon does."""
     store = client.store
-    url = quota_file or store.default_quota_url()
+    url = quota_file or daemon_quota_url(client)
+    try:
+        if store.url_token(url) is None:
+            return None
+        parse_quota(store.read_url(url).decode(), source=url)
+        return None
+    except QuotaError as e:
+        problems = list(e.problems) or [str(e)]
+    except (OSError, UnicodeDecodeError) as e:
+        problems = [f"unreadable: {e}"]
+    try:
+        last_good = store.read_last_good_quota()
+    except OSError:
+        last_good = None
+    if last_good:
+        head = (
+            f"quota: the daemon runs on the last good version "
+            f"({store.url('history', 'quota-last-good')}); it refused {url}:"
+        )
+    else:
+        head = f"quota: {url} is invalid and there is no last good version; no job starts:"
+    return "\n".join([head, *(f"  {p}" for p in problems)])
+
+
+def load_quota(client: Client, quota_file: str | None) -> QuotaConfig:
+    """The quota file, or the default the daemon uses when there is none; the last good
+    version when the file is invalid and the daemon kept one (as the daemon does)."""
+    store = client.store
+    url = quota_file or daemon_quota_url(client)
     if store.url_token(url) is not None:
-        return parse_quota(store.read_url(url).decode(), source=url)
+        try:
+            return parse_quota(store.read_url(url).decode(), source=url)
+        except QuotaError:
+            last_good = store.read_last_good_quota()
+            if not last_good:
+                raise
+            return parse_quota(last_good, source="last good quota")
+    if quota_file:
+        raise QuotaFileMissing(
+            f"no quota file at {quota_file}; fix the URL, or leave --quota_file out to use "
+            f"the daemon's ({daemon_quota_url(client)})"
+        )
     info = store.read_daemon_info() or {}
     if not info.get("pool"):
         raise UnknownJob(f"no quota file at {url} and no daemon has run on {store.root_url}")
@@ -33,6 +90,17 @@ def load_quota(client: Client, quota_file: str | None) -> QuotaConfig:
 def explain_job(client: Client, name: str, quota_file: str | None = None) -> str:
     check_name(name)
     info = client.get(name)
+    if quota_file and client.store.url_token(quota_file) is None:
+        raise QuotaFileMissing(
+            f"no quota file at {quota_file}; fix the URL, or leave --quota_file out to use "
+            f"the daemon's ({daemon_quota_url(client)})"
+        )
+    refusal = quota_refusal(client, quota_file)
+    text = _explain(client, info, name, quota_file)
+    return humanize_epochs(text + (f"\n{refusal}" if refusal else ""))
+
+
+def _explain(client: Client, info, name: str, quota_file: str | None) -> str:
     if info.finished or info.state is None:
         return f"job {name}: {info.status}" + (f" ({info.reason})" if info.reason else "")
     try:

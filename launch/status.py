@@ -1,0 +1,183 @@
+"""What a user needs to know before trusting what the bucket says: is a daemon acting on the
+root, does the root exist, and is the quota file the daemon runs on the one in the bucket.
+
+All of it is read from the bucket (the lease record ``ROOT/lease``, ``ROOT/history/daemon``,
+``ROOT/history/quota-last-good``), so it works from any machine. Staleness is judged by wall
+clock against the lease's own ``renewed`` and ``duration``: a user's view, good for a message,
+never used to decide anything (the daemons fence themselves on their own monotonic clocks).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+
+from bastion.objects import LocalObjects
+from bastion.store import Store
+
+PROBE_SECONDS = 8.0  # how long a reading verb waits for an unreachable bucket
+
+
+class RootProblem(Exception):
+    """The root cannot be used (missing, not a directory, unreadable, unreachable); one line."""
+
+
+class NoDaemon(RuntimeError):
+    """No daemon acts on the root (``logs --follow`` gave up waiting for one)."""
+
+
+class NoDaemonWarning(UserWarning):
+    """Client.submit wrote the spec, but no daemon acts on the root to run it."""
+
+
+def human_time(stamp: float, now: float | None = None) -> str:
+    """``2024-05-01 12:00:03 UTC (5m ago)``."""
+    now = time.time() if now is None else now
+    text = dt.datetime.fromtimestamp(stamp, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return f"{text} ({human_duration(now - stamp)} ago)" if now >= stamp else text
+
+
+def human_duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+_EPOCH = re.compile(r"\bt=(1[0-9]{9}(?:\.[0-9]+)?)\b")
+
+
+def humanize_epochs(text: str) -> str:
+    """``submitted t=1714564803`` -> ``submitted 2024-05-01 12:00:03 UTC``."""
+    return _EPOCH.sub(
+        lambda m: dt.datetime.fromtimestamp(float(m.group(1)), dt.UTC).strftime(
+            "%Y-%m-%d %H:%M:%S UTC"
+        ),
+        text,
+    )
+
+
+@dataclass
+class DaemonStatus:
+    """``acting`` is None when it cannot be told (a daemon run with --lease_seconds=0)."""
+
+    acting: bool | None
+    message: str
+    record: dict[str, Any] | None = None
+
+    @property
+    def stopped(self) -> bool:
+        return self.acting is False
+
+
+def daemon_status(store: Store, now: float | None = None) -> DaemonStatus:
+    now = time.time() if now is None else now
+    root = store.root_url
+    fix = f"start one: bastion start --root={root}"
+    lease = store.read_lease()
+    if lease is None:
+        if store.read_daemon_info():
+            return DaemonStatus(None, f"a daemon without a lease ran on {root}; cannot tell")
+        return DaemonStatus(False, f"no daemon has ever run on {root}; {fix}")
+    record, _ = lease
+    if not record:
+        return DaemonStatus(None, f"the lease of {root} is unreadable; cannot tell", record)
+    who = f"{record.get('host', '?')} pid {record.get('pid', '?')}"
+    try:
+        renewed = float(record.get("renewed", 0))
+        duration = float(record.get("duration", 60))
+    except (TypeError, ValueError):
+        return DaemonStatus(None, f"the lease of {root} is unreadable; cannot tell", record)
+    if record.get("released"):
+        return DaemonStatus(
+            False,
+            f"no daemon has held {root} since {human_time(renewed, now)} "
+            f"(the daemon on {who} stopped); {fix}",
+            record,
+        )
+    if now - renewed > duration:
+        return DaemonStatus(
+            False,
+            f"no daemon has held {root} since {human_time(renewed, now)} "
+            f"(the daemon on {who} stopped renewing its lease); {fix}",
+            record,
+        )
+    return DaemonStatus(
+        True, f"the daemon on {who} holds {root} (renewed {human_duration(now - renewed)} ago)",
+        record,
+    )
+
+
+# -- the root itself ---------------------------------------------------------------------------
+
+
+def _local_path(root: str) -> str | None:
+    if fsspec.utils.get_protocol(root) in ("file", "local"):
+        return fsspec.core.strip_protocol(root) if "://" in root else os.path.abspath(root)
+    return None
+
+
+def check_root(root: str, reading: bool) -> None:
+    """Before a Store is made (which creates a local root's directories): RootProblem when the
+    root is a file, missing (for a reading verb), or a bucket that does not answer in time."""
+    fix = "check --root or $BASTION_ROOT"
+    path = _local_path(root)
+    if path is not None:
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise RootProblem(f"root {root} is a file, not a directory; {fix}")
+        if reading and not os.path.isdir(path):
+            raise RootProblem(
+                f"no Bastion root at {root} (the directory does not exist); {fix} "
+                "(`bastion start` or `bastion launch` create one)"
+            )
+        if reading and not os.access(path, os.R_OK | os.X_OK):
+            raise RootProblem(f"root {root} is not readable by this user; {fix}")
+        return
+    store = Store(root)
+    result: dict[str, Any] = {}
+
+    def probe() -> None:
+        last: BaseException | None = None
+        deadline = time.monotonic() + PROBE_SECONDS
+        while time.monotonic() < deadline:
+            try:
+                store.fs.invalidate_cache(store.root)
+                result["names"] = store.fs.ls(store.root, detail=False)
+                return
+            except FileNotFoundError:
+                result["names"] = []
+                return
+            except Exception as e:  # transient or not: try again until the deadline
+                last = e
+                time.sleep(0.5)
+        result["error"] = last
+
+    thread = threading.Thread(target=probe, name="probe-root", daemon=True)
+    thread.start()
+    thread.join(PROBE_SECONDS + 1)
+    if "names" not in result:
+        error = result.get("error")
+        why = f" ({brief(error)})" if error else ""
+        raise RootProblem(
+            f"cannot reach {root} within {PROBE_SECONDS:g}s{why}; check the URL, the network "
+            "and the credentials (gcloud auth application-default login, AWS_*)"
+        )
+    if reading and not result["names"]:
+        raise RootProblem(f"no Bastion root at {root} (nothing there); {fix}")
+
+
+def brief(error: BaseException | None) -> str:
+    text = f"{type(error).__name__}: {error}".replace("\n", " ") if error else ""
+    return text if len(text) <= 200 else text[:199] + "…"
+
+
+def is_local_objects(store: Store) -> bool:
+    return isinstance(store.objects, LocalObjects)
