@@ -141,11 +141,15 @@ class UsageError(Exception):
     """Bad command line; printed with the verb's usage."""
 
 
-def _client(reading: bool = True) -> Client:
+def _client(reading: bool = True, name: str | None = None) -> Client:
     """The client of --root; RootProblem (one line) when the root is a file, unreachable or,
-    for a verb that only reads (``reading``), does not exist (a typo'd --root)."""
+    for a verb that only reads (``reading``), does not exist (a typo'd --root). ``name``: the
+    job the verb looks for, named in that line."""
     root = resolve_root(FLAGS.root)
-    check_root(root, reading=reading)
+    try:
+        check_root(root, reading=reading)
+    except RootProblem as e:
+        raise RootProblem(f"no job {name!r}: {e}" if name else str(e)) from None
     return Client(root)
 
 
@@ -316,13 +320,12 @@ def cmd_list(args: Sequence[str]) -> int:
     refusal = quota_refusal(client, FLAGS.quota_file)
     if refusal:
         notes += ["! " + line for line in refusal.splitlines()]
+    for note in notes:  # above the table on a terminal; stdout stays the table (or JSON)
+        print(note, file=sys.stderr)
+    sys.stderr.flush()
     if FLAGS.json:
-        for note in notes:
-            print(note, file=sys.stderr)
         print(json.dumps([j.to_json() for j in jobs], indent=1))
         return 0
-    for note in notes:
-        print(note)
     rows = [("NAME", "STATE", "PROJECT", "USER", "RESOURCES", "PRI", "AGE", "REASON")]
     rows += [_row(j) for j in jobs]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
@@ -356,7 +359,7 @@ def _age(seconds: float) -> str:
 
 def cmd_logs(args: Sequence[str]) -> int:
     name = _one_name(args, "logs")
-    client = _client()
+    client = _client(name=name)
     if FLAGS.follow:
         return _follow(client, name, exit_status=FLAGS.exit_status)
     info = client.get(name)
@@ -400,14 +403,14 @@ def _follow(client: Client, name: str, exit_status: bool) -> int:
 
 def cmd_cancel(args: Sequence[str]) -> int:
     name = _one_name(args, "cancel")
-    _client().cancel(name, FLAGS.user_id)
+    _client(name=name).cancel(name, FLAGS.user_id)
     print(f"cancel requested for {name}; the daemon stops it on its next cycle")
     return 0
 
 
 def cmd_history(args: Sequence[str]) -> int:
     name = _one_name(args, "history")
-    client = _client()
+    client = _client(name=name)
     for event in client.history(name):
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(event["time"]))
         print(
@@ -423,7 +426,7 @@ def cmd_update(args: Sequence[str]) -> int:
     if not args:
         raise UsageError("update: bastion update NAME -- NEW COMMAND")
     name, command = args[0], _command(args[1:], "update")
-    spec = _client().update(name, command)
+    spec = _client(name=name).update(name, command)
     print(
         f"updated {name} (version {spec.metadata.version}); a running attempt restarts with "
         "the new command"
@@ -435,7 +438,7 @@ def cmd_why(args: Sequence[str]) -> int:
     from launch.why import explain_job
 
     name = _one_name(args, "why")
-    print(explain_job(_client(), name, FLAGS.quota_file))
+    print(explain_job(_client(name=name), name, FLAGS.quota_file))
     return 0
 
 
