@@ -120,6 +120,8 @@ class JobInfo:
                 priority=meta.priority,
                 job_id=meta.job_id,
                 creation_time=meta.creation_time.isoformat() + "Z",
+                runner=self.spec.runner,
+                bundle=self.spec.bundle,  # enough to rerun the exact code
             )
         data["state"] = self.state.to_json() if self.state else None
         if self.problem:

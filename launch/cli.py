@@ -419,6 +419,11 @@ def cmd_history(args: Sequence[str]) -> int:
         )
     info = client.get(name)
     print(f"now: {info.status}" + (f" ({info.reason})" if info.reason else ""))
+    bundle = info.spec.bundle if info.spec else None
+    if bundle:
+        commit, dirty = bundle.get("git_commit"), bundle.get("git_dirty")
+        git = f", git {commit[:12]}{' (dirty)' if dirty else ''}" if commit else ""
+        print(f"code: {bundle['kind']} {bundle['uri']} ({bundle['digest']}{git})")
     return 0
 
 

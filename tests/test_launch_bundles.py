@@ -130,3 +130,15 @@ def test_instance_types_imply_the_runner_and_the_resources(
 def test_an_unknown_instance_type_names_the_forms():
     with pytest.raises(SpecError, match="tpu-<version>-<cores>"):
         instance_type_runner("v4-32")
+
+
+def test_history_and_list_json_show_the_bundle_record(local_bastion, tmp_path):
+    project = _project(tmp_path)
+    local_bastion.start()
+    _launch(local_bastion, project, "--name=shown", "--", "true")
+    record = local_bastion.wait_complete("shown", timeout=60)
+    digest = record["spec"]["bundle"]["digest"]
+    assert digest in local_bastion.cli("history", "shown").stdout
+    listed = json.loads(local_bastion.cli("list", "--all", "--json").stdout)
+    (job,) = [j for j in listed if j["name"] == "shown"]
+    assert job["bundle"]["digest"] == digest and job["bundle"]["kind"] == "tar"
