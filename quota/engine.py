@@ -66,9 +66,11 @@ class _Pass:
         for j in self.jobs:
             (pending if j.phase is Phase.PENDING else held).append(j)
         self._hold(held)
+        queues = self._queues(pending)  # (rejects invalid jobs: they anchor nothing)
         self.pending_project: dict[str, str] = {}  # anchors of running backfill and of holds
+        self.pending_need: dict[str, Mapping[str, int]] = {}
         if any(j.backfill_for for j in held):
-            by_name = {j.name: j for j in pending}
+            by_name = {j.name: j for j in pending if j.name not in self.decisions}
             for j in held:
                 if j.phase is not Phase.RUNNING:
                     continue
@@ -80,8 +82,8 @@ class _Pass:
                     if j.start_time is None or since <= j.start_time:
                         self.anchored.setdefault(a, []).append(j)
                         self.pending_project[a] = w.project_id
+                        self.pending_need[a] = w.resources
         self.reclaim = Reclaim(self, [j for j in held if j.phase is Phase.RUNNING])
-        queues = self._queues(pending)
         self.head = self._head(queues)
         first = Within(self, queues)
         self.rank = first.rank
@@ -124,6 +126,8 @@ class _Pass:
         add(used, j.resources)
         add(self.fresh.setdefault(p, {}), j.resources)
         self.started.add(j.name)
+        if j.name in self.anchored:
+            self.reclaim.anchor_started(j.name)
         q = self.quota(p)
         if within({}, used, q):
             why = f"within quota: project {p} at {fmt_ratio(used, q, j.resources)} with this job"

@@ -46,12 +46,29 @@ class Reclaim:
         # project does not count it as borrowing (the project's own job takes it back), so
         # victims taken at one instant find their project over quota whatever the order.
         self.own_backfill: dict[str, dict[str, int]] = {}
-        seen: set[str] = set()
+        self.own_anchors: dict[str, int] = {}  # backfill job -> its own project's anchors
         for a, jobs in sorted(ps.anchored.items()):
+            q = ps.quota(ps.pending_project.get(a, ""))
+            if any(n > q.get(r, 0.0) + EPS for r, n in ps.pending_need.get(a, {}).items()):
+                continue  # an anchor larger than its quota never takes its backfill back
             for j in jobs:
-                if j.name not in seen and ps.pending_project.get(a) == j.project_id:
-                    seen.add(j.name)
-                    add(self.own_backfill.setdefault(j.project_id, {}), j.resources)
+                if ps.pending_project.get(a) == j.project_id:
+                    n = self.own_anchors.get(j.name, 0)
+                    self.own_anchors[j.name] = n + 1
+                    if not n:
+                        add(self.own_backfill.setdefault(j.project_id, {}), j.resources)
+
+    def anchor_started(self, name: str) -> None:
+        """A waiting job started: its own project's backfill for it is ordinary now."""
+        for j in self.ps.anchored.get(name, ()):
+            n = self.own_anchors.get(j.name, 0)
+            if n and self.ps.pending_project.get(name) == j.project_id:
+                self._undiscount(j, n - 1)
+
+    def _undiscount(self, j: JobRequest, left: int) -> None:
+        self.own_anchors[j.name] = left
+        if not left:
+            add(self.own_backfill[j.project_id], j.resources, -1)
 
     def lower_priority_usage(self, project: str, priority: int) -> dict[str, int]:
         """Units of the project's preemptible running jobs of lower priority than `priority`."""
@@ -184,6 +201,8 @@ class Reclaim:
             self.reasons[v.name] = why
             self.chosen.add(v.name)
             add(ps.proj_usage(vp), v.resources, -1)
+            if self.own_anchors.get(v.name):  # gone: no longer discounted
+                self._undiscount(v, 0)
 
 
 

@@ -154,6 +154,8 @@ class Within:
         q = self.ps.quota(p)
         used = self.claimed(p)
         add(used, j.resources)
+        if j.name in self.ps.anchored:
+            add(used, self.ps.anchored_usage(j.name, p), -1)  # its own backfill goes for it
         share = max((used.get(r, 0) / s for r, s in q.items() if s > 0), default=0.0)
         return (share, j.submit_time)
 
@@ -204,15 +206,17 @@ class Within:
         """False: within quota; True: within once own lower-priority jobs go; None: not."""
         if within(claimed, j.resources, q):
             return False
-        mine = self.ps.anchored_usage(j.name, p)
-        if mine:
+        claim = self.claims.get(p, {})
+        mine = self.ps.anchored_usage(j.name, p) if j.name in self.ps.anchored else None
+        if mine and not any(n > 0 and claim.get(r, 0) > 0 for r, n in j.resources.items()):
+            # (Not while a job of p ahead of it waits for the same resources: what its
+            # backfill frees would go to that job, and it would only preempt in vain.)
             # Its project's backfill (started behind it) counts as its own quota: it is
             # within quota, and those jobs are its first victims if capacity is short.
             trial = dict(claimed)
             add(trial, mine, -1)
             if within(trial, j.resources, q):
                 return False
-        claim = self.claims.get(p, {})
         if self.ps.knobs.preempt_within_project and not any(
                 n > 0 and claim.get(r, 0) > 0 for r, n in j.resources.items()):
             # (A within-quota job of p that waits keeps what it claimed: no such jumps.)
@@ -271,8 +275,8 @@ class Within:
         self._wait(j, cshort, ("reclaiming", [v.name for v in victims]))
         for v in victims:
             ps.decide(v, Verdict.PREEMPT, ps.reclaim.reasons[v.name], v.tier, j.name)
-        for vp in sorted({v.project_id for v in victims} - {j.project_id}):
-            self.reopen(vp)
+        for vp in sorted({v.project_id for v in victims}):
+            self.reopen(vp)  # (its own project too, when its backfill went)
 
     def _wait(self, j: JobRequest, cshort: Mapping[str, int], why: tuple[str, object],
               hold: Mapping[str, int] | None = None) -> None:

@@ -83,6 +83,8 @@ def apply(plan: Plan, jobs: Sequence[JobRequest], now: float) -> list[JobRequest
 
 
 def released(jobs: Sequence[JobRequest]) -> list[JobRequest]:
-    """Every releasing job has exited and is pending again (a new attempt)."""
-    return [replace(j, phase=Phase.PENDING, start_time=None, tier=None, preempted_by=None)
+    """Every releasing job has exited and is pending again (a new attempt; the daemon counts
+    its preemptions)."""
+    return [replace(j, phase=Phase.PENDING, start_time=None, tier=None, preempted_by=None,
+                    backfill_for=(), preemptions=j.preemptions + 1)
             if j.phase is Phase.RELEASING else j for j in jobs]
