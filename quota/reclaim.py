@@ -48,9 +48,14 @@ class Reclaim:
         self.own_backfill: dict[str, dict[str, int]] = {}
         self.own_anchors: dict[str, int] = {}  # backfill job -> its own project's anchors
         for a, jobs in sorted(ps.anchored.items()):
-            q = ps.quota(ps.pending_project.get(a, ""))
-            if any(n > q.get(r, 0.0) + EPS for r, n in ps.pending_need.get(a, {}).items()):
-                continue  # an anchor larger than its quota never takes its backfill back
+            ap = ps.pending_project.get(a, "")
+            q, used = ps.quota(ap), dict(ps.usage.get(ap, {}))
+            add(used, ps.pending_need.get(a, {}))
+            for j in jobs:
+                if j.project_id == ap:
+                    add(used, j.resources, -1)
+            if any(n > q.get(r, 0.0) + EPS for r, n in used.items()):
+                continue  # an anchor that its backfill does not bring within quota
             for j in jobs:
                 if ps.pending_project.get(a) == j.project_id:
                     n = self.own_anchors.get(j.name, 0)
@@ -100,8 +105,8 @@ class Reclaim:
             if own:
                 useful = _uses(c, cs, qs)
             else:
-                useful = _uses(c, cs, {}) and self._borrowing_in(c, cs,
-                                                                delta.get(c.project_id, {}))
+                useful = _uses(c, cs, {}) and self._borrowing_in(
+                    c, cs, delta.get(c.project_id, {}), discount=False)
             if not useful:
                 continue
             chosen.append(c)
@@ -159,13 +164,14 @@ class Reclaim:
                 -(c.start_time or 0.0), c.name)
 
     def _borrowing_in(self, c: JobRequest, cs: Mapping[str, int],
-                      delta: Mapping[str, int]) -> bool:
+                      delta: Mapping[str, int], discount: bool = True) -> bool:
         """c's project uses more than its quota of a resource that c holds and we lack, counting
         its running jobs only (victims of one project at one instant each find it over)."""
         p = c.project_id
         used, q = self.ps.usage.get(p, {}), self.ps.quota(p)
         fresh = self.ps.fresh.get(p, {})  # started in this pass: not running yet
-        own = self.own_backfill.get(p, {})  # its own waiting jobs take these back
+        # its own waiting jobs take these back (not discounted when c is our backfill)
+        own = self.own_backfill.get(p, {}) if discount else {}
         return any(n > 0 and cs.get(r, 0) > 0
                    and used.get(r, 0) - fresh.get(r, 0) - own.get(r, 0) - delta.get(r, 0)
                    > q.get(r, 0.0) + EPS
