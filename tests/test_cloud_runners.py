@@ -270,7 +270,9 @@ def test_tpu_spot_preemption_while_running(root, tpu_server, tpu, guests):
         time.sleep(0.1)
     guests.preempt(a.name)  # the metadata notice, then the node turns PREEMPTED
     tpu_server.preempt(a.name)
-    seen = tpu.poll(handle)
+    seen = tpu.poll(handle)  # PREEMPTED only once every agent has flushed its exit record
+    assert seen.phase is Phase.RUNNING and seen.reason.endswith("the agents are flushing")
+    seen = poll_until(tpu, handle, tpu_server, {Phase.PREEMPTED, Phase.FAILED}, timeout=30)
     assert (seen.phase, seen.retryable) == (Phase.PREEMPTED, True)
     assert guests.wait(a.name) == [143] * 4 or all(c != 0 for c in guests.wait(a.name))
     out = tpu.read_output(handle, 0, 1 << 24).decode()
@@ -444,7 +446,7 @@ def test_gce_preemption_via_the_preempted_operation(root, gce_server, gce, guest
         time.sleep(0.1)
     guests.preempt(a.name)
     gce_server.preempt(a.name)  # DELETE action: the VM is gone, a preempted op remains
-    seen = gce.poll(handle)
+    seen = poll_until(gce, handle, gce_server, {Phase.PREEMPTED, Phase.FAILED}, timeout=30)
     assert (seen.phase, seen.retryable) == (Phase.PREEMPTED, True)
     guests.wait(a.name)
     out = gce.read_output(handle, 0, 1 << 24).decode()

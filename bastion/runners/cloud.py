@@ -15,6 +15,8 @@ Settings (``from_settings`` of either runner; keys both understand):
   google-auth's standard chain (``google.auth.default()``); with an explicit endpoint (a
   stand-in, a private test server) they are ``AnonymousCredentials`` and no token is sent.
   A private *Google* endpoint that needs auth: set ``credentials: default``.
+- ``flush_seconds``: how long a preempted attempt waits for its agents' last output and exit
+  records before it is reported PREEMPTED (default 45: the 30 s spot window and a margin).
 - ``heartbeat_timeout``: seconds without an agent heartbeat before a worker is lost (default 120).
 - ``python``: the interpreter the startup script uses on the VM (default ``python3``).
 - ``package_url``: the daemon's package (a wheel) the startup script installs on a VM where
@@ -47,8 +49,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from google_auth_httplib2 import AuthorizedHttp
 from googleapiclient import discovery
 from googleapiclient.errors import HttpError
+from googleapiclient.http import build_http
 
 from bastion.runners import startup
 from bastion.runners.base import (
@@ -143,6 +147,7 @@ class CloudRunner(Runner):
         self.zone_block_seconds = float(settings.get("zone_block_seconds", 600))
         self.num_retries = int(settings.get("num_retries", 5))
         self.listing_ttl = float(settings.get("listing_ttl", LISTING_TTL))
+        self.flush_seconds = float(settings.get("flush_seconds", 45))
         self.page_size = int(settings.get("page_size", 500))
         self.endpoint = settings.get("api_endpoint") or os.environ.get(self.api_env) or None
         self.client = client or self._build(settings.get("credentials"))
@@ -153,6 +158,8 @@ class CloudRunner(Runner):
         self._records: dict[str, RemoteRecords] = {}
         self._last_listing: dict[str, tuple[float, dict[str, ObjectInfo]]] = {}
         self._lock = threading.Lock()
+        self._local = threading.local()
+        self._preempted_at: dict[str, float] = {}
 
     # -- subclass hooks ----------------------------------------------------------------------
     @abc.abstractmethod
@@ -175,9 +182,20 @@ class CloudRunner(Runner):
 
     # -- API plumbing ------------------------------------------------------------------------
     def execute(self, request: Any, retries: int | None = None) -> Any:
-        """googleapiclient retries 429/5xx with exponential backoff, bounded by ``retries``."""
+        """googleapiclient retries 429/5xx with exponential backoff, bounded by ``retries``.
+
+        httplib2 is not thread-safe and the daemon polls, starts and deletes from a thread
+        pool: a shared connection mixes answers up or hangs. Each thread gets its own
+        connection (same credentials), with googleapiclient's default timeout."""
         request._sleep = self.sleep
-        return request.execute(num_retries=self.num_retries if retries is None else retries)
+        http = getattr(self._local, "http", None)
+        if http is None:
+            creds = getattr(request.http, "credentials", None)
+            http = build_http() if creds is None else AuthorizedHttp(creds, http=build_http())
+            self._local.http = http
+        return request.execute(
+            http=http, num_retries=self.num_retries if retries is None else retries
+        )
 
     def listing(self, zone: str, fresh: bool = False) -> dict[str, dict]:
         """The zone's resources by short name, listed at most once per ``listing_ttl`` for all
@@ -285,11 +303,28 @@ class CloudRunner(Runner):
         return Observation(Phase.LOST, why, retryable=True)
 
     def preempted(self, handle: Handle, why: str) -> Observation:
-        """Preempted: not the job's failure, unless every worker had already succeeded."""
+        """Preempted: not the job's failure, unless every worker had already succeeded.
+
+        The agents flush their last output and exit records within the spot window, after
+        the cloud already says PREEMPTED; the daemon reads the log to its end once an attempt
+        is finished and never again, so the attempt is reported finished only once every
+        started worker has its exit record, or ``flush_seconds`` after the preemption."""
+        name = handle["name"]
         seen = self.agents(handle)
         if seen is not None and seen.phase is Phase.SUCCEEDED:
             return seen
+        if seen is not None and not self._flushed(handle):
+            first = self._preempted_at.setdefault(name, time.monotonic())
+            if time.monotonic() - first < self.flush_seconds:
+                return Observation(Phase.RUNNING, f"{why}; the agents are flushing")
+        self._preempted_at.pop(name, None)
         return Observation(Phase.PREEMPTED, why, retryable=True)
+
+    def _flushed(self, handle: Handle) -> bool:
+        _, listing = self._last_listing.get(handle["name"], (0.0, {}))
+        started = [w for w in range(int(handle["workers"]))
+                   if Store.run_name(w, "started") in listing]  # fmt: skip
+        return all(Store.run_name(w, "exit") in listing for w in started)
 
     def stockout(self, handle: Handle, message: str) -> Observation:
         zone = handle["zone"]
