@@ -39,6 +39,7 @@ class Reclaim:
         self.chosen: set[str] = set()
         self.reasons: dict[str, str] = {}
         self.blocked_until: float | None = None  # set when a selection fails
+        self.lost_to_others: set[str] = set()  # projects that lost jobs to others this pass
         self.by_project: dict[str, list[JobRequest]] = {}
         for j in self.cands:
             self.by_project.setdefault(j.project_id, []).append(j)
@@ -206,6 +207,8 @@ class Reclaim:
                        f"borrowing ({fmt_ratio(before, vq, v.resources)})")
             self.reasons[v.name] = why
             self.chosen.add(v.name)
+            if vp != p:
+                self.lost_to_others.add(vp)
             add(ps.proj_usage(vp), v.resources, -1)
             if self.own_anchors.get(v.name):  # gone: no longer discounted
                 self._undiscount(v, 0)

@@ -208,9 +208,12 @@ class Within:
             return False
         claim = self.claims.get(p, {})
         mine = self.ps.anchored_usage(j.name, p) if j.name in self.ps.anchored else None
-        if mine and not any(n > 0 and claim.get(r, 0) > 0 for r, n in j.resources.items()):
+        if mine and p not in self.ps.reclaim.lost_to_others and not any(
+                n > 0 and claim.get(r, 0) > 0 for r, n in j.resources.items()):
             # (Not while a job of p ahead of it waits for the same resources: what its
-            # backfill frees would go to that job, and it would only preempt in vain.)
+            # backfill frees would go to that job, and it would only preempt in vain; nor in
+            # a pass where p lost jobs to another project, whose victims must each have
+            # found p over its quota: next pass.)
             # Its project's backfill (started behind it) counts as its own quota: it is
             # within quota, and those jobs are its first victims if capacity is short.
             trial = dict(claimed)
