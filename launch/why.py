@@ -7,6 +7,7 @@ the usage ledger) and runs the same pure policy, so it works from any machine.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import time
 
 from bastion.jobspec import JobSpec, SpecError, check_name
@@ -15,7 +16,7 @@ from bastion.scheduling import job_request
 from launch.api import Client, UnknownJob
 from launch.status import humanize_epochs
 from quota.config import QuotaConfig, QuotaError, default_quota, parse_quota
-from quota.policy import explain
+from quota.policy import JobRequest, Phase, explain
 from quota.usage import UsageLedger
 
 
@@ -61,6 +62,15 @@ def quota_refusal(client: Client, quota_file: str | None = None) -> str | None:
     else:
         head = f"quota: {url} is invalid and there is no last good version; no job starts:"
     return "\n".join([head, *(f"  {p}" for p in problems)])
+
+
+def _with_backfill(request: JobRequest, state: JobState) -> JobRequest:
+    """A running job started as backfill (the daemon keeps the policy's Decision.backfill_for
+    in the state's metadata): `why` says so and names the waiting jobs that may reclaim it."""
+    marks = (state.metadata or {}).get("backfill_for")
+    if request.phase is Phase.RUNNING and marks and not request.backfill_for:
+        return dataclasses.replace(request, backfill_for=tuple(str(m) for m in marks))
+    return request
 
 
 def load_quota(client: Client, quota_file: str | None) -> QuotaConfig:
@@ -124,9 +134,10 @@ def _explain(client: Client, info, name: str, quota_file: str | None) -> str:
             spec = JobSpec.loads(raw_spec)
         except SpecError:
             continue
-        request = job_request(job_name, spec, JobState.loads(raw_state), now)
+        state = JobState.loads(raw_state)
+        request = job_request(job_name, spec, state, now)
         if request is not None:
-            requests.append(request)
+            requests.append(_with_backfill(request, state))
     half_life = config.scheduling.usage_half_life_seconds
     saved = store.read_usage()
     ledger = UsageLedger.from_json(saved) if saved else UsageLedger(half_life, now, {})

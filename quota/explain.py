@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 
 from quota.capacity import add, fmt_units, shortfall
 from quota.config import QuotaConfig
-from quota.model import JobRequest, Phase, Plan, Verdict
+from quota.model import Decision, JobRequest, Phase, Plan, Verdict
 
 
 def explain_plan(config: QuotaConfig, jobs: Sequence[JobRequest], usage: Mapping[str, float],
@@ -29,6 +29,9 @@ def explain_plan(config: QuotaConfig, jobs: Sequence[JobRequest], usage: Mapping
     lines.append(f"  project {p}: quota {_units(q, keys)} of pool {_units(pool, keys)}; "
                  f"using {_units(used, keys)} (after this pass); borrowed "
                  f"{_units({r: max(0.0, b) for r, b in borrowed.items()}, keys)}")
+    backfill = _backfill(job, d, jobs)
+    if backfill:
+        lines.append(backfill)
     queue = _queue(jobs, plan, usage, p)
     if job.phase is Phase.PENDING and d.verdict is Verdict.WAIT:
         ahead = [j.name for j in queue[:queue.index(job)]] if job in queue else []
@@ -46,6 +49,24 @@ def explain_plan(config: QuotaConfig, jobs: Sequence[JobRequest], usage: Mapping
             add(claimed, j.resources)
     lines.append(f"  to start: {_to_start(config, job, d.verdict, plan, claimed, q)}")
     return "\n".join(lines)
+
+
+def _backfill(job: JobRequest, d: Decision, jobs: Sequence[JobRequest]) -> str | None:
+    """For a job started as backfill: which waiting jobs may take its capacity back."""
+    marks = d.backfill_for if d.verdict is Verdict.START else (
+        job.backfill_for if job.phase is Phase.RUNNING else ())
+    if not marks:
+        return None
+    by = {j.name: j for j in jobs}
+    waiting = [a for a in marks if a in by and by[a].phase is Phase.PENDING]
+    if not waiting:
+        return (f"  backfill: started in capacity held for {', '.join(marks)}, none of which "
+                "waits any more: it now runs like any other job")
+    who = ", ".join(f"{a} (project {by[a].project_id}, {fmt_units(by[a].resources)})"
+                    for a in waiting)
+    return (f"  backfill: started in capacity held for {', '.join(marks)}; {who} may preempt "
+            "it at once when it can start (no minimum runtime, whatever the priorities in "
+            "its project), smallest loss first; other jobs may preempt it only as usual")
 
 
 def _units(res: Mapping[str, float], keys: Sequence[str]) -> str:

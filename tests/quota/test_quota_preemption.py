@@ -9,7 +9,7 @@ from dataclasses import replace
 from quota_helpers import apply, cfg, names, pend, released, running
 
 from quota.model import Phase, Verdict
-from quota.policy import schedule
+from quota.policy import explain, schedule
 
 NOW = 100_000.0
 OLD = 0.0  # started long ago: past any minimum runtime
@@ -295,3 +295,27 @@ def test_reclaimer_keeps_its_turn_while_its_victim_stops() -> None:
     # Without the name of the reclaimer the newcomer would have taken a1's place.
     anonymous = [replace(j, preempted_by=None) for j in jobs]
     assert schedule(c, anonymous, {}, NOW + 10).decisions["x2"].preempted_by == "a1"
+
+
+def test_why_says_a_job_is_backfill_and_what_may_reclaim_it() -> None:
+    c = cfg({"v4": 10}, {"a": 0.5, "b": 0.5}, min_runtime_seconds=600)
+    jobs = [running("b1", "b", 4, start=NOW - 60), running("b2", "b", 4, start=NOW - 60),
+            pend("a1", "a", 5, submit=NOW), pend("b3", "b", 2, submit=NOW)]
+    text = explain(c, jobs, {}, NOW, "b3")
+    assert "job b3: START" in text and "backfill: started in capacity held for a1" in text
+    assert "a1 (project a, 5 v4) may preempt it at once when it can start" in text
+    jobs = apply(schedule(c, jobs, {}, NOW), jobs, NOW)
+    assert "a1 (project a, 5 v4) may preempt it" in explain(c, jobs, {}, NOW + 30, "b3")
+    gone = [j for j in jobs if j.name != "a1"]
+    assert "none of which waits any more" in explain(c, gone, {}, NOW + 30, "b3")
+
+
+def test_jobs_first_seen_in_the_same_cycle_go_by_creation_time_then_name() -> None:
+    c = cfg({"v4": 4}, {"a": 1.0})
+    jobs = [pend("p1", "a", 4, submit=NOW), pend("runner", "a", 4, submit=NOW)]
+    assert names(schedule(c, jobs, {}, NOW), Verdict.START) == ["p1"]  # by name
+    jobs = [replace(jobs[0], creation_time=200.0), replace(jobs[1], creation_time=100.0)]
+    assert names(schedule(c, jobs, {}, NOW), Verdict.START) == ["runner"]
+    # The daemon's submit time stays first: an older creation_time does not jump the queue.
+    jobs = [replace(jobs[0], submit_time=NOW - 30), jobs[1]]
+    assert names(schedule(c, jobs, {}, NOW), Verdict.START) == ["p1"]
