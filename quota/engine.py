@@ -12,6 +12,30 @@ Why the pass looks like this:
 * The oldest job that has waited `reserve_after_seconds` and fits its project's quota
   blocks the later jobs of its project until it starts, so small jobs cannot starve it.
 * Running jobs are charged to the tier they run on; a tier label never causes a restart.
+
+Preemptible backfill (issue 13: work conserving and no deprivation at once). Capacity held
+for a waiting job, and the room its project's quota keeps for it, need not sit idle:
+* A job that would wait behind a job of its project (the aged head, or a within-quota job
+  waiting on a reclaim), or that fits only in free capacity held for a job waiting on
+  borrowers still inside their minimum runtime, starts as *backfill* for those jobs
+  (Decision.backfill_for; the daemon stores it and passes it back as
+  JobRequest.backfill_for). Held capacity is lent only to jobs of the holder's project that
+  come after it in queue order, or to borrowers of other projects (a project within its
+  quota is never preempted for another); a job whose reclaim is under way keeps its hold.
+* When such a waiting job can start, its backfill goes first among its victims, at once
+  (no minimum runtime; inside its project whatever the priority, Kueue's rule 4 of the
+  issue: it was started after the reclaimer was waiting, which `pending_since` proves),
+  smallest loss (units x time run) then newest first, and only if the whole reclaim
+  succeeds. Marks naming jobs that have since started, left, or came back later count for
+  nothing. Judging whether a job fits its quota, and the turn order, discount its own
+  project's backfill for it.
+* Other projects' reclaims count a project's running jobs only (not those started in the
+  same pass) and do not count as borrowing its backfill for its own waiting job that would
+  bring that job within quota, so the victims taken from one project at one instant each
+  find it over its quota whatever order they are removed in.
+* At most three preemptions: a job preempted twice (JobRequest.preemptions) never runs as
+  backfill again and is chosen last among victims.
+Measured from event logs by quota/rules.py, see benchmarks/bench_fairness.py.
 """
 
 from __future__ import annotations
