@@ -354,7 +354,7 @@ class _Pass:
     def _finish_waits(self, queues: dict[str, list[JobRequest]]) -> None:
         for got in self.reserved.values():
             add(self.held_total, got)
-        decisions = self.decisions
+        decisions, waits, cache = self.decisions, self.waits, self.reason_cache
         for p, queue in queues.items():
             q, used = self.quota(p), self.usage.get(p, {})
             ahead = 0
@@ -362,7 +362,11 @@ class _Pass:
                 name = j.name
                 if name in decisions:
                     continue
-                if name in self.waits:
+                wait = waits.get(name)
+                if wait is not None and wait[0] == "behind" and wait[1] in cache:
+                    # (inline: with a waiting head or claimant in most projects, most jobs)
+                    why = f"{cache[wait[1]]}; {ahead} job{'' if ahead == 1 else 's'} ahead in {p}"
+                elif wait is not None:
                     why = wait_reason(self, j, ahead, q, used)
                 else:  # the common case, kept short: 50,000 of these must stay cheap
                     why = f"{full_reason(self, j, used, q)}; {ahead} job" \
