@@ -65,11 +65,13 @@ class Cloud:
         }
 
     def daemon(self, work: str = "work", **more: Any) -> Daemon:
-        settings = {"default_runner": "local", "runners": {"tpu": {**self.tpu_settings, **more}}}
+        tpu = {**self.tpu_settings, **more}
+        settings = {"default_runner": "local", "runners": {"tpu": tpu, "tpu-qr": tpu}}
         daemon = build_daemon(
             str(self.root), work_dir=str(self.tmp / work), gpus=[], settings=settings
         )
         self.runner(daemon).sleep = lambda _s: None
+        daemon.runners.get("tpu-qr").sleep = lambda _s: None
         self.daemons.append(daemon)
         return daemon
 
@@ -79,7 +81,9 @@ class Cloud:
         assert isinstance(runner, TpuRunner)
         return runner
 
-    def submit(self, name: str, command: str, acc: str = "v4-32", **options: Any) -> None:
+    def submit(
+        self, name: str, command: str, acc: str = "v4-32", kind: str = "tpu", **options: Any
+    ) -> None:
         self.client.submit(
             new_jobspec(
                 name=name,
@@ -87,7 +91,7 @@ class Cloud:
                 user_id="tester",
                 project_id="default",
                 resources={"v4": int(acc.split("-")[1])},
-                runner={"kind": "tpu", "accelerator_type": acc, **options},
+                runner={"kind": kind, "accelerator_type": acc, **options},
             )
         )
 
@@ -102,7 +106,10 @@ class Cloud:
         deadline, steps = time.monotonic() + timeout, 0
         while not done():
             if time.monotonic() > deadline:
-                states = {n: self.runner_record(n).get("phase") for n in self.names()}
+                states = {
+                    n: (self.runner_record(n).get("phase"), self.info(n).reason)
+                    for n in self.names()
+                }
                 raise AssertionError(f"timed out waiting for {what} after {steps} cycles: {states}")
             self.step(daemon)
             steps += 1
@@ -111,7 +118,11 @@ class Cloud:
 
     def names(self) -> list[str]:
         states = self.root / "jobs" / "states"
-        return sorted(p.name for p in states.iterdir()) if states.exists() else []
+        return (
+            sorted(p.name for p in states.iterdir() if not p.name.startswith("."))
+            if states.exists()
+            else []
+        )
 
     def finished(self, name: str) -> bool:
         return (self.root / "jobs" / "complete" / name).exists()
@@ -275,6 +286,32 @@ def test_quota_error_waits_with_a_readable_reason_without_a_hot_loop(cloud: Clou
     info = cloud.info("quota")
     assert (info.status, info.state.attempt) == ("SUCCEEDED", 1)
     assert len(cloud.creates()) == 3
+
+
+# -- 5. a queued resource stuck past its deadline ------------------------------------------
+
+
+def test_queued_resource_past_its_deadline_is_requeued_into_the_next_zone(cloud: Cloud) -> None:
+    cloud.server.stockout(ZA)  # the request waits in ZA's queue until its validUntil passes
+    cloud.submit("queued", "echo from the queue", kind="tpu-qr")
+    daemon = cloud.daemon(queue_seconds=300)
+    reasons: set[str] = set()
+
+    def done() -> bool:
+        reasons.add(cloud.info("queued").reason)
+        return cloud.finished("queued")
+
+    cloud.drive(daemon, done, "queued to finish")
+    info = cloud.info("queued")
+    assert (info.status, info.state.attempt) == ("SUCCEEDED", 2)
+    assert f"attempt 1: queued: waiting for capacity in {ZA}" in reasons
+    (failed,) = [e for e in cloud.client.history("queued") if e["event"] == "PROVISIONING_FAILED"]
+    assert f"stockout in {ZA}" in failed["reason"] and "validUntil" in failed["reason"]
+    qr_posts = [r for r in cloud.server.requests if r[1].endswith("/queuedResources")]
+    zones = [r[1].split("/")[5] for r in qr_posts if r[0] == "POST"]
+    assert zones == [ZA, ZB]
+    assert attempt_section(cloud.log("queued"), 2) == "from the queue\n"
+    cloud.drive(daemon, lambda: not cloud.server.qrs, "every queued resource deleted", timeout=20)
 
 
 # -- 6. spot preemption while running -------------------------------------------------------

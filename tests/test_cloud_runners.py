@@ -19,6 +19,7 @@ from googleapiclient.errors import HttpError
 
 from bastion.runners.base import Attempt, Observation, Phase, TryAgain, attempt_name
 from bastion.runners.gce import GceRunner, request_id
+from bastion.runners.queued import QueuedRunner, slice_id
 from bastion.runners.tpu import TpuRunner
 from bastion.store import Store
 from tests.harness import REPO, kill_all, processes_with_env
@@ -468,3 +469,122 @@ def test_tpu_worker_stops_heartbeating_is_lost(root, tpu_server, guests):
     proc.kill()  # the agent of worker 1 dies without a word (its command lives on, orphaned)
     seen = poll_until(runner, handle, tpu_server, {Phase.LOST}, timeout=20)
     assert seen.retryable and seen.reason.startswith("worker 1 stopped heartbeating")
+
+
+# --- TPU queued resources ------------------------------------------------------------------
+@pytest.fixture
+def qr(root, tpu_server):
+    runner = no_sleep(QueuedRunner(settings(root, tpu_server.endpoint, queue_seconds=600)))
+    yield runner
+    runner.close()
+
+
+def qr_creates(server) -> list:
+    return creates(server, "queuedResources")
+
+
+def test_qr_lifecycle_to_succeeded(root, tpu_server, qr, guests):
+    a = attempt(root, 'echo "qr $BASTION_WORKER/$BASTION_NUM_WORKERS"', **V4)
+    handle = qr.start(a)
+    assert (handle["zone"], handle["workers"]) == (ZA, 4)
+    ((_, path, query, body),) = qr_creates(tpu_server)
+    assert path == f"/v2/projects/{P}/locations/{ZA}/queuedResources"
+    assert query["queuedResourceId"] == a.name
+    assert query["requestId"] == request_id(qr.root, a.name, "create")
+    assert body["spot"] == {} and body["queueingPolicy"] == {"validUntilDuration": "600s"}
+    (spec,) = body["tpu"]["nodeSpec"]
+    assert spec["parent"] == f"projects/{P}/locations/{ZA}" and spec["nodeId"] == a.name
+    assert spec["node"]["acceleratorType"] == "v4-32"
+    assert spec["node"]["labels"]["bastion-root"] == qr.tag
+    assert "startup-script" in spec["node"]["metadata"]
+    assert qr.poll(handle) == Observation(Phase.QUEUED, f"waiting for capacity in {ZA}")
+    seen = poll_until(qr, handle, tpu_server, {Phase.PROVISIONING})
+    assert seen.reason == f"provisioning in {ZA}"
+    seen = poll_until(qr, handle, tpu_server, {Phase.SUCCEEDED, Phase.FAILED})
+    assert seen == Observation(Phase.SUCCEEDED, "all 4 workers exited 0", 0)
+    assert qr.read_output(handle, 0, 100) == b"qr 0/4\n"
+    assert [o.name for o in qr.list_owned()] == [a.name]
+    assert qr.delete(handle) is False
+    deletes = [r for r in tpu_server.requests if r[0] == "DELETE"]
+    assert deletes[-1][2]["force"] == "true"
+    tpu_server.tick()
+    assert qr.delete(handle) is True and not tpu_server.qrs and not tpu_server.nodes
+
+
+def test_qr_past_its_deadline_fails_retryable_and_blocks_the_zone(root, tpu_server, guests):
+    runner = no_sleep(QueuedRunner(settings(root, tpu_server.endpoint, queue_seconds=120)))
+    tpu_server.stockout(ZA)  # the request waits in ZA's queue, then its validUntil passes
+    h1 = runner.start(attempt(root, "true", 1, **V4))
+    seen = poll_until(runner, h1, tpu_server, {Phase.FAILED, Phase.SUCCEEDED})
+    assert (seen.phase, seen.retryable, seen.exit_code) == (Phase.FAILED, True, None)
+    assert seen.reason.startswith(f"stockout in {ZA}: ") and "validUntil" in seen.reason
+    assert runner.list_owned()[0].finished
+    assert runner.delete(h1) is False
+    tpu_server.tick()
+    assert runner.delete(h1) is True
+    h2 = runner.start(attempt(root, "true", 2, **V4))  # the daemon's requeue: next zone
+    assert h2["zone"] == ZB
+
+
+def test_qr_suspended_by_the_service_is_preempted(root, tpu_server, qr, guests):
+    a = attempt(root, "for i in $(seq 1 100000); do echo line $i; sleep 0.02; done", **V4)
+    handle = qr.start(a)
+    poll_until(qr, handle, tpu_server, {Phase.RUNNING})
+    deadline = time.monotonic() + 30
+    while b"line 3\n" not in qr.read_output(handle, 0, 1 << 20):
+        assert time.monotonic() < deadline
+        qr.poll(handle)
+        time.sleep(0.1)
+    guests.preempt(a.name)
+    tpu_server.preempt(a.name)  # SUSPENDING by SERVICE, its nodes PREEMPTED
+    seen = poll_until(qr, handle, tpu_server, {Phase.PREEMPTED, Phase.FAILED}, timeout=30)
+    assert (seen.phase, seen.retryable) == (Phase.PREEMPTED, True)
+    assert "by the service" in seen.reason
+    out = qr.read_output(handle, 0, 1 << 24).decode()
+    n = out.count("\n")
+    assert n >= 3 and out == "".join(f"line {i}\n" for i in range(1, n + 1))
+    assert Store(root).read_run_record("train", a.name, 0, "exit")["output_bytes"] == len(out)
+
+
+def test_qr_retried_create_is_deduplicated_by_request_id(root, tpu_server, qr):
+    a = attempt(root, "true", **V4)
+    handle = qr.start(a)
+    ((_, _, query, body),) = qr_creates(tpu_server)
+    again = (
+        qr.client.queuedResources()
+        .create(
+            parent=f"projects/{P}/locations/{ZA}",
+            queuedResourceId=a.name,
+            requestId=query["requestId"],
+            body=body,
+        )
+        .execute()
+    )
+    assert again["name"] == handle["op"] and len(tpu_server.qrs) == 1
+    restarted = no_sleep(QueuedRunner(settings(root, tpu_server.endpoint)))
+    assert restarted.start(a)["zone"] == ZA and len(qr_creates(tpu_server)) == 2  # adopted
+    tpu_server.phantom_409()
+    b = attempt(root, "true", 2, **V4)
+    assert restarted.start(b)["zone"] == ZA and len(tpu_server.qrs) == 2  # 409: adopted
+
+
+def test_qr_multislice_workers(root, tpu_server, qr, guests):
+    a = attempt(
+        root,
+        'echo "w $BASTION_WORKER of $BASTION_NUM_WORKERS"',
+        accelerator_type="v4-16",
+        num_replicas=2,
+    )
+    handle = qr.start(a)
+    assert handle["workers"] == 4
+    specs = qr_creates(tpu_server)[0][3]["tpu"]["nodeSpec"]
+    assert [s["nodeId"] for s in specs] == [f"{a.name}-s0", f"{a.name}-s1"]
+    seen = poll_until(qr, handle, tpu_server, {Phase.SUCCEEDED, Phase.FAILED})
+    assert seen == Observation(Phase.SUCCEEDED, "all 4 workers exited 0", 0)
+    records = qr.records(handle)
+    assert [records.read_output(0, 100, worker=w) for w in range(4)] == [
+        f"w {w} of 4\n".encode() for w in range(4)
+    ]
+    assert len(guests.workers[f"{a.name}-s0"]) == len(guests.workers[f"{a.name}-s1"]) == 2
+    assert slice_id("x" * 63, 1) != slice_id("x" * 62 + "y", 1)
+    assert all(len(slice_id("x" * 63, i)) <= 63 for i in range(12))

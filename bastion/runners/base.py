@@ -174,6 +174,7 @@ _KNOWN: dict[str, str] = {
     "docker": "bastion.runners.docker:from_settings",
     "fake": "bastion.runners.fake:from_settings",
     "tpu": "bastion.runners.tpu:from_settings",
+    "tpu-qr": "bastion.runners.queued:from_settings",
     "gce": "bastion.runners.gce:from_settings",
 }
 _registered: dict[str, RunnerFactory] = {}

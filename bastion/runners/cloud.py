@@ -347,8 +347,9 @@ class CloudRunner(Runner):
     def job_of(self, resource: dict) -> str | None:
         """The full job name (kept in metadata: labels hold only a slug)."""
 
-    def script(self, attempt: Attempt, workers: int) -> str:
+    def script(self, attempt: Attempt, workers: int, worker_offset: int | None = None) -> str:
         return startup.script(
+            worker_offset=worker_offset,
             root=self.root, job=attempt.job, attempt=attempt.name, num_workers=workers,
             command=attempt.command, env=attempt.env,
             python=str(self.settings.get("python") or "python3"),

@@ -91,6 +91,16 @@ class TpuRunner(CloudRunner):
         return hosts(accelerator_type(attempt.options))
 
     def _create(self, attempt: Attempt, zone: str, workers: int) -> str | None:
+        body = self.node_body(attempt, self.script(attempt, workers))
+        request = self.client.nodes().create(parent=self._parent(zone), nodeId=attempt.name,
+                                             body=body)  # fmt: skip
+        return self.execute(request, retries=0).get("name")
+
+    def is_spot(self, attempt: Attempt) -> bool:
+        return bool(attempt.options.get("spot", self.spot))
+
+    def node_body(self, attempt: Attempt, script: str) -> dict[str, Any]:
+        """A Node: type, runtime, labels, the startup script, spot, network, account."""
         acc = accelerator_type(attempt.options)
         family = acc.split("-")[0]
         runtime = (attempt.options.get("runtime_version") or self.settings.get("runtime_version")
@@ -99,12 +109,9 @@ class TpuRunner(CloudRunner):
             "acceleratorType": acc,
             "runtimeVersion": runtime,
             "labels": labels_for(attempt, self.tag),
-            "metadata": {
-                "startup-script": self.script(attempt, workers),
-                "bastion-job-name": attempt.job,
-            },
+            "metadata": {"startup-script": script, "bastion-job-name": attempt.job},
         }
-        if bool(attempt.options.get("spot", self.spot)):
+        if self.is_spot(attempt):
             body["schedulingConfig"] = {"spot": True}
         network = {k: self.settings[k] for k in ("network", "subnetwork") if self.settings.get(k)}
         if network:
@@ -114,9 +121,7 @@ class TpuRunner(CloudRunner):
                 "email": self.settings["service_account"],
                 "scope": ["https://www.googleapis.com/auth/cloud-platform"],
             }
-        request = self.client.nodes().create(parent=self._parent(zone), nodeId=attempt.name,
-                                             body=body)  # fmt: skip
-        return self.execute(request, retries=0).get("name")
+        return body
 
     def _quota_reason(self, error: HttpError) -> str | None:
         """A 429 with QuotaFailure details (a rate limit has none): the quota's message."""

@@ -1,0 +1,192 @@
+"""The TPU queued-resource runner (kind ``tpu-qr``): one ``queuedResources`` request per attempt.
+
+Queued resources are how to wait for scarce capacity (the request waits in the zone's queue
+instead of failing on a stockout) and the only way to get several slices at once (per-job
+option ``num_replicas``). Everything else is the TPU VM runner's (:mod:`bastion.runners.tpu`):
+the node body, labels, startup script, agents' records, one listing per zone per cycle.
+
+Create: ``queuedResources.create(queuedResourceId=<attempt name>, requestId=uuid5(...))`` with
+``tpu.nodeSpec`` one entry per slice (node id = the attempt name, or ``<name>-s<i>`` for slice
+``i`` of several; each slice's startup script numbers its workers from ``i * hosts``, so the
+agents of every slice write distinct worker records), ``spot{}`` for spot jobs, else
+``guaranteed{}`` when the settings or options say ``guaranteed`` (``reservation``: a
+``reservationName``), and ``queueingPolicy.validUntilDuration`` = ``queue_seconds`` (setting
+or option; default 3600), the deadline after which the service fails the request. A retried
+create is deduplicated by its ``requestId`` (same operation) or answers 409 (adopted).
+
+Poll, from the zone's listing of queued resources (one call per zone per cycle):
+
+- CREATING / ACCEPTED / WAITING_FOR_RESOURCES: QUEUED, "waiting for capacity in ZONE";
+- PROVISIONING: PROVISIONING; ACTIVE: the agents' records (all slices' workers);
+- FAILED (e.g. past its validUntil): FAILED, retryable, with ``failedData.error``'s message;
+  a capacity failure (code 8/9) blocks the zone like a stockout, so the next attempt (the
+  daemon requeues it) tries the next zone, and waits when every zone is blocked;
+- SUSPENDING / SUSPENDED by the SERVICE: PREEMPTED (after the agents' last flush); by the
+  USER, or DELETING, or absent: what the agents reported, or LOST.
+
+Stop and delete: ``delete(force=true)`` (nodes first), re-issued while not DELETING; delete is
+True once ``get`` answers 404.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+from googleapiclient.errors import HttpError
+
+from bastion.runners.base import MAX_ATTEMPT_NAME, Attempt, Handle, Observation, Owned, Phase
+from bastion.runners.gce import request_id
+from bastion.runners.tpu import TpuRunner, accelerator_type, hosts
+
+_WAITING = frozenset({"CREATING", "ACCEPTED", "WAITING_FOR_RESOURCES", "STATE_UNSPECIFIED"})
+_ENDED = frozenset({"FAILED", "SUSPENDING", "SUSPENDED", "DELETING"})
+_CAPACITY_CODES = frozenset({8, 9})
+
+
+def slice_id(name: str, i: int) -> str:
+    """``<name>-s<i>``, within 63 characters (a hash of the name stands for its cut tail)."""
+    suffix = f"-s{i}"
+    if len(name) + len(suffix) <= MAX_ATTEMPT_NAME:
+        return name + suffix
+    digest = hashlib.sha1(name.encode()).hexdigest()[:8]
+    return f"{name[: MAX_ATTEMPT_NAME - len(suffix) - 9]}-{digest}{suffix}"
+
+
+def from_settings(settings: Mapping[str, Any]) -> QueuedRunner:
+    return QueuedRunner(settings)
+
+
+class QueuedRunner(TpuRunner):
+    kind = "tpu-qr"
+
+    def _list_zone(self, zone: str) -> list[dict]:
+        found, token = [], None
+        while True:
+            request = self.client.queuedResources().list(
+                parent=self._parent(zone), pageSize=self.page_size, pageToken=token
+            )
+            page = self.execute(request)
+            found += page.get("queuedResources") or []
+            if not (token := page.get("nextPageToken")):
+                return found
+
+    @staticmethod
+    def _node(qr: dict) -> dict:
+        specs = (qr.get("tpu") or {}).get("nodeSpec") or [{}]
+        return specs[0].get("node") or {}
+
+    def _ours(self, resource: dict) -> bool:
+        return (self._node(resource).get("labels") or {}).get("bastion-root") == self.tag
+
+    def job_of(self, resource: dict) -> str | None:
+        return (self._node(resource).get("metadata") or {}).get("bastion-job-name")
+
+    @staticmethod
+    def _slices(options: Mapping[str, Any]) -> int:
+        return max(1, int(options.get("num_replicas", 1)))
+
+    def _workers(self, attempt: Attempt) -> int:
+        return hosts(accelerator_type(attempt.options)) * self._slices(attempt.options)
+
+    def _option(self, attempt: Attempt, key: str, default: Any = None) -> Any:
+        return attempt.options.get(key, self.settings.get(key, default))
+
+    def _create(self, attempt: Attempt, zone: str, workers: int) -> str | None:
+        slices = self._slices(attempt.options)
+        per_slice = workers // slices
+        specs = []
+        for i in range(slices):
+            node_id = attempt.name if slices == 1 else slice_id(attempt.name, i)
+            script = self.script(attempt, workers, i * per_slice if slices > 1 else None)
+            specs.append({"parent": self._parent(zone), "nodeId": node_id,
+                          "node": self.node_body(attempt, script)})  # fmt: skip
+        body: dict[str, Any] = {
+            "tpu": {"nodeSpec": specs},
+            "queueingPolicy": {
+                "validUntilDuration": f"{int(self._option(attempt, 'queue_seconds', 3600))}s"
+            },
+        }
+        if self.is_spot(attempt):
+            body["spot"] = {}
+        elif self._option(attempt, "guaranteed"):
+            body["guaranteed"] = {}
+        if self._option(attempt, "reservation"):
+            body["reservationName"] = str(self._option(attempt, "reservation"))
+        request = self.client.queuedResources().create(
+            parent=self._parent(zone),
+            queuedResourceId=attempt.name,
+            requestId=request_id(self.root, attempt.name, "create"),
+            body=body,
+        )
+        return self.execute(request, retries=0).get("name")
+
+    # -- poll --------------------------------------------------------------------------------
+    def poll(self, handle: Handle) -> Observation:
+        zone, name = handle["zone"], handle["name"]
+        qr = self.listing(zone).get(name)
+        if qr is None:
+            return self.gone(handle, f"queued resource {name} is gone from {zone}")
+        st = qr.get("state") or {}
+        state = st.get("state", "STATE_UNSPECIFIED")
+        if state in _WAITING:
+            return Observation(Phase.QUEUED, f"waiting for capacity in {zone}")
+        if state == "PROVISIONING":
+            return Observation(Phase.PROVISIONING, f"provisioning in {zone}")
+        if state == "ACTIVE":
+            return self.agents(handle) or Observation(Phase.RUNNING, "waiting for the agents")
+        if state == "FAILED":
+            error = (st.get("failedData") or {}).get("error") or {}
+            message = str(error.get("message") or "queued resource failed")
+            if error.get("code") in _CAPACITY_CODES:
+                return self.stockout(handle, message)
+            return Observation(Phase.FAILED, f"queued resource failed: {message}", retryable=True)
+        if state in ("SUSPENDING", "SUSPENDED") and st.get("stateInitiator") == "SERVICE":
+            return self.preempted(handle, f"queued resource {name} {state} by the service")
+        return self.gone(handle, f"queued resource {name} {state}")
+
+    # -- stop, delete, list ------------------------------------------------------------------
+    def _qr_name(self, handle: Handle) -> str:
+        return f"{self._parent(handle['zone'])}/queuedResources/{handle['name']}"
+
+    def _delete_qr(self, handle: Handle) -> None:
+        try:
+            self.execute(self.client.queuedResources().delete(name=self._qr_name(handle),
+                                                              force=True))  # fmt: skip
+        except HttpError as e:
+            if e.status_code != 404:
+                raise
+        self.invalidate(handle["zone"])
+
+    def stop(self, handle: Handle, deadline: float) -> None:
+        """Delete the request and its nodes: the VMs' shutdown makes every agent flush."""
+        qr = self.listing(handle["zone"]).get(handle["name"])
+        if qr is not None and (qr.get("state") or {}).get("state") != "DELETING":
+            self._delete_qr(handle)
+
+    def delete(self, handle: Handle) -> bool:
+        try:
+            qr = self.execute(self.client.queuedResources().get(name=self._qr_name(handle)))
+        except HttpError as e:
+            if e.status_code != 404:
+                raise
+            self.forget(handle["name"])
+            return True
+        if (qr.get("state") or {}).get("state") != "DELETING":
+            self._delete_qr(handle)
+        return False
+
+    def list_owned(self) -> list[Owned]:
+        owned = []
+        for zone in self.zones:
+            for qr in self.listing(zone).values():
+                specs = (qr.get("tpu") or {}).get("nodeSpec") or []
+                workers = sum(
+                    hosts(s.get("node", {}).get("acceleratorType", "v4-8"))
+                    * int((s.get("multisliceParams") or {}).get("nodeCount", 1))
+                    for s in specs
+                )
+                ended = (qr.get("state") or {}).get("state") in _ENDED
+                owned.append(self.owned(qr, zone, max(1, workers), ended))
+        return owned
