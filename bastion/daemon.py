@@ -887,6 +887,7 @@ class Daemon:
                 attempt_name=name,
                 runner_kind=self._runner_kind(job),
                 log_size=self.logs.total(job.name),
+                backfill_for=tuple(decision.backfill_for),
             )
         if verdict is Verdict.PREEMPT:
             return lifecycle.Preempt(decision.reason, decision.preempted_by, grace)

@@ -60,6 +60,7 @@ class JobState:
     cleanup_runner: dict[str, Any] | None = None
     stop: dict[str, Any] | None = None  # {"kind": StopKind, "since": t, "by": ..., "deadline": t}
     running_since: float | None = None  # when the runner first reported RUNNING (min runtime)
+    pending_since: float | None = None  # when the job last became pending (submit or requeue)
     provider_preemptions: int = 0  # attempts the provider took away (not the job's failures)
     log_start: int = 0  # offset in logs/<name> where this submission's output begins
     preemptions: int = 0

@@ -55,6 +55,7 @@ class Admit:
     attempt_name: str  # the name the new attempt will have (derived by the daemon)
     runner_kind: str
     log_size: int  # bytes in the job's log before the start marker
+    backfill_for: tuple[str, ...] = ()  # started as backfill in capacity held for these jobs
 
 
 @dataclass(frozen=True)
@@ -269,6 +270,9 @@ def _admit(result: Result, event: Admit, job: str, now: float) -> None:
     state.running_since = None
     state.end_time = None
     state.exit_code = None
+    state.pending_since = None
+    if event.backfill_for:  # the policy reclaims it for these jobs (see quota/engine.py)
+        state.metadata = {**state.metadata, "backfill_for": list(event.backfill_for)}
     marker = start_marker(job, state.attempt, event.tier, now)
     state.runner = {
         "kind": event.runner_kind,
@@ -368,12 +372,22 @@ def _observed(result: Result, event: Observed, now: float, has_cleanup: bool) ->
         return
     _set_record(state, event.purpose, None)
     _delete(result, event.purpose, record)
+    if "backfill_for" in state.metadata:  # a backfill mark lasts as long as its attempt
+        state.metadata = {k: v for k, v in state.metadata.items() if k != "backfill_for"}
     if event.purpose == CLEANUP:
         note = "" if obs.exit_code == 0 else f" (cleanup {obs.reason or 'failed'})"
         reason = state.reason.removesuffix(_CLEANING_NOTE)
         _complete(result, state.outcome or Outcome.FAILED, f"{reason}{note}", now)
         return
     result.effects.append(Log(RUN, _end_marker(state, obs, now)))
+    stop = state.stop
+    forced = obs.exit_code in (None, 137)  # SIGKILL's status, or none (the wrapper died too)
+    if stop and forced and not stop.get("forced") and now >= float(stop["deadline"]):
+        # The runner forced it at the deadline before a tick could say so.
+        grace = float(stop["deadline"]) - float(stop["since"])
+        result.events.append(
+            ("KILLED", f"still running {grace:g}s after it was asked to stop; forced")
+        )
     state.exit_code = obs.exit_code
     state.end_time = now
     stop, state.stop = state.stop, None
@@ -420,6 +434,7 @@ def _requeue(result: Result, reason: str, event: str = "REQUEUED") -> None:
     state.status = Status.PENDING
     state.tier = None
     state.running_since = None
+    state.pending_since = state.end_time  # the attempt's end: when it began to wait again
     _event(result, event, reason)
 
 

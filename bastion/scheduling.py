@@ -6,6 +6,8 @@ reads is computed from exactly what the daemon decides on.
 
 from __future__ import annotations
 
+import datetime as dt
+
 from bastion.jobspec import JobSpec
 from bastion.jobstate import JobState, Status
 from quota.policy import JobRequest, Phase
@@ -41,4 +43,10 @@ def job_request(name: str, spec: JobSpec | None, state: JobState, now: float) ->
         tier=state.tier,
         # A victim still stopping keeps its room earmarked for the job that reclaimed it.
         preempted_by=(state.stop or {}).get("by") if phase is Phase.RELEASING else None,
+        creation_time=meta.creation_time.replace(tzinfo=dt.UTC).timestamp(),
+        backfill_for=tuple(state.metadata.get("backfill_for") or ()),
+        preemptions=state.preemptions,
+        pending_since=(state.pending_since or state.submit_time or now)
+        if phase is Phase.PENDING
+        else None,
     )
