@@ -174,3 +174,17 @@ def test_a_finished_jobs_state_is_written_after_its_whole_log(
     whole = daemon.store.read_log("chatty")
     assert b"x" * 20000 + b"\ndone\n" in whole
     assert remote_when_completed == [len(whole)]
+
+
+def test_a_marker_after_output_without_a_final_newline_starts_its_own_line(
+    store: Store, tmp_path: Path
+) -> None:
+    logs = LogSync(store, mirror_dir(tmp_path))
+    logs.append("job", b"progress 99%")  # a job's last output, no newline
+    logs.write("job", "=== [bastion] attempt 1 exited with status 0 ===")
+    logs.write("job", "=== next ===")
+    logs.flush("job")
+    assert remote(store) == (
+        b"progress 99%\n=== [bastion] attempt 1 exited with status 0 ===\n=== next ===\n"
+    )
+    assert logs.total("job") == len(remote(store))
