@@ -532,3 +532,18 @@ class Store:
                     return
                 position += len(data)
                 yield data
+
+    # -- the daemon's own package, content-addressed (for the cloud VMs' startup script) -----
+    #
+    # ``ROOT/packages/<sha256>/<wheel file name>``: the directory is the digest of the wheel's
+    # bytes, the file keeps the name pip needs. Written once; a VM installs exactly this.
+
+    def put_package(self, filename: str, data: bytes) -> str:
+        """Store the wheel unless it is there already; its URL either way."""
+        if "/" in filename or not filename.endswith(".whl"):
+            raise ValueError(f"{filename!r} is not a wheel file name")
+        digest = hashlib.sha256(data).hexdigest()
+        info = self._info("packages", digest, filename)
+        if info is None or info.size != len(data):
+            self._write(data, "packages", digest, filename)
+        return self.url("packages", digest, filename)

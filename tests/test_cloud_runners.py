@@ -7,12 +7,16 @@ real time, so every wait is bounded."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from googleapiclient.errors import HttpError
@@ -588,3 +592,31 @@ def test_qr_multislice_workers(root, tpu_server, qr, guests):
     assert len(guests.workers[f"{a.name}-s0"]) == len(guests.workers[f"{a.name}-s1"]) == 2
     assert slice_id("x" * 63, 1) != slice_id("x" * 62 + "y", 1)
     assert all(len(slice_id("x" * 63, i)) <= 63 for i in range(12))
+
+
+# --- the daemon's own package for a bare VM ------------------------------------------------
+def test_daemon_package_is_published_content_addressed_and_installs(root, tpu_server, tmp_path):
+    runner = no_sleep(TpuRunner({**settings(root, tpu_server.endpoint), "python": "python3"}))
+    runner.start(attempt(root, "true", **V4))
+    script = creates(tpu_server)[0][3]["metadata"]["startup-script"]
+    (wheel,) = (Path(root) / "packages").glob("*/*.whl")
+    assert wheel.parent.name == hashlib.sha256(wheel.read_bytes()).hexdigest()
+    assert re.fullmatch(r"bastion-[\d.]+\+[0-9a-f]{12}-py3-none-any\.whl", wheel.name)
+    assert shlex.quote(runner.package_url()) in script and "pip install" in script
+    mtime = wheel.stat().st_mtime_ns
+    again = no_sleep(TpuRunner(settings(root, tpu_server.endpoint)))  # a restarted daemon
+    assert again.package_url() == runner.package_url() and wheel.stat().st_mtime_ns == mtime
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                    "--no-index", f"--target={target}", str(wheel)], check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", "import bastion.agent, bastion; print(bastion.__file__)"],
+        env={**os.environ, "PYTHONPATH": str(target)},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == str(target / "bastion" / "__init__.py")
+    assert no_sleep(TpuRunner(settings(root, tpu_server.endpoint, publish_package=False))) \
+        .package_url() is None  # fmt: skip

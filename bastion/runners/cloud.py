@@ -20,7 +20,9 @@ Settings (``from_settings`` of either runner; keys both understand):
 - ``heartbeat_timeout``: seconds without an agent heartbeat before a worker is lost (default 120).
 - ``python``: the interpreter the startup script uses on the VM (default ``python3``).
 - ``package_url``: the daemon's package (a wheel) the startup script installs on a VM where
-  ``import bastion`` fails (see :mod:`bastion.runners.startup`).
+  ``import bastion`` fails (see :mod:`bastion.runners.startup`). Default: the daemon's own code,
+  published into ``ROOT/packages/<sha256>/`` on the first start (``publish_package = false``:
+  do not publish; the VM image must have bastion).
 - ``agent_args``: extra flags for the agent (e.g. ``["--chunk_seconds=2"]``).
 - ``num_retries``: retries of 429/5xx answers per call (default 5, googleapiclient's backoff).
 
@@ -160,6 +162,7 @@ class CloudRunner(Runner):
         self._lock = threading.Lock()
         self._local = threading.local()
         self._preempted_at: dict[str, float] = {}
+        self._package_url: str | None = None
 
     # -- subclass hooks ----------------------------------------------------------------------
     @abc.abstractmethod
@@ -353,11 +356,22 @@ class CloudRunner(Runner):
             root=self.root, job=attempt.job, attempt=attempt.name, num_workers=workers,
             command=attempt.command, env=attempt.env,
             python=str(self.settings.get("python") or "python3"),
-            package_url=self.settings.get("package_url"),
+            package_url=self.package_url(),
             agent_args=list(self.settings.get("agent_args") or [])
             + ([f"--bundle={json.dumps(dict(attempt.bundle), sort_keys=True)}"]
                if attempt.bundle else []),
         )  # fmt: skip
+
+    def package_url(self) -> str | None:
+        """``package_url`` from the settings, else the daemon's own code published into the
+        root once (content-addressed; see :mod:`bastion.runners.startup`), unless
+        ``publish_package`` is false."""
+        if self.settings.get("package_url") or not self.settings.get("publish_package", True):
+            return self.settings.get("package_url")
+        with self._lock:
+            if self._package_url is None:
+                self._package_url = self.store.put_package(*startup.package_wheel())
+            return self._package_url
 
     def forget(self, name: str) -> None:
         with self._lock:
