@@ -429,14 +429,16 @@ def test_api_calls_per_steady_state_cycle(cloud: Cloud, jobs: int) -> None:
         "every job running",
     )
     time.sleep(0.6)
-    counts = []
+    counts, bucket = [], []
     for _ in range(3):
-        before = len(cloud.server.requests)
-        daemon.cycle(time.time())
+        before, ops = len(cloud.server.requests), dict(cloud.runner(daemon).store.ops)
+        report = daemon.cycle(time.time())
         daemon.settle()
         counts.append(len(cloud.server.requests) - before)
+        runner_ops = {k: v - ops.get(k, 0) for k, v in cloud.runner(daemon).store.ops.items()}
+        bucket.append((report.ops, {k: v for k, v in runner_ops.items() if v}))
         time.sleep(0.6)
-    print(f"API calls per steady cycle with {jobs} running jobs: {counts}")
+    print(f"API calls per steady cycle with {jobs} running jobs: {counts}; bucket ops {bucket}")
     assert all(c <= 1 for c in counts), counts  # one listing of the one zone in use
     for i in range(jobs):
         cloud.client.cancel(f"steady{i}")
