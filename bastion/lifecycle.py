@@ -423,9 +423,8 @@ def _observed(result: Result, event: Observed, now: float, has_cleanup: bool) ->
         )
     else:
         how = f"exited with status {obs.exit_code}" if obs.exit_code is not None else "was killed"
-        reason = f"command {how}" + (
-            f" ({obs.reason})" if obs.reason and "status" not in obs.reason else ""
-        )
+        said = obs.reason if obs.reason and obs.reason != how else ""  # e.g. which worker
+        reason = f"command {how}" + (f" ({said})" if said else "")
         _finish_run(result, Outcome.FAILED, reason, now, has_cleanup)
 
 

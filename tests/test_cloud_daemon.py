@@ -383,7 +383,6 @@ def test_one_worker_exits_1_fails_the_job(cloud: Cloud) -> None:
     cloud.drive(daemon, node_gone(cloud, name), "the node to be deleted", timeout=20)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: the failing worker is dropped from the reason")
 def test_one_worker_exits_1_names_the_worker(cloud: Cloud) -> None:
     """The runner says "worker 2 exited with status 1"; lifecycle._observed drops any runner
     reason containing "status" (to avoid "status 1 (status 1)"), so the job's reason is just
