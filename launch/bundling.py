@@ -29,8 +29,8 @@ def instance_type_runner(
     if match := _TPU.fullmatch(instance_type):
         version, cores = match.group(1), int(match.group(2))
         runner = {"kind": "tpu", "accelerator_type": f"{version}-{cores}"}
-        if num_replicas > 1:
-            runner["num_replicas"] = num_replicas
+        if num_replicas > 1:  # multislice exists only as queued resources
+            runner = {**runner, "kind": "tpu-qr", "num_replicas": num_replicas}
         resources = {version: cores * num_replicas}  # AXLearn's: tpu-v5litepod-16 is v5litepod
     elif match := _GPU.fullmatch(instance_type):
         runner = {"kind": "gce", "machine_type": match.group(1)}

@@ -114,7 +114,7 @@ def test_an_unknown_bundler_is_a_one_line_error(local_bastion, tmp_path):
     ("instance_type", "replicas", "runner", "resources"),
     [
         ("tpu-v4-32", 1, {"kind": "tpu", "accelerator_type": "v4-32"}, {"v4": 32}),
-        ("tpu-v5p-128", 2, {"kind": "tpu", "accelerator_type": "v5p-128", "num_replicas": 2},
+        ("tpu-v5p-128", 2, {"kind": "tpu-qr", "accelerator_type": "v5p-128", "num_replicas": 2},
          {"v5p": 256}),
         ("tpu-v5litepod-16", 1, {"kind": "tpu", "accelerator_type": "v5litepod-16"},
          {"v5litepod": 16}),

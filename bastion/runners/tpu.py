@@ -87,7 +87,10 @@ class TpuRunner(CloudRunner):
 
     def _workers(self, attempt: Attempt) -> int:
         if int(attempt.options.get("num_replicas", 1)) > 1:  # multislice: queued resources only
-            raise RunnerError("num_replicas > 1 needs queued resources, not yet supported")
+            raise RunnerError(
+                "num_replicas > 1 (multislice) runs as queued resources: use the runner kind "
+                "tpu-qr (launch --instance_type with --num_replicas picks it)"
+            )
         return hosts(accelerator_type(attempt.options))
 
     def _create(self, attempt: Attempt, zone: str, workers: int) -> str | None:
