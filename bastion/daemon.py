@@ -45,6 +45,7 @@ from bastion.objects import ObjectInfo, PreconditionFailed, UnacceptableObject
 from bastion.quotas import QuotaSource
 from bastion.runners.base import (
     Attempt,
+    Fenced,
     Observation,
     Phase,
     RunnerError,
@@ -238,8 +239,9 @@ class Daemon:
 
     def _may_act(self) -> None:
         """Before every effect. The lease's validity already ends a margin (a quarter of its
-        term) before a standby may take over; that margin bounds one effect's duration."""
-        if self.lease is not None and not self.lease.valid():
+        term) before a standby may take over; that margin bounds one effect's duration (and
+        the runners' fencing token covers an effect that outlasts it)."""
+        if self._lost_ownership or (self.lease is not None and not self.lease.valid()):
             raise NotHolding
 
     def cycle(self, now: float) -> CycleReport:
@@ -698,6 +700,7 @@ class Daemon:
             resources=dict(spec.metadata.resources),
             options=spec.runner_options,
             bundle=spec.bundle,
+            fence=self.lease.term if self.lease is not None else 0,
             labels={
                 "bastion-job": job.name[:63].lower(),
                 "bastion-attempt": str(job.state.attempt),
@@ -731,6 +734,8 @@ class Daemon:
                         log.error("%s: could not start %s: %s", job_name, attempt.name, e)
                         results.append(lifecycle.StartFailed(effect.purpose, str(e)[:1000]))
                         continue
+                    except Fenced:
+                        raise
                     except Exception as e:  # transient: the same start next cycle
                         log.warning("%s: starting %s: %s; trying again", job_name, attempt.name, e)
                         results.append(lifecycle.StartDeferred(effect.purpose, str(e)[:500]))
@@ -742,6 +747,9 @@ class Daemon:
                     self.runners.get(record["kind"]).stop(record["handle"], effect.deadline)
         except NotHolding:
             log.error("%s: effects not carried out: the lease is not certainly ours", job_name)
+        except Fenced as e:  # a newer daemon has started attempts: we are a stale holder
+            log.error("%s: effects not carried out: %s", job_name, e)
+            self._lost_ownership = True
         except Exception:
             log.exception("%s: carrying out effects failed; retried next cycle", job_name)
         with self._done_lock:

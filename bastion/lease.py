@@ -21,6 +21,12 @@ The rules, and why no two daemons ever act at once:
   name and paths. A restarted installation takes over at once only when it proves the old
   process gone: same boot id (the same running kernel) and that pid no longer alive with that
   start time. Anything else waits the full duration.
+- **Term.** Each takeover writes a ``term`` above the previous record's (with compare-and-swap,
+  so terms are unique and increase): the wall clock in milliseconds, or the previous term plus
+  one if that is not above it, so a lease object deleted and made anew still gets a term above
+  those of its earlier life. Time bounds when a holder *decides*; a start already under
+  way when it froze may resume at any later time, so runners refuse a start whose term is older
+  than one they have seen start something (bastion/runners/fence.py).
 """
 
 from __future__ import annotations
@@ -94,6 +100,7 @@ class Lease:
         self.margin = duration / 4 if margin is None else margin
         self.clock = clock
         self.token: str | None = None  # set while we hold it
+        self.term = 0  # the takeover count of the lease we hold (or last held)
         self._valid_until = 0.0
         self._seen: tuple[str, float] | None = None  # (token, first seen) of another's lease
         self._waiting_for = ""
@@ -193,18 +200,24 @@ class Lease:
     # -- acquiring -----------------------------------------------------------------------------
 
     def _record(self) -> dict[str, Any]:
-        return {**self.identity, "renewed": time.time(), "duration": self.duration}
+        return {
+            **self.identity,
+            "renewed": time.time(),
+            "duration": self.duration,
+            "term": self.term,
+        }
 
     def _try_acquire(self, now: float) -> bool:
         try:
             current = self.store.read_lease()
             if current is None:
-                return self._take(None, now, "no lease existed")
+                return self._take(None, now, "no lease existed", 0)
             record, token = current
+            term = _term(record)
             if record.get("released"):
-                return self._take(token, now, f"lease of {record.get('owner')} was released")
+                return self._take(token, now, f"lease of {record.get('owner')} was released", term)
             if provably_gone(record, self.identity):
-                return self._take(token, now, f"the holder {record.get('owner')} is gone")
+                return self._take(token, now, f"the holder {record.get('owner')} is gone", term)
             if self._seen is None or self._seen[0] != token:
                 self._seen = (token, now)
             waited = now - self._seen[1]
@@ -213,6 +226,7 @@ class Lease:
                     token,
                     now,
                     f"lease of {record.get('owner')} expired (unchanged for {waited:.0f}s)",
+                    term,
                 )
             holder = str(record.get("owner"))
             if holder != self._waiting_for:
@@ -228,20 +242,29 @@ class Lease:
             log.warning("could not read the lease: %s", e)
         return False
 
-    def _take(self, expected: str | None, now: float, why: str) -> bool:
+    def _take(self, expected: str | None, now: float, why: str, previous_term: int) -> bool:
+        term = max(previous_term + 1, time.time_ns() // 1_000_000)
         try:
-            token = self.store.write_lease(self._record(), expected)
+            token = self.store.write_lease({**self._record(), "term": term}, expected)
         except PreconditionFailed:
             log.info("another daemon took the lease first")
             self._seen = None
             return False
         with self._lock:
             self.token = token
+            self.term = term
             self._valid_until = now + self.duration - self.margin
         self._seen = None
         self._waiting_for = ""
-        log.info("took the lease on %s: %s", self.store.root_url, why)
+        log.info("took the lease on %s (term %d): %s", self.store.root_url, term, why)
         return True
+
+
+def _term(record: dict[str, Any]) -> int:
+    try:
+        return max(0, int(record.get("term") or 0))
+    except (TypeError, ValueError):
+        return 0
 
 
 def default_identity(work_dir: str) -> dict[str, Any]:

@@ -84,6 +84,10 @@ class Attempt:
     options: Mapping[str, Any] = field(default_factory=dict)  # the spec's runner options
     labels: Mapping[str, str] = field(default_factory=dict)  # for the provider's own listing
     bundle: Mapping[str, Any] | None = None  # the job's code (bundlers.Bundle record), if any
+    # The lease term of the daemon that asks (0: no lease). A runner that can, refuses a start
+    # from a term older than one it has already seen (bastion/runners/fence.py): a daemon
+    # frozen in the middle of a start never starts anything after its successor did.
+    fence: int = 0
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,11 @@ class Owned:
 class RunnerError(Exception):
     """A runner cannot do what was asked; the message is for the job's user (the attempt
     fails with it). Any other exception is taken as transient: the daemon tries again."""
+
+
+class Fenced(Exception):
+    """A start was refused because a daemon with a newer lease term has started attempts on
+    this host: the caller is a stale holder and must act no more."""
 
 
 class TryAgain(Exception):

@@ -48,6 +48,7 @@ from bastion.runners.base import (
     TryAgain,
     name_prefix,
 )
+from bastion.runners.fence import fenced
 
 # The wrapper records its pid before the command runs, then the exit status after. `trap : TERM
 # INT` makes it wait for the command before exiting on a signal (the trap resets to the default
@@ -123,6 +124,10 @@ class LocalRunner(Runner):
                 f"runner option(s) {', '.join(sorted(unknown))} are not understood by the local "
                 "runner (it takes none); drop them or pick another runner kind"
             )
+        with fenced(self.attempts_dir, attempt.fence):
+            return self._start(attempt)
+
+    def _start(self, attempt: Attempt) -> Handle:
         directory = self._dir(attempt.name)
         created = True
         try:
@@ -133,8 +138,10 @@ class LocalRunner(Runner):
         except FileExistsError:
             created = False
         with _claim(directory, attempt.name):
-            # Under the claim, look again: whoever held it before us may have started it.
-            found = None if created else self._find(attempt.name)
+            # Under the claim, look again: whoever held it before us may have started it, even
+            # when we made the directory (a start frozen between its mkdir and its claim).
+            looked = not created or os.path.exists(os.path.join(directory, "launch.json"))
+            found = self._find(attempt.name) if looked else None
             if found is not None:
                 return found
             try:
