@@ -379,3 +379,18 @@ class TestDockerContract(RunnerContract):
     def make_runner(self, tmp_path):
         settings = {"root": self.root, "work_dir": str(tmp_path), "image": self.engine.base_image}
         return base.factory_for("docker")(settings)
+
+
+def test_a_stale_daemon_cannot_create_a_container_after_a_newer_one_started(
+    docker_runner, root, docker_engine
+):
+    """The host's fencing token covers containers too (bastion/runners/fence.py)."""
+    from bastion.runners.base import Fenced
+
+    newer = attempt(root, "true", job="newer", fence=6)
+    wait_finished(docker_runner, docker_runner.start(newer))
+    stale = attempt(root, "true", job="stale", fence=5)
+    with pytest.raises(Fenced, match="term 6"):
+        docker_runner.start(stale)
+    names = {owned.name for owned in docker_runner.list_owned()}
+    assert newer.name in names and stale.name not in names

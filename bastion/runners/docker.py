@@ -53,6 +53,8 @@ from docker.types import DeviceRequest
 
 from bastion.runners.base import Attempt, Handle, Observation, Owned, Phase, Runner, RunnerError
 from bastion.runners.base import root_tag as make_root_tag
+from bastion.runners.fence import fenced
+from bastion.runners.local import default_attempts_dir
 
 OPTIONS = frozenset({"image", "network", "env", "mounts", "shm_size", "user", "workdir"})
 _LIVE = frozenset({"created", "running", "restarting", "paused"})
@@ -106,6 +108,7 @@ class DockerRunner(Runner):
         self.root = root
         self.code_dir = os.path.join(os.path.abspath(work_dir or "."), "docker-code")
         self.tag = make_root_tag(root)
+        self.fence_dir = default_attempts_dir(root)  # shared with the local runner's fence
         self.docker_host = docker_host
         self.image = image
         self.network = network
@@ -128,7 +131,12 @@ class DockerRunner(Runner):
         self._unpack(attempt)
         count = int(attempt.resources.get("gpu", 0) or 0)
         try:
-            with self._gpu_lock if count else contextlib.nullcontext():
+            # The host's fencing token (bastion/runners/fence.py): a stale daemon never creates
+            # a container after a newer one started anything for this root on this host.
+            with (
+                fenced(self.fence_dir, attempt.fence),
+                self._gpu_lock if count else contextlib.nullcontext(),
+            ):
                 gpus = self._allocate_gpus(attempt.name, count)
                 container_id = self._create(*self._container_spec(attempt, options, gpus))
         except (DockerException, requests.RequestException) as e:
