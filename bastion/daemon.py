@@ -54,13 +54,18 @@ from bastion.runners.base import (
 )
 from bastion.scheduling import job_request
 from bastion.store import Store
-from quota.policy import Decision, Verdict, schedule
+from quota.model import JobRequest, Plan
+from quota.policy import Decision, Verdict, replan_by, schedule
 
 log = logging.getLogger("bastion.daemon")
 
 DEFAULT_GRACE_SECONDS = 30.0
 DECISION_RECORDS_KEPT = 1000
+DECISION_RECORD_BYTES = 8 << 10  # one record's decisions; the rest of a burst is counted
 OUTPUT_CHUNK = 8 << 20  # bytes of one attempt's output copied per read
+REPLAN_SECONDS = 30.0  # a quiet queue's pass runs at least this often (decayed usage moves)
+QUEUE_NAMES_KEPT = 1000  # per project in the queue summary: its size stays bounded
+QUEUE_REASONS_KEPT = 50  # full (volatile) wait reasons per project in the queue summary
 SWEEP_EVERY_CYCLES = 20  # orphaned attempts are looked for this often (and at recovery)
 MAX_SPEC_ENV_BYTES = 64 << 10  # the spec rides in an environment variable only below this
 
@@ -82,6 +87,16 @@ class Job:
     pending_log: list[tuple[str, str]] = field(default_factory=list)  # lines a full disk refused
     spec_json: tuple[JobSpec | None, str] = (None, "")  # the spec, serialized for its env
 
+    def unwritten(self) -> bool:
+        """True when the state differs from what the bucket holds. Only a state marked changed
+        since its last write is serialized to find out: a quiet cycle serializes nothing."""
+        if not self.state.changed:
+            return False
+        if self.state.dumps() != self.written:
+            return True
+        self.state.mark_written()
+        return False
+
 
 @dataclass
 class CycleReport:
@@ -89,6 +104,7 @@ class CycleReport:
     seconds: float = 0.0
     ops: dict[str, int] = field(default_factory=dict)
     phases: dict[str, float] = field(default_factory=dict)  # seconds per step of the cycle
+    planned: bool = False  # the policy pass ran (a quiet cycle keeps the last plan)
 
     def slowest(self, count: int = 3) -> str:
         top = sorted(self.phases.items(), key=lambda kv: -kv[1])[:count]
@@ -165,6 +181,12 @@ class Daemon:
         self._lost_ownership = False
         self._recovered = False
         self.info: dict[str, Any] = {}  # published to ROOT/history/daemon when we start acting
+        self._queue_written = ""  # the queue summary last written (without its time)
+        # The policy pass runs when a job changed, the quota file did, or a time threshold of
+        # the last plan passed (quota.policy.replan_by); a quiet cycle skips it.
+        self._inputs_changed = True
+        self._planned_config: Any = None
+        self._replan_at = 0.0
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -231,6 +253,8 @@ class Daemon:
         self.cycles = 0
         self._recovered = False
         self._lost_ownership = False
+        self._queue_written = ""
+        self._inputs_changed = True
 
     def settle(self, timeout: float = 60.0) -> None:
         """Wait for the effects in flight and take in their results (tests, shutdown)."""
@@ -271,7 +295,7 @@ class Daemon:
         done("requests")
         self._observe(now)
         done("observe")
-        self._schedule(now)
+        report.planned = self._schedule(now)
         done("schedule")
         self._write_back()
         done("write_back")
@@ -281,7 +305,7 @@ class Daemon:
             self._sweep()
             self._check_states()
             done("upkeep")
-        self._each(self._finalize, now)
+        self._finalize_all(now)
         done("finalize")
         self._sync_daemon_log()
         done("daemon_log")
@@ -312,6 +336,9 @@ class Daemon:
         they are local appends that later offsets depend on)."""
         has_cleanup = bool(job.spec and job.spec.cleanup_command)
         result = lifecycle.transition(job.state, event, now, job=job.name, has_cleanup=has_cleanup)
+        if not result.effects and not result.events and result.state == job.state:
+            return  # nothing changed: the state stays unmarked (a quiet cycle writes nothing)
+        self._inputs_changed = True
         job.state = result.state
         for name, reason in result.events:
             self._event(job, name, reason)
@@ -386,6 +413,7 @@ class Daemon:
             except Exception as e:
                 log.error("%s: unreadable state file (%s); treating the job as new", name, e)
                 continue
+            state.mark_written()
             job = Job(name=name, state=state, written=raw, state_token=states[name].token)
             self.jobs[name] = job
             if name not in specs and state.status is not Status.COMPLETED:
@@ -432,6 +460,7 @@ class Daemon:
                     "deleted" if info is None else "overwritten",
                 )
                 job.written = b""  # differs from the state: written back, over the foreign one
+                job.state.changed = True
 
     def _read_state_or_problem(self, name: str) -> bytes | UnacceptableObject | None:
         try:
@@ -474,6 +503,8 @@ class Daemon:
         changed = [
             n for n, info in specs.items() if n not in self.jobs or self.jobs[n].token != info.token
         ]
+        if changed:
+            self._inputs_changed = True
         raws = dict(
             zip(
                 changed,
@@ -497,8 +528,9 @@ class Daemon:
             except Exception:
                 log.exception("%s: could not take in the spec", name)
         for name, job in self.jobs.items():
-            if name not in specs and job.token:
+            if name not in specs and job.token and not job.gone_from_bucket:
                 job.gone_from_bucket = True
+                self._inputs_changed = True
 
     def _absorb_spec(
         self, name: str, raw: bytes, token: str, now: float, problem: str = ""
@@ -559,6 +591,8 @@ class Daemon:
 
     def _apply_requests(self, requests: dict[str, ObjectInfo], now: float) -> None:
         """Requests are deleted once applied, so any that is listed still needs applying."""
+        if requests:
+            self._inputs_changed = True
         for name in requests:
             try:
                 self._apply_request(name, now)
@@ -654,7 +688,7 @@ class Daemon:
         ready = [
             job
             for job in self.jobs.values()
-            if job.effects and not job.inflight and job.written == job.state.dumps()
+            if job.effects and not job.inflight and not job.unwritten()
         ]
         deletes = list(self._deleting.items())
         if not ready and not deletes:
@@ -776,6 +810,8 @@ class Daemon:
             undeleted, self._undeleted = self._undeleted, []
         for name, kind, handle in undeleted:  # retried next cycle until verified gone
             self._deleting.setdefault(name, (kind, handle))
+        if any(event is not None for _, event in done):
+            self._inputs_changed = True
         now = time.time()
         for job_name, event in done:
             job = self.jobs.get(job_name)
@@ -814,21 +850,40 @@ class Daemon:
 
     # -- finishing ---------------------------------------------------------------------------
 
-    def _finalize(self, job: Job, now: float) -> None:
-        """A COMPLETED job (its state already written): record it in complete/, then forget it."""
-        state = job.state
-        if (
-            state.status is not Status.COMPLETED
-            or job.written != state.dumps()
-            or job.inflight
-            or job.effects
-        ):
+    def _finalize_all(self, now: float) -> None:
+        """COMPLETED jobs whose state is written: recorded in complete/ and forgotten. Their
+        bucket requests (history, record, two deletes each) run in the pool, jobs in parallel:
+        a hundred jobs ending at once cost one round of requests, not four hundred in a row."""
+        ready = [
+            job
+            for job in self.jobs.values()
+            if job.state.status is Status.COMPLETED
+            and not job.inflight
+            and not job.effects
+            and not job.unwritten()
+        ]
+        if not ready:
             return
+        mirrors = self._mirrors()
+        for job in ready:
+            if name_problem(job.name) is None:  # a rejected name owns no log
+                for log_name in (job.name, Store.log_name(job.name, cleanup=True)):
+                    if log_name in mirrors:
+                        self.logs.close(log_name)
+        self._may_act()
+        results = self._pool.map(_quietly(functools.partial(self._finalize, now=now)), ready)
+        for job, result in zip(ready, results, strict=True):
+            if isinstance(result, Exception):
+                log.error("%s: could not record the finished job (will retry): %s", job.name,
+                          result)
+            else:
+                self.jobs.pop(job.name, None)
+                self._inputs_changed = True
+
+    def _finalize(self, job: Job, now: float) -> None:
+        """In the pool: one finished job's record in complete/, then its spec and state go."""
+        state = job.state
         valid_name = name_problem(job.name) is None
-        if valid_name:  # a rejected name owns no log: it may be spelled like another's
-            for log_name in (job.name, Store.log_name(job.name, cleanup=True)):
-                if log_name in self._mirrors():
-                    self.logs.close(log_name)
         record = {"spec": job.spec.to_json() if job.spec else None, "state": state.to_json()}
         if job.spec is None:
             try:
@@ -842,15 +897,20 @@ class Daemon:
         self.store.write_complete(job.name, record)
         self.store.delete_spec(job.name)
         self.store.delete_state(job.name)
-        del self.jobs[job.name]
 
     def _mirrors(self) -> set[str]:
         return set(self.logs.mirrors())
 
     # -- scheduling ------------------------------------------------------------------------
 
-    def _schedule(self, now: float) -> None:
+    def _schedule(self, now: float) -> bool:
+        """One policy pass and its decisions applied; False when it was not needed."""
         config = self.quota.config
+        if not self._inputs_changed and config is self._planned_config and now < self._replan_at:
+            return False  # no job changed and no time threshold passed: the last plan stands
+        self._inputs_changed = False
+        self._planned_config = config
+        self._replan_at = now + REPLAN_SECONDS
         requests = [
             request
             for job in self.jobs.values()
@@ -860,13 +920,20 @@ class Daemon:
             for job in self.jobs.values():
                 if job.state.status is Status.PENDING:
                     job.state.reason = f"waiting for a valid quota file: {self.quota.error}"
-            return
+            return True
         plan = schedule(config, requests, self.quota.usage_for(requests, now), now)
+        self._replan_at = replan_by(config, requests, now, now + REPLAN_SECONDS)
         grace = config.scheduling.preemption_grace_seconds
         changed = []
         for name, decision in sorted(plan.decisions.items()):
             job = self.jobs[name]
             before = (job.state.status, job.state.reason)
+            if (
+                decision.verdict is Verdict.WAIT
+                and before[0] is Status.PENDING
+                and before[1] == (decision.wait or decision.reason)
+            ):
+                continue  # waits as it waited: nothing to apply, nothing to write
             try:
                 event = self._event_for(job, decision, grace)
                 if event is not None:
@@ -877,6 +944,43 @@ class Daemon:
             if (job.state.status, job.state.reason) != before:
                 changed.append(decision)
         self._record_decisions(changed, now)
+        self._publish_queue(plan, requests)
+        return True
+
+    def _publish_queue(self, plan: Plan, requests: list[JobRequest]) -> None:
+        """The facts every waiting job shares (order, free capacity, usage) in one object,
+        written when they change: one request where rewriting each waiting job's state to
+        carry its own position would be thousands."""
+        project = {r.name: r.project_id for r in requests}
+        queues: dict[str, list[tuple[int, str]]] = {}
+        for name, decision in plan.decisions.items():
+            if decision.verdict is Verdict.WAIT:
+                queues.setdefault(project[name], []).append((decision.ahead, name))
+        order = {p: [name for _, name in sorted(queue)] for p, queue in queues.items()}
+        projects = {
+            p: {
+                "waiting": len(order.get(p, ())),
+                "order": order.get(p, [])[:QUEUE_NAMES_KEPT],
+                "reasons": {  # the whole story for the first few; `bastion why` for any job
+                    n: plan.decisions[n].reason[:500] for n in order.get(p, [])[:QUEUE_REASONS_KEPT]
+                },
+                "usage": dict(plan.usage.get(p, {})),
+                "quota": dict(plan.quotas.get(p, {})),
+            }
+            for p in sorted(set(order) | set(plan.usage))
+        }
+        summary = {"free": dict(plan.free), "projects": projects}
+        raw = json.dumps(summary, sort_keys=True)
+        if raw == self._queue_written:
+            return
+        try:
+            self._may_act()
+            self.store.write_queue({**summary, "time": time.time(), "cycle": self.cycles})
+            self._queue_written = raw
+        except NotHolding:
+            raise
+        except Exception as e:  # a reader sees the last one; written again next cycle
+            log.error("could not write the queue summary: %s", e)
 
     def _event_for(self, job: Job, decision: Decision, grace: float) -> lifecycle.Event | None:
         state, verdict = job.state, decision.verdict
@@ -902,29 +1006,37 @@ class Daemon:
         if verdict is Verdict.REJECT:
             return lifecycle.Reject(decision.reason)
         if verdict is Verdict.WAIT:
-            return lifecycle.Wait(decision.reason)
+            # The stable part only: positions and free capacity go to the queue summary.
+            return lifecycle.Wait(decision.wait or decision.reason)
         if verdict is Verdict.KEEP and decision.tier is not None and state.tier != decision.tier:
             state.tier = decision.tier  # recorded, never a restart
+            self._inputs_changed = True
         return None
 
     def _record_decisions(self, changed: list[Decision], now: float) -> None:
-        """One bounded decision-log record per cycle in which a decision changed."""
+        """One decision-log record per cycle in which a job's decision changed (a start, a
+        preemption, a rejection, a new kind of wait), bounded in bytes: a burst of thousands
+        of changes keeps the first and counts the rest."""
         if not changed:
             return
-        record = {
-            "time": now,
-            "cycle": self.cycles,
-            "decisions": [
-                {
-                    "name": d.name,
-                    "verdict": d.verdict.value,
-                    "reason": d.reason,
-                    "tier": d.tier,
-                    "preempted_by": d.preempted_by,
-                }
-                for d in changed
-            ],
-        }
+        entries, size, omitted = [], 0, 0
+        for i, d in enumerate(changed):
+            entry = {
+                "name": d.name,
+                "verdict": d.verdict.value,
+                "reason": (d.wait or d.reason)[:500],
+                "tier": d.tier,
+                "preempted_by": d.preempted_by,
+            }
+            cost = len(json.dumps(entry))
+            if size + cost > DECISION_RECORD_BYTES:
+                omitted = len(changed) - i
+                break
+            entries.append(entry)
+            size += cost
+        record: dict[str, Any] = {"time": now, "cycle": self.cycles, "decisions": entries}
+        if omitted:
+            record["omitted"] = omitted
         try:
             self.store.write_decisions(now, record)
             self._decision_records += 1
@@ -959,11 +1071,13 @@ class Daemon:
         is written after the log's last bytes; a failed log upload is retried next cycle and
         does not hold the state back. A burst's thousands of uploads share one pass."""
         mirrors = set(self.logs.mirrors()) - {self.daemon_log}
+        if self.cycles % SWEEP_EVERY_CYCLES == 0:
+            self._check_marks()
         work: list[tuple[Job | None, list[str]]] = []
         for job in self.jobs.values():
             logs = [n for n in (job.name, Store.log_name(job.name, cleanup=True)) if n in mirrors]
             mirrors.difference_update(logs)
-            if logs or job.state.dumps() != job.written:
+            if logs or job.unwritten():
                 work.append((job, logs))
         work.extend((None, [name]) for name in sorted(mirrors))  # logs of jobs no longer here
 
@@ -985,6 +1099,14 @@ class Daemon:
             except Exception:
                 log.exception("could not save the usage ledger")
 
+    def _check_marks(self) -> None:
+        """Now and then, every state's bytes against what was written: a change that escaped
+        the marks (an in-place edit of a nested value) is a bug, reported and written."""
+        for job in self.jobs.values():
+            if not job.state.changed and job.written and job.state.dumps() != job.written:
+                log.error("%s: its state changed without a mark; writing it", job.name)
+                job.state.changed = True
+
     def _sync_daemon_log(self) -> None:
         try:
             self.logs.sync(self.daemon_log)
@@ -995,6 +1117,7 @@ class Daemon:
         """Write the job's state if its bytes changed (False: unchanged, nothing sent)."""
         raw = job.state.dumps()
         if raw == job.written:
+            job.state.mark_written()
             return False
         job.attempted.append(raw)
         try:
@@ -1019,12 +1142,14 @@ class Daemon:
                 )
                 job.written = raw
                 job.attempted.clear()
+                job.state.mark_written()
                 return True
             job.state_token = current[1]
             if current[0] != raw:
                 job.state_token = self.store.write_state(job.name, raw, job.state_token)
         job.written = raw
         job.attempted.clear()
+        job.state.mark_written()
         return True
 
     def daemon_log_path(self) -> str:

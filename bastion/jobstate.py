@@ -67,8 +67,23 @@ class JobState:
     events: list[dict[str, Any]] = field(default_factory=list)  # lifecycle, bounded
     metadata: dict[str, Any] = field(default_factory=dict)  # AXLearn-compatible extras (tier)
 
+    changed = True  # not a field: see __setattr__
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Any assignment marks the state changed since the daemon last wrote it, so the daemon
+        # serializes only states that may differ instead of every state every cycle. (A new
+        # state, dataclasses.replace included, starts marked.)
+        object.__setattr__(self, name, value)
+        if name != "changed":
+            object.__setattr__(self, "changed", True)
+
+    def mark_written(self) -> None:
+        """The daemon wrote (or read) exactly this state: unchanged until the next change."""
+        object.__setattr__(self, "changed", False)
+
     def add_event(self, event: dict[str, Any]) -> None:
         """Keep the first events (how it started) and the latest; drop the middle."""
+        self.changed = True
         self.events.append(event)
         if len(self.events) > MAX_EVENTS:
             del self.events[KEPT_FIRST_EVENTS]

@@ -273,6 +273,19 @@ class Store:
         for stamp in self.list_decisions()[:-keep]:
             self._delete("history", "decisions", stamp)
 
+    def write_queue(self, summary: dict[str, Any]) -> None:
+        """``ROOT/history/queue``: what every waiting job shares and changes whenever any job
+        moves (positions, free capacity, usage); one object, so a job's state need not."""
+        self._write(json.dumps(summary, sort_keys=True).encode(), "history", "queue")
+
+    def read_queue(self) -> dict[str, Any] | None:
+        raw = self._read("history", "queue")
+        try:
+            summary = json.loads(raw) if raw else None
+        except ValueError:
+            return None  # torn or foreign: shown as unknown, never fatal to a reader
+        return summary if isinstance(summary, dict) else None
+
     def write_daemon_info(self, info: dict[str, Any]) -> None:
         self._write(json.dumps(info, sort_keys=True).encode(), "history", "daemon")
 

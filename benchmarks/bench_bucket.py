@@ -353,9 +353,15 @@ def run_one(n: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         return result
     finally:
         if daemon is not None:
-            for job in list(daemon.jobs.values()):
-                if job.state.runner:
-                    daemon.runner.kill(job.state.runner)
+            daemon.close()
+            local = daemon.runners.get("local")
+            for _ in range(50):  # delete kills first, then removes once the process is gone
+                owned = local.list_owned()
+                if not owned:
+                    break
+                for attempt in owned:
+                    local.delete(attempt.handle)
+                time.sleep(0.1)
         if emulator is not None:
             assert isinstance(proxy, Proxy)
             proxy.stop()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import codecs
 import concurrent.futures
+import contextlib
 import datetime as dt
 import getpass
 import json
@@ -23,7 +24,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from bastion import jobspec as _jobspec
@@ -31,6 +32,7 @@ from bastion.jobspec import JobSpec, SpecError, check_name, shorten
 from bastion.jobstate import JobState, Outcome, Status
 from bastion.store import Store, UnacceptableObject, resolve_root
 from launch.status import DaemonStatus, NoDaemon, NoDaemonWarning, daemon_status
+from quota.capacity import fmt_units
 
 __all__ = [
     "Client",
@@ -92,6 +94,8 @@ class JobInfo:
     state: JobState | None  # None: the daemon has not seen the spec yet
     finished: bool = False  # True once the daemon moved it to jobs/complete/
     problem: str = ""  # why its spec, state or record could not be read or parsed
+    queue: str = ""  # a waiting job's place in its queue, from the daemon's queue summary
+    live_reason: str = ""  # the whole current reason (the summary has it for a queue's first)
 
     @property
     def status(self) -> str:
@@ -105,6 +109,10 @@ class JobInfo:
             return self.problem
         if self.state is None:
             return "waiting for the daemon to pick it up"
+        if self.state.status is Status.PENDING and self.live_reason:
+            return self.live_reason
+        if self.state.status is Status.PENDING and self.queue:
+            return f"{self.state.reason}; {self.queue}"
         return self.state.reason
 
     def to_json(self) -> dict[str, Any]:
@@ -207,7 +215,7 @@ class Client:
         check_name(name)
         job = self._active(name)
         if job is not None:
-            return job
+            return _placed([job], self.queue())[0]
         job = self._completed(name)
         if job is None:
             raise UnknownJob(self._unknown(name))
@@ -222,7 +230,16 @@ class Client:
             if include_completed:
                 done = sorted(set(self.store.list_complete()) - set(names))
                 jobs += [job for job in pool.map(self._completed, done) if job is not None]
-        return sorted(jobs, key=lambda j: j.name)
+        return sorted(_placed(jobs, self.queue()), key=lambda j: j.name)
+
+    def queue(self) -> dict[str, Any]:
+        """The daemon's queue summary (``ROOT/history/queue``): per project the waiting jobs
+        in order (the first 1,000), their count, usage and quota, and the free capacity; {}
+        before a daemon has written one."""
+        try:
+            return self.store.read_queue() or {}
+        except Exception:  # a reader's convenience: the list works without it
+            return {}
 
     def _active(self, name: str) -> JobInfo | None:
         """An active job from its spec and state; None when it has no spec (any more)."""
@@ -369,3 +386,39 @@ def age_seconds(info: JobInfo, now: dt.datetime | None = None) -> float:
         return 0.0
     now = now or dt.datetime.now(dt.UTC).replace(tzinfo=None)
     return (now - info.spec.metadata.creation_time).total_seconds()
+
+
+def _placed(jobs: list[JobInfo], summary: Mapping[str, Any]) -> list[JobInfo]:
+    """Waiting jobs with their place in the queue: "3rd of 120 waiting in default"."""
+    projects = summary.get("projects")
+    if not isinstance(projects, Mapping):
+        return jobs
+    where: dict[str, str] = {}
+    live: dict[str, str] = {}
+    for project, entry in projects.items():
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("order"), list):
+            continue
+        reasons = entry.get("reasons")
+        if isinstance(reasons, Mapping):
+            live.update((str(n), str(r)) for n, r in reasons.items())
+        waiting = entry.get("waiting")
+        total = f" of {waiting}" if isinstance(waiting, int) else ""
+        for i, name in enumerate(entry["order"]):
+            where[str(name)] = f"{_ordinal(i + 1)}{total} waiting in {project}"
+    free = summary.get("free")
+    tail = ""
+    if isinstance(free, Mapping) and free:
+        with contextlib.suppress(TypeError, ValueError):  # a foreign summary: no tail
+            tail = f"; {fmt_units(free, zeros=True)} free in the pool"
+    placed = []
+    for job in jobs:
+        pending = job.state is not None and job.state.status is Status.PENDING
+        if pending and job.name in where:
+            job = replace(job, queue=where[job.name] + tail, live_reason=live.get(job.name, ""))
+        placed.append(job)
+    return placed
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"

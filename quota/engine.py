@@ -46,7 +46,7 @@ from collections.abc import Mapping, Sequence
 from quota.capacity import Capacity, add, fmt_ratio, fmt_units, shortfall
 from quota.config import QuotaConfig
 from quota.model import Decision, JobRequest, Phase, Plan, Verdict
-from quota.reasons import full_reason, wait_reason
+from quota.reasons import full_reason, stable_wait, wait_reason
 from quota.reclaim import REPEATED, Reclaim
 from quota.within import EPS, Within, within
 
@@ -371,7 +371,8 @@ class _Pass:
                 else:  # the common case, kept short: 50,000 of these must stay cheap
                     why = f"{full_reason(self, j, used, q)}; {ahead} job" \
                           f"{'' if ahead == 1 else 's'} ahead in {p}"
-                decisions[name] = Decision(name, Verdict.WAIT, why)
+                decisions[name] = Decision(name, Verdict.WAIT, why, wait=stable_wait(self, j),
+                                           ahead=ahead)
                 ahead += 1
 
 

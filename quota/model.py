@@ -66,6 +66,11 @@ class Decision:
     # for START: started as backfill in capacity held for these waiting jobs (the daemon
     # stores it as the job's JobRequest.backfill_for while it runs)
     backfill_for: tuple[str, ...] = ()
+    # for WAIT: the kind of wait and what it waits on, without the queue position, free
+    # capacity or usage in ``reason`` (which change whenever any other job moves). The daemon
+    # stores this in the job's state, so a job's state changes only when its wait does.
+    wait: str = ""
+    ahead: int = 0  # for WAIT: jobs ahead of it in its project's queue
 
 
 @dataclass(frozen=True)

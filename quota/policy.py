@@ -13,13 +13,37 @@ from quota.engine import run
 from quota.explain import explain_plan
 from quota.model import Decision, JobRequest, Phase, Plan, Verdict
 
-__all__ = ["Decision", "JobRequest", "Phase", "Plan", "Verdict", "explain", "schedule"]
+__all__ = [
+    "Decision", "JobRequest", "Phase", "Plan", "Verdict", "explain", "replan_by", "schedule",
+]
 
 
 def schedule(config: QuotaConfig, jobs: Sequence[JobRequest], usage: Mapping[str, float],
              now: float) -> Plan:
     """Decide START/KEEP/PREEMPT/WAIT/REJECT for every job; deterministic in its inputs."""
     return run(config, jobs, usage, now)
+
+
+def replan_by(config: QuotaConfig, jobs: Sequence[JobRequest], now: float,
+              horizon: float) -> float:
+    """The earliest time after ``now`` (at most ``horizon``) at which a pass over these same
+    jobs could decide differently only because time passed: a running job reaching its
+    minimum runtime (it becomes preemptible), a waiting job reaching ``reserve_after_seconds``
+    (it becomes the aged head). Until then, and while no job changes, the daemon may keep the
+    last plan instead of running the pass again. (Decayed user usage also moves with time; it
+    reorders users within a priority, which the horizon bounds.)"""
+    knobs = config.scheduling
+    soonest = horizon
+    for j in jobs:
+        if j.phase is Phase.PENDING:
+            t = j.submit_time + knobs.reserve_after_seconds
+        elif j.start_time is not None:
+            t = j.start_time + knobs.min_runtime_seconds
+        else:
+            continue
+        if now < t < soonest:
+            soonest = t
+    return soonest
 
 
 def explain(config: QuotaConfig, jobs: Sequence[JobRequest], usage: Mapping[str, float],

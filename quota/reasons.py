@@ -73,3 +73,21 @@ def full_reason(ps: _Pass, j: JobRequest, used: Mapping[str, int], q: Mapping[st
             text += f"; {fmt_units(held)} held for within-quota or older jobs"
         ps.reason_cache[key] = text
     return text
+
+
+def stable_wait(ps: _Pass, j: JobRequest) -> str:
+    """The part of a waiting job's reason that is its own: what it needs, and the borrowers it
+    is preempting if it reclaims. Nothing that depends on other jobs (free capacity, its
+    project's usage, whether stopping jobs release room, which job it waits behind), because
+    one job moving changes those for thousands of waiting jobs at once. The daemon stores this
+    text in the job's state; the shared facts go to one queue summary per cycle."""
+    kind, detail = ps.waits.get(j.name, _FULL)
+    if kind == "reclaiming":
+        return (f"within quota; preempting borrower(s) {', '.join(detail)}; starts when they "
+                f"exit")
+    key = ("stable", tuple(j.resources.items()))
+    text = ps.reason_cache.get(key)
+    if text is None:  # one text per shape of job: 50,000 of these must stay cheap
+        need = {r: n for r, n in j.resources.items() if n > 0}
+        text = ps.reason_cache[key] = f"waiting for capacity: needs {fmt_units(need)}"
+    return text

@@ -1,0 +1,199 @@
+"""A busy queue costs what changed, not what waits (the fake runner: no processes).
+
+One job finishing among many waiting must not rewrite every waiting job's state: a waiting
+job's state says what kind of wait it is; the positions and free capacity that change whenever
+any job moves live in one queue summary object, which `bastion list` and the API read.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from pathlib import Path
+
+from bastion.daemon import DECISION_RECORD_BYTES, QUEUE_REASONS_KEPT, Daemon
+from bastion.jobstate import Status
+from bastion.service import build_daemon
+from bastion.store import Store
+from launch.api import Client, new_jobspec
+
+QUOTA = """\
+[toml-schema]
+version = "1"
+[total_resources]
+cpu = 1
+[project_membership]
+default = [".*"]
+[project_resources.default]
+cpu = 1.0
+"""
+
+
+def _root(tmp_path: Path, jobs: int, command: str = "sleep 0.3") -> tuple[str, Client]:
+    root = str(tmp_path / "root")
+    quota = Path(root, "project-quotas", "project-quotas.config")
+    quota.parent.mkdir(parents=True)
+    quota.write_text(QUOTA)
+    client = Client(root)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no daemon yet: the tests drive its cycles themselves
+        for i in range(jobs):
+            client.submit(
+                new_jobspec(name=f"j{i:04d}", command=command, user_id="u",
+                            project_id="default", resources={"cpu": 1}, runner={"kind": "fake"})
+            )
+    return root, client
+
+
+def _daemon(root: str, tmp_path: Path) -> Daemon:
+    return build_daemon(
+        root,
+        work_dir=str(tmp_path / "work"),
+        gpus=[],
+        settings={"default_runner": "fake",
+                  "runners": {"fake": {"state_dir": str(tmp_path / "fake")}}},
+    )
+
+
+def _step(daemon: Daemon) -> dict[str, int]:
+    report = daemon.cycle(time.time())
+    daemon.settle()
+    return report.ops
+
+
+def _running(daemon: Daemon) -> set[str]:
+    return {n for n, j in daemon.jobs.items() if j.state.status is Status.ACTIVE}
+
+
+def test_one_job_finishing_among_many_waiting_writes_a_few_objects(tmp_path: Path) -> None:
+    root, _ = _root(tmp_path, 60)
+    daemon = _daemon(root, tmp_path)
+    try:
+        _step(daemon)
+        _step(daemon)
+        first = _running(daemon)
+        assert len(first) == 1
+        writes = []
+        deadline = time.monotonic() + 20
+        while _running(daemon) in (first, set()):  # until the next job has started
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+            writes.append(_step(daemon).get("write", 0))
+        # The finished job's state and record, the next job's state, its log line, the queue
+        # summary and a decision record: a handful, not one per waiting job (58 of them).
+        assert sum(writes) <= 12, writes
+        waiting = [j.state for j in daemon.jobs.values() if j.state.status is Status.PENDING]
+        assert len(waiting) == 58
+        assert all("ahead" not in s.reason and "free" not in s.reason for s in waiting)
+    finally:
+        daemon.close()
+
+
+def test_list_shows_each_waiting_jobs_place_from_the_queue_summary(tmp_path: Path) -> None:
+    root, client = _root(tmp_path, 60, command="sleep 60")
+    daemon = _daemon(root, tmp_path)
+    try:
+        _step(daemon)
+        _step(daemon)
+        summary = Store(root).read_queue()
+        assert summary is not None
+        default = summary["projects"]["default"]
+        assert default["waiting"] == 59
+        assert default["order"] == [f"j{i:04d}" for i in range(1, 60)]
+        assert len(default["reasons"]) == QUEUE_REASONS_KEPT
+        jobs = {j.name: j for j in client.list_jobs()}
+        # The first of a queue: the whole current story, as the policy tells it.
+        assert jobs["j0002"].reason.endswith("1 job ahead in default"), jobs["j0002"].reason
+        # Further back: its own wait and its place.
+        assert jobs["j0055"].reason == (
+            "waiting for capacity: needs 1 cpu; 55th of 59 waiting in default; "
+            "0 cpu free in the pool"
+        )
+        assert "waiting in" not in jobs["j0000"].reason  # running: no place in a queue
+        assert client.get("j0059").reason.startswith("waiting for capacity: needs 1 cpu; 59th")
+    finally:
+        daemon.close()
+
+
+def test_cancelling_a_running_job_among_many_waiting_writes_a_few_objects(
+    tmp_path: Path,
+) -> None:
+    """Its stopping releases room every waiting job wants: that is shared news (the summary),
+    not a change of each waiting job's state."""
+    root, client = _root(tmp_path, 60, command="sleep 60")
+    daemon = _daemon(root, tmp_path)
+    try:
+        _step(daemon)
+        _step(daemon)
+        (first,) = _running(daemon)
+        client.cancel(first)
+        writes = []
+        deadline = time.monotonic() + 20
+        while _running(daemon) in ({first}, set()):
+            assert time.monotonic() < deadline
+            writes.append(_step(daemon).get("write", 0))
+        assert sum(writes) <= 12, writes
+    finally:
+        daemon.close()
+
+
+def test_a_quiet_cycle_rewrites_neither_states_nor_the_queue_summary(tmp_path: Path) -> None:
+    root, _ = _root(tmp_path, 20, command="sleep 60")
+    daemon = _daemon(root, tmp_path)
+    try:
+        for _ in range(3):
+            _step(daemon)
+        quiet = [_step(daemon) for _ in range(3)]
+        assert all(ops.get("write", 0) == 0 for ops in quiet), quiet
+    finally:
+        daemon.close()
+
+
+def test_a_burst_of_decisions_is_recorded_within_the_byte_bound(tmp_path: Path) -> None:
+    root, _ = _root(tmp_path, 300, command="sleep 60")
+    daemon = _daemon(root, tmp_path)
+    try:
+        _step(daemon)
+        store = Store(root)
+        names = store.list_decisions()
+        assert names
+        record = json.loads(store._read("history", "decisions", names[0]))
+        entries = record["decisions"]
+        assert len(json.dumps(entries)) <= DECISION_RECORD_BYTES + 1024
+        assert record["omitted"] == 300 - len(entries) > 0
+    finally:
+        daemon.close()
+
+
+def test_a_quiet_cycle_runs_no_policy_pass_and_a_change_runs_one(tmp_path: Path) -> None:
+    root, client = _root(tmp_path, 30, command="sleep 60")
+    daemon = _daemon(root, tmp_path)
+    try:
+        for _ in range(3):
+            daemon.cycle(time.time())
+            daemon.settle()
+        quiet = [daemon.cycle(time.time()) for _ in range(3)]
+        assert not any(r.planned for r in quiet)
+        client.cancel("j0005")
+        assert daemon.cycle(time.time()).planned
+    finally:
+        daemon.close()
+
+
+def test_replan_by_is_the_next_time_threshold_of_the_plan() -> None:
+    from quota.config import parse_quota
+    from quota.model import JobRequest, Phase
+    from quota.policy import replan_by
+
+    config = parse_quota(QUOTA)
+    knobs = config.scheduling
+    running = JobRequest(name="r", project_id="default", user_id="u", resources={"cpu": 1},
+                         priority=3, submit_time=0.0, phase=Phase.RUNNING, start_time=100.0)
+    waiting = JobRequest(name="w", project_id="default", user_id="u", resources={"cpu": 1},
+                         priority=3, submit_time=50.0)
+    jobs = [running, waiting]
+    assert replan_by(config, jobs, 110.0, 10_000.0) == 100.0 + knobs.min_runtime_seconds
+    past = 100.0 + knobs.min_runtime_seconds + 1
+    assert replan_by(config, jobs, past, 10_000.0) == 50.0 + knobs.reserve_after_seconds
+    assert replan_by(config, jobs, past, past + 30) == past + 30  # the horizon bounds it
