@@ -195,8 +195,8 @@ class LocalRunner(Runner):
     def list_owned(self) -> list[Owned]:
         owned = []
         for name in sorted(os.listdir(self.attempts_dir)):
-            if not name.startswith(self.prefix):
-                continue
+            if name.startswith(".") or not name.startswith(self.prefix):
+                continue  # (.fence is the host's fencing token, never an attempt)
             handle = self._find(name)
             if handle is None:  # claimed, never started: nothing runs, only a directory
                 handle = {"name": name, "host": self.host, "pid": 0, "create_time": 0}
