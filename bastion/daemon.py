@@ -885,12 +885,15 @@ class Daemon:
         state = job.state
         valid_name = name_problem(job.name) is None
         record = {"spec": job.spec.to_json() if job.spec else None, "state": state.to_json()}
-        if job.spec is None:
+        if job.spec is None:  # never read (a failed read after a recovery) or never valid
             try:
                 raw = self.store.read_spec(job.name)
             except ValueError as e:  # a symlink or an oversized object: never copied
                 raw = f"<not copied: {e}>".encode()
-            record["spec_text"] = raw.decode(errors="replace")[:10_000] if raw else None
+            try:
+                record["spec"] = JobSpec.loads(raw).to_json() if raw else None
+            except Exception:  # not a valid spec: its text, for the user to see
+                record["spec_text"] = raw.decode(errors="replace")[:10_000] if raw else None
         submission = f"{int(state.submit_time or now):012d}-{state.submission or 'x'}"
         if valid_name:
             self.store.save_history(job.name, submission, state.events)  # long-term record
