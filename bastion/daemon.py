@@ -453,6 +453,13 @@ class Daemon:
             info = listed.get(name)
             if not job.written or job.state_token is None:
                 continue
+            if job.state.status is Status.COMPLETED and info is None:
+                continue  # our own finalize deleted it (its answer lost): not a foreign delete
+            if info is not None and info.token != job.state_token:
+                current = self.store.read_state_with_token(name)
+                if current is not None and current[0] in (job.written, *job.attempted):
+                    job.state_token = current[1]  # our own write, whose answer was lost
+                    continue
             if info is None or info.token != job.state_token:
                 log.error(
                     "%s: its state object was %s by someone else; restoring the daemon's own",
@@ -894,6 +901,12 @@ class Daemon:
                 record["spec"] = JobSpec.loads(raw).to_json() if raw else None
             except Exception:  # not a valid spec: its text, for the user to see
                 record["spec_text"] = raw.decode(errors="replace")[:10_000] if raw else None
+            if raw is None:  # deleted by an earlier try of this finalize: keep what it recorded
+                earlier = self.store.read_complete(job.name)
+                if earlier and earlier.get("spec") and earlier.get("state", {}).get(
+                    "submission"
+                ) == state.submission:
+                    record["spec"] = earlier["spec"]
         submission = f"{int(state.submit_time or now):012d}-{state.submission or 'x'}"
         if valid_name:
             self.store.save_history(job.name, submission, state.events)  # long-term record
