@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -123,6 +124,14 @@ def _quietly(call: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return wrapped
 
 
+def _seen_by_policy(job: Job, state: JobState, now: float) -> JobRequest | None:
+    """What a pass would see of the job, less when its minimum runtime started counting: a
+    running job's start moving later (provisioning, then running) only delays when it becomes
+    preemptible, and the last plan's replan time (quota.policy.replan_by) is already earlier."""
+    request = job_request(job.name, job.spec, state, now)
+    return None if request is None else dataclasses.replace(request, start_time=None)
+
+
 def _retrying(call: Callable[[Any], Any], attempts: int = 4) -> Callable[[Any], Any]:
     """For reads that must all succeed (recovery): a few quick retries, then raise."""
 
@@ -215,7 +224,10 @@ class Daemon:
             self._sync_daemon_log()
 
     def close(self) -> None:
-        """After the last ``run``: the I/O pool and the runners' clients."""
+        """After the last ``run``: the I/O pool and the runners' clients (and the lease, for a
+        daemon driven by ``cycle`` alone)."""
+        if self.lease is not None:
+            self.lease.release()
         self.settle()
         self._pool.shutdown(wait=True)
         self.runners.close()
@@ -338,7 +350,10 @@ class Daemon:
         result = lifecycle.transition(job.state, event, now, job=job.name, has_cleanup=has_cleanup)
         if not result.effects and not result.events and result.state == job.state:
             return  # nothing changed: the state stays unmarked (a quiet cycle writes nothing)
-        self._inputs_changed = True
+        if not self._inputs_changed and _seen_by_policy(job, job.state, now) != _seen_by_policy(
+            job, result.state, now
+        ):
+            self._inputs_changed = True  # what the policy sees of this job moved: plan again
         job.state = result.state
         for name, reason in result.events:
             self._event(job, name, reason)
@@ -817,8 +832,6 @@ class Daemon:
             undeleted, self._undeleted = self._undeleted, []
         for name, kind, handle in undeleted:  # retried next cycle until verified gone
             self._deleting.setdefault(name, (kind, handle))
-        if any(event is not None for _, event in done):
-            self._inputs_changed = True
         now = time.time()
         for job_name, event in done:
             job = self.jobs.get(job_name)
@@ -884,8 +897,7 @@ class Daemon:
                 log.error("%s: could not record the finished job (will retry): %s", job.name,
                           result)
             else:
-                self.jobs.pop(job.name, None)
-                self._inputs_changed = True
+                self.jobs.pop(job.name, None)  # its end was news to the policy already
 
     def _finalize(self, job: Job, now: float) -> None:
         """In the pool: one finished job's record in complete/, then its spec and state go."""
@@ -941,6 +953,7 @@ class Daemon:
         self._replan_at = replan_by(config, requests, now, now + REPLAN_SECONDS)
         grace = config.scheduling.preemption_grace_seconds
         changed = []
+        failed = False
         for name, decision in sorted(plan.decisions.items()):
             job = self.jobs[name]
             before = (job.state.status, job.state.reason)
@@ -957,8 +970,11 @@ class Daemon:
             except Exception as e:
                 log.exception("%s: acting on %s failed", name, decision.verdict)
                 job.state.reason = f"could not {decision.verdict.value.lower()}: {e}"
+                failed = True
             if (job.state.status, job.state.reason) != before:
                 changed.append(decision)
+        # The plan's own starts and preemptions are what it assumed: no new pass for them.
+        self._inputs_changed = failed
         self._record_decisions(changed, now)
         self._publish_queue(plan, requests)
         return True
