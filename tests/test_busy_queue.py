@@ -66,6 +66,17 @@ def _running(daemon: Daemon) -> set[str]:
     return {n for n, j in daemon.jobs.items() if j.state.status is Status.ACTIVE}
 
 
+def _writes_until_the_next_start(daemon: Daemon, running: set[str]) -> list[int]:
+    """Cycles until another job than ``running`` has started; the writes of each."""
+    writes = []
+    deadline = time.monotonic() + 20
+    while _running(daemon) in (running, set()):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+        writes.append(_step(daemon).get("write", 0))
+    return writes
+
+
 def test_one_job_finishing_among_many_waiting_writes_a_few_objects(tmp_path: Path) -> None:
     root, _ = _root(tmp_path, 60)
     daemon = _daemon(root, tmp_path)
@@ -74,12 +85,7 @@ def test_one_job_finishing_among_many_waiting_writes_a_few_objects(tmp_path: Pat
         _step(daemon)
         first = _running(daemon)
         assert len(first) == 1
-        writes = []
-        deadline = time.monotonic() + 20
-        while _running(daemon) in (first, set()):  # until the next job has started
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-            writes.append(_step(daemon).get("write", 0))
+        writes = _writes_until_the_next_start(daemon, first)
         # The finished job's state and record, the next job's state, its log line, the queue
         # summary and a decision record: a handful, not one per waiting job (58 of them).
         assert sum(writes) <= 12, writes
@@ -128,11 +134,7 @@ def test_cancelling_a_running_job_among_many_waiting_writes_a_few_objects(
         _step(daemon)
         (first,) = _running(daemon)
         client.cancel(first)
-        writes = []
-        deadline = time.monotonic() + 20
-        while _running(daemon) in ({first}, set()):
-            assert time.monotonic() < deadline
-            writes.append(_step(daemon).get("write", 0))
+        writes = _writes_until_the_next_start(daemon, {first})
         assert sum(writes) <= 12, writes
     finally:
         daemon.close()
