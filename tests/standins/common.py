@@ -156,6 +156,28 @@ class _Handler(BaseHTTPRequestHandler):
     do_GET = do_POST = do_DELETE = do_PATCH = _serve
 
 
+class CapacityInjections:
+    """Zones out of capacity and quota refusals, set by tests; each server's class says what
+    they do to a create there."""
+
+    def stockout(self, zone: str) -> None:
+        with self.lock:  # type: ignore[attr-defined]
+            self._stocked_out.add(zone)  # type: ignore[attr-defined]
+
+    def restock(self, zone: str) -> None:
+        with self.lock:  # type: ignore[attr-defined]
+            self._stocked_out.discard(zone)  # type: ignore[attr-defined]
+
+    def quota(self, zone: str | None = None) -> None:
+        """Creates in ``zone`` (None: anywhere) are refused for quota."""
+        with self.lock:  # type: ignore[attr-defined]
+            self._quota.add(zone)  # type: ignore[attr-defined]
+
+    def lift_quota(self, zone: str | None = None) -> None:
+        with self.lock:  # type: ignore[attr-defined]
+            self._quota.discard(zone)  # type: ignore[attr-defined]
+
+
 class StandinServer:
     """Base class: routing, injected 429/5xx, the virtual clock, the ``on_ready`` hook.
 

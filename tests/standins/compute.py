@@ -20,6 +20,7 @@ import uuid
 
 from .common import (
     ApiError,
+    CapacityInjections,
     StandinServer,
     camel_keys,
     gce_error,
@@ -39,7 +40,9 @@ MACHINE_TYPES = re.compile(
 QUOTA_METRIC = {"a2": "NVIDIA_A100_GPUS", "a3": "NVIDIA_H100_GPUS", "g2": "NVIDIA_L4_GPUS"}
 
 
-class ComputeServer(StandinServer):
+class ComputeServer(CapacityInjections, StandinServer):
+    # stockout(zone): inserts there end with op error ZONE_RESOURCE_POOL_EXHAUSTED, no VM.
+    # quota(zone): Inserts (in ``zone``, or anywhere) answer a synchronous 403 quotaExceeded.
     routes = [
         ("POST", _ZONE + r"/instances", "_insert"),
         ("GET", _ZONE + r"/instances", "_list"),
@@ -64,24 +67,6 @@ class ComputeServer(StandinServer):
         return f"http://127.0.0.1:{self.port}/compute/v1/"
 
     # --- injections -------------------------------------------------------------------------
-    def stockout(self, zone: str):
-        """Inserts in ``zone`` end with an op error ZONE_RESOURCE_POOL_EXHAUSTED and no VM."""
-        with self.lock:
-            self._stocked_out.add(zone)
-
-    def restock(self, zone: str):
-        with self.lock:
-            self._stocked_out.discard(zone)
-
-    def quota(self, zone: str | None = None):
-        """Inserts (in ``zone``, or anywhere) answer a synchronous 403 quotaExceeded."""
-        with self.lock:
-            self._quota.add(zone)
-
-    def lift_quota(self, zone: str | None = None):
-        with self.lock:
-            self._quota.discard(zone)
-
     def preempt(self, name: str):
         """Spot/preemptible VM: TERMINATED (instanceTerminationAction STOP, the default) or gone
         (DELETE), plus a DONE ``compute.instances.preempted`` op by ``system``. A still pending

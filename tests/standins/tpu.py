@@ -22,6 +22,7 @@ import re
 
 from .common import (
     ApiError,
+    CapacityInjections,
     StandinServer,
     camel_keys,
     paginate,
@@ -69,7 +70,9 @@ def _duration(text: str) -> float:
     return float(text.rstrip("s"))
 
 
-class TpuServer(StandinServer):
+class TpuServer(CapacityInjections, StandinServer):
+    # stockout(zone): Creates in ``zone`` end with op error code 8; queued resources wait.
+    # quota(zone): Creates (in ``zone``, or anywhere) answer 429 RESOURCE_EXHAUSTED + QuotaFailure.
     routes = [
         ("POST", _LOC + r"/nodes", "_create_node"),
         ("GET", _LOC + r"/nodes", "_list_nodes"),
@@ -94,24 +97,6 @@ class TpuServer(StandinServer):
         self._phantom = 0
 
     # --- injections -------------------------------------------------------------------------
-    def stockout(self, zone: str):
-        """Creates in ``zone`` end with op error code 8; queued resources wait."""
-        with self.lock:
-            self._stocked_out.add(zone)
-
-    def restock(self, zone: str):
-        with self.lock:
-            self._stocked_out.discard(zone)
-
-    def quota(self, zone: str | None = None):
-        """Creates (in ``zone``, or anywhere) answer 429 RESOURCE_EXHAUSTED + QuotaFailure."""
-        with self.lock:
-            self._quota.add(zone)
-
-    def lift_quota(self, zone: str | None = None):
-        with self.lock:
-            self._quota.discard(zone)
-
     def phantom_409(self, n: int = 1):
         """The next ``n`` creates succeed (the object exists afterwards) but answer 409."""
         with self.lock:
