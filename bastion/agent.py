@@ -95,6 +95,7 @@ class Agent:
         self.uploaded = 0  # spool bytes known to be in the bucket
         self.seq = 0  # the next chunk's number
         self._pending: bytes | None = None  # cut but not yet known stored: retried as it is
+        self._progress_due = False  # chunks stored that the progress record does not count
         self.stop = threading.Event()
         self.stop_reason = ""
         self.preempted = False
@@ -152,12 +153,20 @@ class Agent:
                     spool.seek(self.uploaded)
                     self._pending = spool.read(MAX_CHUNK) or None
                 if self._pending is None:
-                    return
+                    break
                 data, seq = self._pending, self.seq
                 self._retry(f"chunk {seq}", lambda d=data, n=seq: self._put(n, d), deadline)
                 self.uploaded += len(data)
                 self.seq += 1
                 self._pending = None
+                self._progress_due = True
+            if self._progress_due:  # after the chunks it counts: a reader never runs ahead
+                self._retry("progress", self._put_progress, deadline)
+                self._progress_due = False
+
+    def _put_progress(self) -> None:
+        record = self._record(chunks=self.seq, bytes=self.uploaded)
+        self.store.write_run_record(self.job, self.attempt, self.worker, "progress", record)
 
     def _put(self, seq: int, data: bytes) -> None:
         self.store.write_run_chunk(self.job, self.attempt, self.worker, seq, data)
@@ -204,7 +213,8 @@ class Agent:
             log.error("could not upload the last output: %s", e)
         reason = self.stop_reason or f"exited with status {code}"
         exit_record = self._record(
-            code=code, preempted=self.preempted, reason=reason, output_bytes=self.uploaded
+            code=code, preempted=self.preempted, reason=reason, output_bytes=self.uploaded,
+            chunks=self.seq,
         )
         self._retry("exit record", lambda: self.store.write_run_record(
             self.job, self.attempt, self.worker, "exit", exit_record), end)  # fmt: skip
@@ -225,7 +235,7 @@ class Agent:
     def _refuse(self, reason: str) -> int:
         """The command cannot run: say why in the exit record (code 1), run nothing."""
         log.error("worker %d of %s: %s", self.worker, self.attempt, reason)
-        record = self._record(code=1, preempted=False, reason=reason, output_bytes=0)
+        record = self._record(code=1, preempted=False, reason=reason, output_bytes=0, chunks=0)
         self._retry("exit record", lambda: self.store.write_run_record(
             self.job, self.attempt, self.worker, "exit", record), time.time() + 60)  # fmt: skip
         return 1

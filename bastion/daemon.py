@@ -68,6 +68,9 @@ REPLAN_SECONDS = 30.0  # a quiet queue's pass runs at least this often (decayed 
 QUEUE_NAMES_KEPT = 1000  # per project in the queue summary: its size stays bounded
 QUEUE_REASONS_KEPT = 50  # full (volatile) wait reasons per project in the queue summary
 SWEEP_EVERY_CYCLES = 20  # orphaned attempts are looked for this often (and at recovery)
+# A finished job is recorded once its attempts are verified gone (so its history says so),
+# or after this long: the deletion goes on (and the sweep finds what a restart forgot).
+DELETE_WAIT_SECONDS = 300.0
 MAX_SPEC_ENV_BYTES = 64 << 10  # the spec rides in an environment variable only below this
 
 
@@ -184,6 +187,9 @@ class Daemon:
         self._done: list[tuple[str, lifecycle.Event | None]] = []
         self._done_lock = threading.Lock()
         self._deleting: dict[str, tuple[str, dict[str, Any] | None]] = {}  # name -> kind, handle
+        # attempt name -> (its job, since when): the job is finalized once it is gone
+        self._deletes_of: dict[str, tuple[str, float]] = {}
+        self._deleted: list[tuple[str, str, dict[str, Any] | None]] = []  # verified gone
         self._undeleted: list[tuple[str, str, dict[str, Any] | None]] = []  # from the pool
         self._futures: set[concurrent.futures.Future[None]] = set()  # effects in flight
         self._stop = threading.Event()
@@ -259,6 +265,7 @@ class Daemon:
             log.info("not acting on %s; forgetting in-memory state", self.store.root_url)
         self.jobs.clear()
         self._deleting.clear()
+        self._deletes_of.clear()
         with self._done_lock:
             self._done.clear()
             self._undeleted.clear()
@@ -373,6 +380,8 @@ class Daemon:
                 )
             elif isinstance(effect, lifecycle.Delete):
                 self._deleting[effect.name] = (effect.kind, effect.handle)
+                if effect.handle is not None:  # the job is recorded once this is gone
+                    self._deletes_of.setdefault(effect.name, (job.name, time.time()))
             else:
                 job.effects.append(effect)
 
@@ -389,16 +398,20 @@ class Daemon:
     def _event(self, job: Job, event: str, reason: str) -> None:
         """Record a lifecycle event in the job's state: written with it, at no extra cost."""
         job.state.reason = reason
+        self._note(job, event, reason)
+
+    def _note(self, job: Job, event: str, text: str) -> None:
+        """A history line that leaves the job's reason as it is (where its attempt runs)."""
         job.state.add_event(
             {
                 "time": time.time(),
                 "event": event,
                 "status": job.state.status.value,
                 "attempt": job.state.attempt,
-                "reason": reason,
+                "reason": text,
             }
         )
-        log.info("%s: %s: %s", job.name, event, reason)
+        log.info("%s: %s: %s", job.name, event, text)
 
     def _runner_kind(self, job: Job) -> str:
         return (job.spec.runner_kind if job.spec else None) or self.runners.default
@@ -822,16 +835,24 @@ class Daemon:
         except Exception as e:
             log.error("could not delete attempt %s (will retry): %s", name, e)
             gone = False
-        if not gone:
-            with self._done_lock:
+        with self._done_lock:
+            if gone:
+                self._deleted.append((name, kind, handle))
+            else:
                 self._undeleted.append((name, kind, handle))
 
     def _take_in_results(self) -> None:
         with self._done_lock:
             done, self._done = self._done, []
             undeleted, self._undeleted = self._undeleted, []
+            deleted, self._deleted = self._deleted, []
         for name, kind, handle in undeleted:  # retried next cycle until verified gone
             self._deleting.setdefault(name, (kind, handle))
+        for name, kind, handle in deleted:
+            owner = self._deletes_of.pop(name, None)
+            job = self.jobs.get(owner[0]) if owner else None
+            if job is not None and (what := self._describe(kind, handle)):
+                self._note(job, "DELETED", f"deleted {what}")
         now = time.time()
         for job_name, event in done:
             job = self.jobs.get(job_name)
@@ -844,6 +865,22 @@ class Daemon:
                 self._apply(job, event, now)  # ... and the job says why it waits
             else:
                 self._apply(job, event, now)
+                if isinstance(event, lifecycle.Started):
+                    self._note_placed(job, event)
+
+    def _note_placed(self, job: Job, event: lifecycle.Started) -> None:
+        record = lifecycle.attempt_record(job.state, event.purpose)
+        if record is not None and (what := self._describe(str(record["kind"]), event.handle)):
+            self._note(job, "PLACED", f"attempt {job.state.attempt} on {what}")
+
+    def _describe(self, kind: str, handle: dict[str, Any] | None) -> str | None:
+        """What an attempt occupies, in the runner's words, for the job's history."""
+        if handle is None:
+            return None
+        try:
+            return self.runners.get(kind).describe(handle)
+        except Exception:  # an unknown kind: nothing to tell
+            return None
 
     def _job_env(self, job: Job) -> dict[str, str]:
         spec, state = job.spec, job.state
@@ -874,12 +911,16 @@ class Daemon:
         """COMPLETED jobs whose state is written: recorded in complete/ and forgotten. Their
         bucket requests (history, record, two deletes each) run in the pool, jobs in parallel:
         a hundred jobs ending at once cost one round of requests, not four hundred in a row."""
+        deleting = {
+            owner for owner, since in self._deletes_of.values() if now - since < DELETE_WAIT_SECONDS
+        }
         ready = [
             job
             for job in self.jobs.values()
             if job.state.status is Status.COMPLETED
             and not job.inflight
             and not job.effects
+            and job.name not in deleting
             and not job.unwritten()
         ]
         if not ready:

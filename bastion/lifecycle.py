@@ -13,7 +13,8 @@ job's status changes nothing.
     ACTIVE      Started(handle)                 -> ACTIVE       -   (handle recorded)
     ACTIVE      StartFailed (the job's error)   -> COMPLETED    Log(failed), Delete(run)
     ACTIVE      StartDeferred (transient)       -> ACTIVE       -   (reason; the daemon retries)
-    ACTIVE      Observed(queued|provisioning|running) -> ACTIVE -   (phase; running_since)
+    ACTIVE      Observed(queued|provisioning|running) -> ACTIVE -   (phase; running_since;
+                                                                 each worker's health)
     ACTIVE      Preempt | Update                -> ACTIVE       Stop(run)   (stop recorded)
     ACTIVE      Cancel                          -> CANCELLING   Stop(run)
     ACTIVE      Observed(finished), stopped for preempt/update -> PENDING   Log(end), Delete
@@ -361,6 +362,11 @@ def _observed(result: Result, event: Observed, now: float, has_cleanup: bool) ->
     if record is None:
         return
     if not obs.finished:
+        if obs.workers and record.get("workers") != list(obs.workers):
+            # Each worker's health ("running", "late", "exit 1"...), for list; stable words,
+            # so the state is rewritten only when a worker's health changes.
+            record = {**record, "workers": list(obs.workers)}
+            _set_record(state, event.purpose, record)
         if record.get("phase") != obs.phase.value:
             _set_record(state, event.purpose, {**record, "phase": obs.phase.value})
             if event.purpose == RUN and obs.phase is Phase.RUNNING:

@@ -76,6 +76,10 @@ _KINDS = (
 )
 
 
+def _hidden(name: str) -> bool:
+    return any(part.startswith(".") for part in name.split("/"))
+
+
 def _kind(mode: int) -> str:
     return next((what for test, what in _KINDS if test(mode)), "is not a regular file")
 
@@ -125,6 +129,23 @@ class Objects:
             name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
             if entry.get("type") == "directory" or name.startswith("."):
                 continue  # temporary files and parts start with "."
+            found[name] = ObjectInfo(name, int(entry.get("size") or 0), self.token(entry))
+        return found
+
+    def find(self, directory: str) -> dict[str, ObjectInfo]:
+        """Every object under ``directory`` at any depth, by its name relative to it
+        (``a/b/c``); names with a part starting with "." (temporary files) are left out."""
+        self.fs.invalidate_cache(directory)
+        try:
+            entries = self.fs.find(directory, detail=True)
+        except FileNotFoundError:
+            return {}
+        found = {}
+        top = directory.rstrip("/")
+        for path, entry in entries.items():
+            name = path.rstrip("/")[len(top) + 1 :]
+            if not name or entry.get("type") == "directory" or _hidden(name):
+                continue
             found[name] = ObjectInfo(name, int(entry.get("size") or 0), self.token(entry))
         return found
 
@@ -448,7 +469,8 @@ class GcsObjects(Objects):
 
     def __init__(self, fs: AbstractFileSystem) -> None:
         super().__init__(fs)
-        self._splits: dict[str, list[str]] = {}  # directory -> names that split its listing
+        # (directory, recursive) -> names that split its listing
+        self._splits: dict[tuple[str, bool], list[str]] = {}
 
     def list(self, directory: str) -> dict[str, ObjectInfo]:
         """One page after another is 10 round trips for 10,000 names. The names seen last time
@@ -456,12 +478,22 @@ class GcsObjects(Objects):
         exclusive, the first and last open), listed concurrently: one round trip in a steady
         state, and still every name whatever was added or deleted since, as the ranges cover
         the whole key space (a range that grew past a page takes more pages, in turn)."""
+        return self._ranged(directory, recursive=False)
+
+    def find(self, directory: str) -> dict[str, ObjectInfo]:
+        """As ``list``, at every depth (no delimiter): the same ranges, the same one round trip
+        in a steady state (the agents' records of every running attempt: one listing)."""
+        return self._ranged(directory, recursive=True)
+
+    def _ranged(self, directory: str, recursive: bool) -> dict[str, ObjectInfo]:
         bucket, key, _ = self.fs.split_path(directory)
         prefix = key.rstrip("/") + "/" if key.strip("/") else ""
-        splits = self._splits.get(directory, [])
+        memo = (directory, recursive)
+        splits = self._splits.get(memo, [])
         bounds = list(zip([None, *splits], [*splits, None], strict=True))
+        delimiter = None if recursive else "/"
         try:
-            pages = sync(self.fs.loop, self._list_ranges, bucket, prefix, bounds)
+            pages = sync(self.fs.loop, self._list_ranges, bucket, prefix, bounds, delimiter)
         except FileNotFoundError:
             return {}
         found = {}
@@ -470,17 +502,22 @@ class GcsObjects(Objects):
             for item in items:
                 names.append(item["name"])
                 name = item["name"][len(prefix) :]
-                if name and "/" not in name and not name.startswith("."):
-                    size, token = int(item.get("size") or 0), str(item["generation"])
-                    found[name] = ObjectInfo(name, size, token)
+                if not name or _hidden(name) or (not recursive and "/" in name):
+                    continue
+                size, token = int(item.get("size") or 0), str(item["generation"])
+                found[name] = ObjectInfo(name, size, token)
         if len(names) > self.SPLIT_EVERY:
-            self._splits[directory] = names[self.SPLIT_EVERY :: self.SPLIT_EVERY]
+            self._splits[memo] = names[self.SPLIT_EVERY :: self.SPLIT_EVERY]
         else:  # one page does: remember nothing for small directories
-            self._splits.pop(directory, None)
+            self._splits.pop(memo, None)
         return found
 
     async def _list_ranges(
-        self, bucket: str, prefix: str, bounds: list[tuple[str | None, str | None]]
+        self,
+        bucket: str,
+        prefix: str,
+        bounds: list[tuple[str | None, str | None]],
+        delimiter: str | None = "/",
     ) -> list[list[dict[str, Any]]]:
         gate = asyncio.Semaphore(self.RANGES_IN_FLIGHT)
 
@@ -494,7 +531,7 @@ class GcsObjects(Objects):
                         "b/{}/o",
                         bucket,
                         prefix=prefix,
-                        delimiter="/",
+                        delimiter=delimiter,
                         startOffset=start,
                         endOffset=end,
                         maxResults=self.PAGE,

@@ -9,6 +9,7 @@ steady-state cycle only lists" is an invariant we measure (benchmarks/), not a h
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import json
 import os
@@ -405,19 +406,27 @@ class Store:
             raise FileNotFoundError(url)
         return data
 
-    # -- runs: what remote attempts report (ROOT/runs/<job>/<attempt>/) ------------------------
+    # -- runs: what remote attempts report ---------------------------------------------------
     #
-    #   provision.json                   written by a cloud runner before its create call
-    #   workers/<w>/started              the agent's claim, create-if-absent (never runs twice)
-    #   workers/<w>/heartbeat            replaced every few seconds while the command runs
-    #   workers/<w>/exit                 {code, preempted, time, reason}
-    #   workers/<w>/log/<seq:08d>        output chunks, in order; rewritten under the same
-    #                                    name when a write's answer was lost (idempotent)
+    # The agents' records of a live attempt, apart from its output so that one listing of
+    # ROOT/agents/ per cycle covers every running attempt (O(running), not O(output)):
     #
-    # Names in a run listing are relative to the attempt; run_name/parse_run_name are the only
+    #   agents/<job>/<attempt>/workers/<w>/started    the agent's claim, create-if-absent
+    #   agents/<job>/<attempt>/workers/<w>/heartbeat  replaced every few seconds while it runs
+    #   agents/<job>/<attempt>/workers/<w>/progress   {chunks, bytes}: replaced after each chunk
+    #   agents/<job>/<attempt>/workers/<w>/exit       {code, preempted, time, reason, chunks}
+    #
+    # deleted with the attempt's machines; its output and provisioning record stay:
+    #
+    #   runs/<job>/<attempt>/provision.json           written by a cloud runner before create
+    #   runs/<job>/<attempt>/workers/<w>/log/<seq:08d>  output chunks, in order; rewritten
+    #                                                 under the same name when a write's answer
+    #                                                 was lost (idempotent)
+    #
+    # Names in a listing are relative to the attempt; run_name/parse_run_name are the only
     # code that builds or reads them, so readers (runners/remote.py) know no paths.
 
-    RUN_RECORDS = ("started", "heartbeat", "exit")
+    RUN_RECORDS = ("started", "heartbeat", "progress", "exit")
 
     @staticmethod
     def run_name(worker: int, kind: str, seq: int | None = None) -> str:
@@ -439,27 +448,42 @@ class Store:
         return None
 
     def _run_parts(self, job: str, attempt: str, name: str) -> tuple[str, ...]:
-        return ("runs", job, attempt, *name.split("/"))
+        top = "runs" if name.split("/")[2:3] == ["log"] else "agents"
+        return (top, job, attempt, *name.split("/"))
 
     def list_run(self, job: str, attempt: str) -> dict[str, ObjectInfo]:
-        """Everything under the attempt in one recursive listing (one request per 1,000
+        """The attempt's output chunks in one recursive listing (one request per 1,000
         objects on a bucket): names relative to the attempt, e.g. ``workers/0/log/00000003``."""
         self._count("list")
-        top = self._path("runs", job, attempt)
-        self.fs.invalidate_cache(top)
-        try:
-            entries = self.fs.find(top, detail=True)
-        except FileNotFoundError:
-            return {}
-        found = {}
-        for path, entry in entries.items():
-            name = path.rstrip("/")[len(top) + 1 :]
-            if not name or entry.get("type") == "directory":
-                continue
-            if any(part.startswith(".") for part in name.split("/")):
-                continue  # temporary files and parts
-            found[name] = ObjectInfo(name, int(entry.get("size") or 0), self.objects.token(entry))
+        found = self.objects.find(self._path("runs", job, attempt))
+        return {name: info for name, info in found.items() if name != "provision.json"}
+
+    def list_agent_records(self, job: str, attempt: str) -> dict[str, ObjectInfo]:
+        """One attempt's records (``workers/0/heartbeat``, ...)."""
+        self._count("list")
+        return self.objects.find(self._path("agents", job, attempt))
+
+    def list_agents(self) -> dict[tuple[str, str], dict[str, ObjectInfo]]:
+        """Every live attempt's records in one listing, by (job, attempt)."""
+        self._count("list")
+        found: dict[tuple[str, str], dict[str, ObjectInfo]] = {}
+        for name, info in self.objects.find(self._path("agents")).items():
+            parts = name.split("/", 2)
+            if len(parts) == 3:
+                record = ObjectInfo(parts[2], info.size, info.token)
+                found.setdefault((parts[0], parts[1]), {})[parts[2]] = record
         return found
+
+    def delete_agent_records(self, job: str, attempt: str) -> None:
+        """The attempt's records (its machines are gone); its output stays in runs/."""
+        for name in self.list_agent_records(job, attempt):
+            self._delete("agents", job, attempt, *name.split("/"))
+        if isinstance(self.objects, LocalObjects):
+            import shutil
+
+            shutil.rmtree(self._path("agents", job, attempt), ignore_errors=True)
+            with contextlib.suppress(OSError):  # the job's directory, once it is empty
+                os.rmdir(self._path("agents", job))
 
     def write_provision(self, job: str, attempt: str, record: dict[str, Any]) -> None:
         self._write(
@@ -480,8 +504,8 @@ class Store:
     def write_run_record(
         self, job: str, attempt: str, worker: int, kind: str, record: dict[str, Any]
     ) -> None:
-        """Replace a worker's ``heartbeat`` or ``exit`` record."""
-        assert kind in ("heartbeat", "exit"), kind
+        """Replace a worker's ``heartbeat``, ``progress`` or ``exit`` record."""
+        assert kind in ("heartbeat", "progress", "exit"), kind
         data = json.dumps(record, sort_keys=True).encode()
         self._write(data, *self._run_parts(job, attempt, self.run_name(worker, kind)))
 
@@ -508,9 +532,11 @@ class Store:
         )
 
     def delete_run(self, job: str, attempt: str) -> None:
-        """Every object of the attempt (idempotent), then, on a local root, its directories."""
+        """Every object of the attempt, records and output (idempotent)."""
+        self.delete_agent_records(job, attempt)
         for name in self.list_run(job, attempt):
             self._delete(*self._run_parts(job, attempt, name))
+        self._delete("runs", job, attempt, "provision.json")
         if isinstance(self.objects, LocalObjects):
             import shutil
 

@@ -105,7 +105,8 @@ def test_output_in_chunks_while_running_and_whole_after_exit(root, agents, tmp_p
     expected = "first 0/1\n" + "".join(f"line {i}\n" for i in range(1, 201)) + "to-stderr\n"
     whole = remote.read_output(0, 1 << 20, listing=listing)
     assert whole.decode() == expected
-    chunks = [name for name in listing if Store.parse_run_name(name)[1:2] == ("log",)]
+    chunks = list(Store(root).list_run("train", "a1"))
+    assert all(Store.parse_run_name(name)[1] == "log" for name in chunks)
     assert len(chunks) >= 2, chunks  # the first line went up before the rest existed
     pieces, offset = [], 0  # small pieces (crossing chunk boundaries) equal the whole
     while piece := remote.read_output(offset, 7, listing=listing):
@@ -215,7 +216,9 @@ def test_a_worker_that_stops_heartbeating_is_lost(tmp_path, agents):
 
 
 def test_stale_records_written_directly(tmp_path):
-    """Without an agent: a started worker that never heartbeat is judged by its start time."""
+    """Without an agent: a started worker that never heartbeat is silent from the moment the
+    daemon first saw its claim, on the daemon's clock (the record's own time is not trusted:
+    a worker's clock may be skewed)."""
     store = Store(str(tmp_path / "root"))
     store.claim_run_worker("train", "a1", 0, {"worker": 0, "time": 1000.0})
     remote = records(str(tmp_path / "root"), timeout=60)
@@ -223,6 +226,63 @@ def test_stale_records_written_directly(tmp_path):
     assert remote.observe(remote.list(), 1100.0).phase == Phase.LOST
     store.write_run_record("train", "a1", 0, "heartbeat", {"worker": 0, "time": 1090.0})
     assert remote.observe(remote.list(), 1100.0).phase == Phase.RUNNING
+
+
+def test_each_worker_health_is_one_stable_word(tmp_path):
+    store = Store(str(tmp_path / "root"))
+    remote = records(str(tmp_path / "root"), workers=4, timeout=60)
+    for w in (0, 1, 2):
+        store.claim_run_worker("train", "a1", w, {"worker": w, "time": 0.0})
+    store.write_run_record("train", "a1", 2, "exit", {"code": 0, "preempted": False})
+    assert remote.observe(remote.list(), 1000.0).workers == ("running", "running", "exit 0",
+                                                             "waiting")
+    store.write_run_record("train", "a1", 0, "heartbeat", {"time": 1.0})
+    observed = remote.observe(remote.list(), 1040.0)  # worker 1 silent for 40 s of 60
+    assert observed.workers == ("running", "late", "exit 0", "waiting")
+    assert observed.phase == Phase.RUNNING and observed.reason == "2 of 4 workers running"
+    observed = remote.observe(remote.list(), 1061.0)
+    assert observed.workers[1] == "lost" and observed.phase == Phase.LOST
+    assert observed.reason == "worker 1 stopped heartbeating (silent for 61s)"
+
+
+def test_a_quiet_running_attempt_costs_no_reads(tmp_path):
+    """Heartbeats are seen in the listing, not read; output is read only after its progress
+    record changed, and each chunk once, by name."""
+    store = Store(str(tmp_path / "root"))
+    agent = Agent(store, "train", "a1", 0, 1, "true", spool_dir=str(tmp_path))
+    store.claim_run_worker("train", "a1", 0, {"worker": 0, "time": 0.0})
+    Path(agent.spool).write_bytes(b"hello\n")
+    agent.flush(time.time() + 10)
+    remote = RemoteRecords(store, "train", "a1", 1, 30)
+    listing = remote.list()
+    assert remote.read_output(0, 100, listing=listing) == b"hello\n"
+    before = store.ops["read"]
+    for beat in range(5):
+        agent.heartbeat(time.time() + 10)
+        listing = remote.list()
+        assert remote.observe(listing, 100.0 + beat).phase == Phase.RUNNING
+        assert remote.read_output(6, 100, listing=listing) == b""
+    assert store.ops["read"] == before, "a heartbeat or an unchanged progress record was read"
+    with open(agent.spool, "ab") as spool:
+        spool.write(b"world\n")
+    agent.flush(time.time() + 10)
+    listing = remote.list()
+    assert remote.read_output(6, 100, listing=listing) == b"world\n"
+    assert store.ops["read"] == before + 2  # the new progress record, then the new chunk
+
+
+def test_a_restarted_reader_resumes_in_the_middle_of_the_output(tmp_path):
+    """A daemon restarted mid-attempt asks for output from where its log ends: the sizes of
+    the chunks before come from one listing, and only the chunk holding the offset is read."""
+    store = Store(str(tmp_path / "root"))
+    agent = Agent(store, "train", "a1", 0, 1, "true", spool_dir=str(tmp_path))
+    for text in (b"one\n", b"two\n", b"three\n"):
+        with open(agent.spool, "ab") as spool:
+            spool.write(text)
+        agent.flush(time.time() + 10)
+    remote = RemoteRecords(store, "train", "a1", 1, 30)
+    assert remote.read_output(6, 100) == b"o\nthree\n"
+    assert remote.read_output(4, 3) == b"two"
 
 
 class LosesAnswers(Store):
@@ -250,9 +310,10 @@ def test_a_chunk_whose_answer_was_lost_is_rewritten_under_the_same_name(tmp_path
     agent.flush(time.time() + 10)  # nothing new: nothing written
     listing = store.list_run("train", "a1")
     assert sorted(listing) == ["workers/0/log/00000000", "workers/0/log/00000001"]
-    assert store.ops["write"] == 4  # each chunk twice, nothing else
+    assert store.ops["write"] == 6  # each chunk twice, and a progress record after each
+    assert store.read_run_record("train", "a1", 0, "progress")["chunks"] == 2
     remote = RemoteRecords(store, "train", "a1", 1, 30)
-    assert remote.read_output(0, 100, listing=listing) == b"one\ntwo\n"
+    assert remote.read_output(0, 100) == b"one\ntwo\n"
 
 
 def test_metadata_stand_in_behaves_like_the_server(metadata):

@@ -202,6 +202,13 @@ def test_happy_path_v4_32_four_workers(cloud: Cloud) -> None:
     assert len(deletes) == 1
     gets = [r for r in cloud.server.requests if r[0] == "GET" and r[1].endswith("/" + name)]
     assert gets  # verified gone with a GET that answered 404
+    # The job is recorded as finished only once its node is verified gone, and says so.
+    history = [(e["event"], e["reason"]) for e in cloud.client.history("train")]
+    assert ("PLACED", f"attempt 1 on TPU node {name} (4 workers) in {ZA}") in history
+    assert ("DELETED", f"deleted TPU node {name} (4 workers) in {ZA}") in history
+    assert [e for e, _ in history].index("DELETED") > [e for e, _ in history].index("SUCCEEDED")
+    assert not (cloud.root / "agents" / "train").exists()  # the agents' records went with it
+    assert Store(str(cloud.root)).list_run("train", name)  # ... and their output stays
 
 
 # -- 2. a daemon killed between the create call and its state write -------------------------
@@ -322,6 +329,8 @@ def test_spot_preemption_requeues_on_a_new_node(cloud: Cloud) -> None:
     daemon = cloud.daemon()
     cloud.drive(daemon, lambda: "line 5\n" in cloud.log("spot"), "output of attempt 1")
     first = cloud.runner_record("spot")["name"]
+    cloud.drive(daemon, lambda: cloud.runner_record("spot").get("workers") == ["running"] * 4,
+                "every worker's health in the state")  # fmt: skip
     cloud.guests.preempt(first)  # the metadata notice, then the node turns PREEMPTED
     cloud.server.preempt(first)
     cloud.drive(daemon, lambda: cloud.info("spot").state.attempt == 2, "attempt 2")
@@ -338,6 +347,10 @@ def test_spot_preemption_requeues_on_a_new_node(cloud: Cloud) -> None:
     info = cloud.info("spot")
     assert info.state.provider_preemptions == 1 and info.status != "FAILED"
     assert "PROVIDER_PREEMPTED" in cloud.events("spot")
+    told = [(e["event"], e["attempt"], e["reason"]) for e in cloud.client.history("spot")]
+    placed = [(a, r.split()[5]) for e, a, r in told if e == "PLACED"]  # (attempt, node)
+    assert placed == [(1, first), (2, second)]
+    assert ("DELETED", 2, f"deleted TPU node {first} (4 workers) in {ZA}") in told
     log = cloud.log("spot")
     assert "attempt 1 was preempted by the provider" in log
     out = attempt_section(log, 1)

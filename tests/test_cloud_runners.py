@@ -198,7 +198,8 @@ def test_tpu_happy_path_four_workers(any_root, tpu_server, tpu_any, guests):
     }
     assert body["acceleratorType"] == "v4-32" and body["schedulingConfig"] == {"spot": True}
     seen = poll_until(tpu, handle, tpu_server, {Phase.SUCCEEDED, Phase.FAILED})
-    assert seen == Observation(Phase.SUCCEEDED, "all 4 workers exited 0", 0)
+    done = ("exit 0",) * 4
+    assert seen == Observation(Phase.SUCCEEDED, "all 4 workers exited 0", 0, workers=done)
     assert len(guests.workers[a.name]) == 4 and guests.wait(a.name) == [0, 0, 0, 0]
     assert tpu.read_output(handle, 0, 1 << 20) == b"hello from 0 of 4: it's a 'test'\n"
     records = tpu.records(handle)
@@ -294,7 +295,9 @@ def test_tpu_one_worker_fails(root, tpu_server, tpu, guests):
     a = attempt(root, 'if [ "$BASTION_WORKER" = 2 ]; then echo bad; exit 1; fi; sleep 60', **V4)
     handle = tpu.start(a)
     seen = poll_until(tpu, handle, tpu_server, {Phase.FAILED, Phase.SUCCEEDED})
-    assert seen == Observation(Phase.FAILED, "worker 2 exited with status 1", 1)
+    assert (seen.phase, seen.reason, seen.exit_code) == (
+        Phase.FAILED, "worker 2 exited with status 1", 1)
+    assert seen.workers[2] == "exit 1"
     tpu.stop(handle, time.time() + 30)  # the daemon stops the others: the node is deleted
     assert tpu_server.nodes[f"projects/{P}/locations/{ZA}/nodes/{a.name}"]["state"] == "DELETING"
     guests.shutdown(a.name)
@@ -396,7 +399,7 @@ def test_gce_happy_path(root, gce_server, gce, guests):
     assert body["labels"]["bastion-root"] == gce.tag
     assert gce.poll(handle).phase is Phase.PROVISIONING
     seen = poll_until(gce, handle, gce_server, {Phase.SUCCEEDED, Phase.FAILED})
-    assert seen == Observation(Phase.SUCCEEDED, "all 1 workers exited 0", 0)
+    assert seen == Observation(Phase.SUCCEEDED, "all 1 workers exited 0", 0, workers=("exit 0",))
     assert gce.read_output(handle, 0, 1 << 20) == b"gpu 0/1: it's a 'test'\n"
     assert [o.name for o in gce.list_owned()] == [a.name]
     assert gce.delete(handle) is False
@@ -505,7 +508,8 @@ def test_qr_lifecycle_to_succeeded(root, tpu_server, qr, guests):
     seen = poll_until(qr, handle, tpu_server, {Phase.PROVISIONING})
     assert seen.reason == f"provisioning in {ZA}"
     seen = poll_until(qr, handle, tpu_server, {Phase.SUCCEEDED, Phase.FAILED})
-    assert seen == Observation(Phase.SUCCEEDED, "all 4 workers exited 0", 0)
+    done = ("exit 0",) * 4
+    assert seen == Observation(Phase.SUCCEEDED, "all 4 workers exited 0", 0, workers=done)
     assert qr.read_output(handle, 0, 100) == b"qr 0/4\n"
     assert [o.name for o in qr.list_owned()] == [a.name]
     assert qr.delete(handle) is False
@@ -584,7 +588,8 @@ def test_qr_multislice_workers(root, tpu_server, qr, guests):
     specs = qr_creates(tpu_server)[0][3]["tpu"]["nodeSpec"]
     assert [s["nodeId"] for s in specs] == [f"{a.name}-s0", f"{a.name}-s1"]
     seen = poll_until(qr, handle, tpu_server, {Phase.SUCCEEDED, Phase.FAILED})
-    assert seen == Observation(Phase.SUCCEEDED, "all 4 workers exited 0", 0)
+    done = ("exit 0",) * 4
+    assert seen == Observation(Phase.SUCCEEDED, "all 4 workers exited 0", 0, workers=done)
     records = qr.records(handle)
     assert [records.read_output(0, 100, worker=w) for w in range(4)] == [
         f"w {w} of 4\n".encode() for w in range(4)

@@ -65,6 +65,9 @@ class Observation:
     reason: str = ""
     exit_code: int | None = None
     retryable: bool = False
+    # Each worker's health for a multi-host attempt, one short stable word per worker
+    # ("waiting", "running", "late", "lost", "exit 0", "preempted"); empty for one process.
+    workers: tuple[str, ...] = ()
 
     @property
     def finished(self) -> bool:
@@ -140,6 +143,12 @@ class Runner(abc.ABC):
     @abc.abstractmethod
     def read_output(self, handle: Handle, offset: int, limit: int) -> bytes:
         """Up to ``limit`` bytes of the attempt's output starting at byte ``offset``."""
+
+    def describe(self, handle: Handle) -> str | None:
+        """Optional: what the attempt occupies, for the job's history ("TPU node X (v4-32,
+        4 workers) in us-central2-b"); None when there is nothing to tell (a local process).
+        Pure: no request is made."""
+        return None
 
     def close(self) -> None:  # noqa: B027 (optional: most runners hold nothing)
         """Release clients and sockets when the daemon stops."""

@@ -66,6 +66,7 @@ from bastion.runners.base import (
     Runner,
     RunnerError,
     TryAgain,
+    name_prefix,
     root_tag,
 )
 from bastion.runners.remote import RemoteRecords
@@ -134,6 +135,7 @@ class CloudRunner(Runner):
     """Shared flow; subclasses say how to list, create, read states and delete."""
 
     api_env = ""  # BASTION_*_API_ENDPOINT
+    resource_noun = "resource"  # what one attempt occupies, for the job's history
 
     def __init__(self, settings: Mapping[str, Any], client: Any = None) -> None:
         self.root = str(settings.get("root") or "")
@@ -158,7 +160,9 @@ class CloudRunner(Runner):
         self._listings: dict[str, tuple[float, dict[str, dict]]] = {}
         self._zone_locks = {z: threading.Lock() for z in self.zones}
         self._records: dict[str, RemoteRecords] = {}
-        self._last_listing: dict[str, tuple[float, dict[str, ObjectInfo]]] = {}
+        self._agent_listing: tuple[float, dict[tuple[str, str], dict[str, ObjectInfo]]] = (
+            float("-inf"), {})  # fmt: skip
+        self._agents_lock = threading.Lock()
         self._lock = threading.Lock()
         self._local = threading.local()
         self._preempted_at: dict[str, float] = {}
@@ -291,11 +295,22 @@ class CloudRunner(Runner):
                 self._records[handle["name"]] = found
             return found
 
+    def agent_listing(self) -> dict[tuple[str, str], dict[str, ObjectInfo]]:
+        """Every live attempt's agent records, listed at most once per ``listing_ttl`` for all
+        polls (one listing of ``ROOT/agents/`` per cycle, whatever the number of jobs)."""
+        with self._agents_lock:
+            at, found = self._agent_listing
+            if time.monotonic() - at > self.listing_ttl:
+                found = self.store.list_agents()
+                self._agent_listing = (time.monotonic(), found)
+            return found
+
+    def _attempt_records(self, handle: Handle) -> dict[str, ObjectInfo]:
+        return self.agent_listing().get((handle["job"], handle["name"]), {})
+
     def agents(self, handle: Handle) -> Observation | None:
-        """What the agents say (None: none started yet); the listing is kept for read_output."""
-        listing = self.records(handle).list()
-        self._last_listing[handle["name"]] = (time.monotonic(), listing)
-        return self.records(handle).observe(listing, time.time())
+        """What the agents say (None: none started yet)."""
+        return self.records(handle).observe(self._attempt_records(handle), time.time())
 
     def gone(self, handle: Handle, why: str) -> Observation:
         """The machines are gone (or going) without a preemption: what the agents reported
@@ -324,7 +339,7 @@ class CloudRunner(Runner):
         return Observation(Phase.PREEMPTED, why, retryable=True)
 
     def _flushed(self, handle: Handle) -> bool:
-        _, listing = self._last_listing.get(handle["name"], (0.0, {}))
+        listing = self._attempt_records(handle)
         started = [w for w in range(int(handle["workers"]))
                    if Store.run_name(w, "started") in listing]  # fmt: skip
         return all(Store.run_name(w, "exit") in listing for w in started)
@@ -335,11 +350,44 @@ class CloudRunner(Runner):
         return Observation(Phase.FAILED, f"stockout in {zone}: {message}", retryable=True)
 
     def read_output(self, handle: Handle, offset: int, limit: int) -> bytes:
-        """Worker 0's output (the job's log); the listing of the poll just before is reused."""
-        at, listing = self._last_listing.get(handle["name"], (float("-inf"), None))
-        if listing is None or time.monotonic() - at > self.listing_ttl:
-            listing = None
-        return self.records(handle).read_output(offset, limit, worker=0, listing=listing)
+        """Worker 0's output (the job's log), from the cycle's listing of the records."""
+        return self.records(handle).read_output(
+            offset, limit, worker=0, listing=self._attempt_records(handle)
+        )
+
+    def describe(self, handle: Handle) -> str | None:
+        zone = handle.get("zone")
+        where = f" in {zone}" if zone else ""
+        return f"{self.resource_noun} {handle['name']} ({handle.get('workers', 1)} workers){where}"
+
+    def delete(self, handle: Handle) -> bool:
+        """Delete the resource; once it is verified gone, its agents' records too (their
+        output stays). A handle without a zone stands for records alone (see list_owned)."""
+        if handle.get("zone") and not self._delete_resource(handle):
+            return False
+        self.store.delete_agent_records(handle["job"], handle["name"])
+        self.forget(handle["name"])
+        return True
+
+    @abc.abstractmethod
+    def _delete_resource(self, handle: Handle) -> bool:
+        """Ask for the resource's deletion; True only once the API says it is gone (404)."""
+
+    def list_owned(self) -> list[Owned]:
+        """The resources in every zone, plus attempts whose agents' records outlived their
+        resource (a daemon that died between the two deletions): the sweep deletes those."""
+        owned = self._list_resources()
+        names = {item.name for item in owned}
+        for (job, name), records in self.agent_listing().items():
+            if name not in names and name.startswith(name_prefix(self.root)):
+                workers = 1 + max((p[0] for r in records if (p := Store.parse_run_name(r))),
+                                  default=0)  # fmt: skip
+                owned.append(Owned(name, self._handle(job, name, "", workers, None), True))
+        return owned
+
+    @abc.abstractmethod
+    def _list_resources(self) -> list[Owned]:
+        """Every resource of this root in the configured zones."""
 
     def owned(self, resource: dict, zone: str, workers: int, finished: bool) -> Owned:
         name = resource["name"].rsplit("/", 1)[-1]
@@ -376,7 +424,6 @@ class CloudRunner(Runner):
     def forget(self, name: str) -> None:
         with self._lock:
             self._records.pop(name, None)
-            self._last_listing.pop(name, None)
 
     def close(self) -> None:
         with self._lock:

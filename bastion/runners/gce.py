@@ -67,6 +67,7 @@ def request_id(root: str, name: str, verb: str = "insert") -> str:
 
 class GceRunner(CloudRunner):
     kind = "gce"
+    resource_noun = "VM"
     api_env = "BASTION_COMPUTE_API_ENDPOINT"
 
     def _build(self, credentials: str | None) -> Any:
@@ -240,7 +241,7 @@ class GceRunner(CloudRunner):
                 raise
         self.invalidate(handle["zone"])
 
-    def delete(self, handle: Handle) -> bool:
+    def _delete_resource(self, handle: Handle) -> bool:
         """Delete the VM; True only once ``get`` answers 404."""
         try:
             inst = self.execute(
@@ -257,7 +258,7 @@ class GceRunner(CloudRunner):
             self._delete_instance(handle)
         return False
 
-    def list_owned(self) -> list[Owned]:
+    def _list_resources(self) -> list[Owned]:
         return [
             self.owned(inst, zone, 1, inst.get("status") in _GONE)
             for zone in self.zones

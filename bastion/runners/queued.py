@@ -60,6 +60,7 @@ def from_settings(settings: Mapping[str, Any]) -> QueuedRunner:
 
 class QueuedRunner(TpuRunner):
     kind = "tpu-qr"
+    resource_noun = "queued resource"
 
     def _list_zone(self, zone: str) -> list[dict]:
         found, token = [], None
@@ -165,7 +166,7 @@ class QueuedRunner(TpuRunner):
         if qr is not None and (qr.get("state") or {}).get("state") != "DELETING":
             self._delete_qr(handle)
 
-    def delete(self, handle: Handle) -> bool:
+    def _delete_resource(self, handle: Handle) -> bool:
         try:
             qr = self.execute(self.client.queuedResources().get(name=self._qr_name(handle)))
         except HttpError as e:
@@ -177,7 +178,7 @@ class QueuedRunner(TpuRunner):
             self._delete_qr(handle)
         return False
 
-    def list_owned(self) -> list[Owned]:
+    def _list_resources(self) -> list[Owned]:
         owned = []
         for zone in self.zones:
             for qr in self.listing(zone).values():

@@ -1,19 +1,21 @@
 """What the daemon reads back from a remote attempt's agents (shared by the cloud runners).
 
 The in-guest agent (:mod:`bastion.agent`) reports only through the bucket, per worker:
-``started``, ``heartbeat``, ``exit`` records and numbered output chunks (names in
-:class:`bastion.store.Store`, section runs). :class:`RemoteRecords` turns one listing of the
-attempt into an :class:`Observation` and serves worker output by byte offset.
+``started``, ``heartbeat``, ``progress`` and ``exit`` records, and numbered output chunks
+(names in :class:`bastion.store.Store`, section runs). :class:`RemoteRecords` turns the
+attempt's records, as one listing shows them, into an :class:`Observation` with each worker's
+health, and serves a worker's output by byte offset.
 
-Cost: one recursive listing per attempt per call (the caller makes it and passes it to both
-``observe`` and ``read_output``), plus a read per record or chunk that changed since the last
-call (records are cached by token, chunk sizes by sequence number), so a steady state costs
-O(changes). One listing per attempt is acceptable for now; a runner with many attempts may
-later list ``ROOT/runs/`` once per cycle and split the result by attempt.
+Cost, so that a cycle costs what changed:
 
-Heartbeats are compared to the daemon's clock (``now``): a worker's clock skewed by more than
-a fraction of ``heartbeat_timeout`` would read as lost, so the timeout should be generous
-(several heartbeat periods).
+- The records of every live attempt come from one listing of ``ROOT/agents/`` per cycle
+  (made by the runner, :meth:`bastion.runners.cloud.CloudRunner.agent_listing`); output chunks
+  live elsewhere, so that listing grows with the running workers, not with their output.
+- A heartbeat is never read: its listing token changing is the beat, timed on the daemon's
+  own clock (``now``), so a worker's skewed clock cannot make it look lost or alive.
+- ``started`` and ``exit`` are read once, when they appear; ``progress`` (how many chunks
+  are stored) only when its token changed, i.e. when the worker wrote output; chunks are then
+  read by name, never listed. A quiet running attempt costs no request at all.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from typing import Any
 from bastion.runners.base import Observation, Phase
 from bastion.store import ObjectInfo, Store
 
+LATE_FRACTION = 0.5  # a worker silent for this part of the timeout shows as late
+
 
 class RemoteRecords:
     def __init__(
@@ -33,11 +37,13 @@ class RemoteRecords:
         self.num_workers = num_workers
         self.heartbeat_timeout = heartbeat_timeout
         self._records: dict[tuple[int, str], tuple[str, dict[str, Any] | None]] = {}
-        self._sizes: dict[int, list[int]] = {}  # worker -> sizes of chunks 0..n-1
+        self._beats: dict[int, tuple[str, float]] = {}  # worker -> (beat's token, seen at)
+        self._sizes: dict[int, list[int]] = {}  # worker -> sizes of chunks 0..n-1 (known)
         self._starts: dict[int, list[int]] = {}  # worker -> byte offset of each chunk
 
     def list(self) -> dict[str, ObjectInfo]:
-        return self.store.list_run(self.job, self.attempt)
+        """This attempt's records alone (the runner lists every attempt's at once)."""
+        return self.store.list_agent_records(self.job, self.attempt)
 
     def _record(
         self, listing: dict[str, ObjectInfo], worker: int, kind: str
@@ -52,6 +58,18 @@ class RemoteRecords:
             cached = (info.token, record)
             self._records[(worker, kind)] = cached
         return cached[1]
+
+    def _silent_for(self, listing: dict[str, ObjectInfo], worker: int, now: float) -> float:
+        """Seconds since the worker's heartbeat (or claim) last changed, on our clock."""
+        info = listing.get(Store.run_name(worker, "heartbeat")) or listing.get(
+            Store.run_name(worker, "started")
+        )
+        token = info.token if info else ""
+        seen = self._beats.get(worker)
+        if seen is None or seen[0] != token:
+            seen = (token, now)
+            self._beats[worker] = seen
+        return now - seen[1]
 
     def observe(self, listing: dict[str, ObjectInfo], now: float) -> Observation | None:
         """The attempt as its agents report it; None when no worker has started yet (the
@@ -68,10 +86,17 @@ class RemoteRecords:
             record = self._record(listing, w, "exit")
             if record is not None:
                 exits[w] = record
+        silent = {w: self._silent_for(listing, w, now) for w in started - exits.keys()}
+        workers = tuple(
+            _health(w in started, exits.get(w), silent.get(w, 0.0), self.heartbeat_timeout)
+            for w in range(self.num_workers)
+        )
         for w, record in sorted(exits.items()):
             if record.get("preempted"):
                 reason = f"worker {w} was preempted: {record.get('reason', '')}".rstrip(": ")
-                return Observation(Phase.PREEMPTED, reason, record.get("code"), retryable=True)
+                return Observation(
+                    Phase.PREEMPTED, reason, record.get("code"), retryable=True, workers=workers
+                )
         failed = [(r.get("time", 0), w, r) for w, r in exits.items() if r.get("code") != 0]
         if failed:
             _, w, record = min(failed, key=lambda item: item[:2])
@@ -79,26 +104,40 @@ class RemoteRecords:
             said = str(record.get("reason") or "")
             why = said if said and said != f"exited with status {code}" else ""
             reason = f"worker {w} exited with status {code}" + (f": {why}" if why else "")
-            return Observation(Phase.FAILED, reason, code)
+            return Observation(Phase.FAILED, reason, code, workers=workers)
         if len(exits) == self.num_workers:
-            return Observation(Phase.SUCCEEDED, f"all {self.num_workers} workers exited 0", 0)
-        for w in sorted(started - exits.keys()):
-            beat = self._record(listing, w, "heartbeat") or self._record(listing, w, "started")
-            last = float((beat or {}).get("time", 0))
-            if now - last > self.heartbeat_timeout:
-                reason = f"worker {w} stopped heartbeating ({now - last:.0f}s since its last)"
-                return Observation(Phase.LOST, reason, retryable=True)
+            return Observation(
+                Phase.SUCCEEDED, f"all {self.num_workers} workers exited 0", 0, workers=workers
+            )
+        for w, seconds in sorted(silent.items()):
+            if seconds > self.heartbeat_timeout:
+                reason = f"worker {w} stopped heartbeating (silent for {seconds:.0f}s)"
+                return Observation(Phase.LOST, reason, retryable=True, workers=workers)
         running = len(started - exits.keys())
-        return Observation(Phase.RUNNING, f"{running} of {self.num_workers} workers running")
+        return Observation(
+            Phase.RUNNING, f"{running} of {self.num_workers} workers running", workers=workers
+        )
 
-    def _index(self, listing: dict[str, ObjectInfo], worker: int) -> tuple[list[int], list[int]]:
-        """Sizes and start offsets of the worker's contiguous chunks, extended by new ones."""
-        sizes = self._sizes.setdefault(worker, [])
-        starts = self._starts.setdefault(worker, [])
-        while (info := listing.get(Store.run_name(worker, "log", len(sizes)))) is not None:
+    def _chunks(self, listing: dict[str, ObjectInfo], worker: int) -> int:
+        """How many of the worker's chunks are stored: its exit record says so last, its
+        progress record meanwhile (each read only when it changed)."""
+        for kind in ("exit", "progress"):
+            record = self._record(listing, worker, kind)
+            if record is not None and isinstance(record.get("chunks"), int):
+                return int(record["chunks"])
+        return 0
+
+    def _learn_sizes(self, worker: int, upto: int) -> None:
+        """Sizes of chunks not yet read (a restarted daemon resuming mid-output): one
+        listing of the worker's output."""
+        sizes, starts = self._sizes.setdefault(worker, []), self._starts.setdefault(worker, [])
+        listing = self.store.list_run(self.job, self.attempt)
+        while len(sizes) < upto:
+            info = listing.get(Store.run_name(worker, "log", len(sizes)))
+            if info is None:
+                return
             starts.append(starts[-1] + sizes[-1] if sizes else 0)
             sizes.append(info.size)
-        return sizes, starts
 
     def read_output(
         self,
@@ -108,16 +147,45 @@ class RemoteRecords:
         listing: dict[str, ObjectInfo] | None = None,
     ) -> bytes:
         """At most ``limit`` bytes of the worker's output from ``offset`` (the chunks in order,
-        as one stream); b"" when nothing new. Reads only the chunks the range touches."""
+        as one stream); b"" when nothing new. Reads only the chunks the range touches, by name:
+        their sizes are learned as they are read (a listing only to resume past unread ones)."""
         if listing is None:
             listing = self.list()
-        sizes, starts = self._index(listing, worker)
+        count = self._chunks(listing, worker)
+        sizes, starts = self._sizes.setdefault(worker, []), self._starts.setdefault(worker, [])
+        known_end = starts[-1] + sizes[-1] if sizes else 0
+        if offset > known_end and len(sizes) < count:
+            self._learn_sizes(worker, count)
+            if offset > (starts[-1] + sizes[-1] if sizes else 0) and len(sizes) < count:
+                return b""  # a chunk before ``offset`` is not listed yet: next time
         out = bytearray()
-        seq = bisect.bisect_right(starts, offset) - 1
-        while seq >= 0 and seq < len(sizes) and len(out) < limit:
-            skip = offset + len(out) - starts[seq]
-            if skip < sizes[seq]:
-                data = self.store.read_run_chunk(self.job, self.attempt, worker, seq, start=skip)
-                out += data[: limit - len(out)]
+        seq = bisect.bisect_right(starts, offset) - 1 if sizes else 0
+        if sizes and offset >= starts[-1] + sizes[-1]:
+            seq = len(sizes)
+        seq = max(seq, 0)
+        while seq < count and len(out) < limit:
+            begin = starts[seq] if seq < len(sizes) else (starts[-1] + sizes[-1] if sizes else 0)
+            skip = offset + len(out) - begin
+            if seq < len(sizes) and skip >= sizes[seq]:
+                seq += 1
+                continue
+            data = self.store.read_run_chunk(self.job, self.attempt, worker, seq, start=skip)
+            if seq == len(sizes):  # read to its end from ``skip``: now its size is known
+                starts.append(begin)
+                sizes.append(skip + len(data))
+            out += data[: limit - len(out)]
             seq += 1
         return bytes(out)
+
+
+def _health(started: bool, exit_record: dict[str, Any] | None, silent: float,
+            timeout: float) -> str:  # fmt: skip
+    """One word (or two) per worker, stable between changes: it is written into the job's
+    state only when it changes, so no elapsed time is in it."""
+    if not started:
+        return "waiting"
+    if exit_record is not None:
+        return "preempted" if exit_record.get("preempted") else f"exit {exit_record.get('code')}"
+    if silent > timeout:
+        return "lost"
+    return "late" if silent > timeout * LATE_FRACTION else "running"

@@ -67,6 +67,7 @@ def hosts(acc_type: str) -> int:
 
 class TpuRunner(CloudRunner):
     kind = "tpu"
+    resource_noun = "TPU node"
     api_env = "BASTION_TPU_API_ENDPOINT"
 
     def _build(self, credentials: str | None) -> Any:
@@ -198,7 +199,7 @@ class TpuRunner(CloudRunner):
                 raise
         self.invalidate(handle["zone"])
 
-    def delete(self, handle: Handle) -> bool:
+    def _delete_resource(self, handle: Handle) -> bool:
         """Delete the node; True only once ``get`` answers 404."""
         name = f"{self._parent(handle['zone'])}/nodes/{handle['name']}"
         try:
@@ -212,7 +213,7 @@ class TpuRunner(CloudRunner):
             self._delete_node(handle)
         return False
 
-    def list_owned(self) -> list[Owned]:
+    def _list_resources(self) -> list[Owned]:
         owned = []
         for zone in self.zones:
             for node in self.listing(zone).values():
