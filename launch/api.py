@@ -98,6 +98,30 @@ class JobInfo:
     live_reason: str = ""  # the whole current reason (the summary has it for a queue's first)
 
     @property
+    def workers(self) -> list[str]:
+        """Each worker's health of a running multi-host attempt ("running", "late", "lost",
+        "exit 0", "preempted", "waiting"), as the daemon last saw it; [] otherwise."""
+        if self.state is None or self.state.status is not Status.ACTIVE:
+            return []
+        return [str(w) for w in (self.state.runner or {}).get("workers") or []]
+
+    @property
+    def worker_summary(self) -> str:
+        """``4/4 running``, or ``3/4 running; late: w2``: the healthy count, then who is not."""
+        words = self.workers
+        if not words:
+            return ""
+        others: dict[str, list[int]] = {}
+        for index, word in enumerate(words):
+            if word != "running":
+                others.setdefault(word, []).append(index)
+        parts = [f"{len(words) - sum(map(len, others.values()))}/{len(words)} running"]
+        for word, indices in others.items():
+            shown = ",".join(f"w{i}" for i in indices[:4])
+            parts.append(f"{word}: {shown}" + (f",+{len(indices) - 4}" if len(indices) > 4 else ""))
+        return "; ".join(parts)
+
+    @property
     def status(self) -> str:
         if self.state:
             return self.state.display_status
@@ -131,6 +155,8 @@ class JobInfo:
                 runner=self.spec.runner,
                 bundle=self.spec.bundle,  # enough to rerun the exact code
             )
+        if self.workers:
+            data["workers"] = self.workers
         data["state"] = self.state.to_json() if self.state else None
         if self.problem:
             data["problem"] = self.problem
@@ -295,6 +321,41 @@ class Client:
             info = self.get(name)
             start = info.state.log_start if info.state else 0
         yield from self.store.read_log_chunks(name, start, LOG_CHUNK)
+
+    def worker_output(
+        self, name: str, worker: int | None, follow: bool = False, poll_seconds: float = 1.0
+    ) -> Iterator[bytes]:
+        """One worker's output (``worker=None``: every worker's, lines prefixed), for every
+        attempt of this submission of a multi-host job; see :mod:`launch.workers`. With
+        ``follow``, until the job ends."""
+        from launch import workers
+
+        info = self.get(name)
+        if info.state is None:
+            return
+        reader = workers.WorkerOutput(self.store, name, info.state.submission, worker)
+        if not follow:
+            yield from reader.new_output(info.state.attempt, final=True)
+            return
+
+        def attempts_now() -> tuple[int, bool]:
+            now = self.get(name)
+            ended = now.finished or (now.state is not None and now.state.status is Status.COMPLETED)
+            return (now.state.attempt if now.state else 0), ended
+
+        yield from workers.follow(reader, attempts_now, poll_seconds)
+
+    def worker_count(self, name: str) -> int:
+        """Workers that wrote output in any attempt of this submission (0: a one-process
+        runner, whose output is the job's log)."""
+        from launch import workers
+
+        info = self.get(name)
+        if info.state is None:
+            return 0
+        reader = workers.WorkerOutput(self.store, name, info.state.submission, None)
+        seen = reader.workers_seen(info.state.attempt)
+        return max(seen) + 1 if seen else 0
 
     def follow_log(
         self,

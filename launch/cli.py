@@ -95,6 +95,9 @@ flags.DEFINE_bool("all", False, "list: include completed jobs.")
 flags.DEFINE_bool("json", False, "list/simulate: print JSON.")
 flags.DEFINE_bool("follow", False, "logs/launch: keep printing until the job is finished.")
 flags.DEFINE_bool("exit_status", False, "logs --follow: exit with the job's failure status.")
+flags.DEFINE_string(
+    "worker", None, "logs: one worker's own output (0, 1, ...) or 'all', every attempt."
+)
 flags.DEFINE_float("follow_poll_seconds", 1.0, "How often logs --follow polls the bucket.")
 flags.DEFINE_float(
     "daemon_wait_seconds",
@@ -328,6 +331,9 @@ def cmd_list(args: Sequence[str]) -> int:
         return 0
     rows = [("NAME", "STATE", "PROJECT", "USER", "RESOURCES", "PRI", "AGE", "REASON")]
     rows += [_row(j) for j in jobs]
+    if any(j.workers for j in jobs):  # multi-host jobs: each worker's health, before REASON
+        health = ["WORKERS"] + [j.worker_summary or "-" for j in jobs]
+        rows = [(*r[:-1], w, r[-1]) for r, w in zip(rows, health, strict=True)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[-1])
@@ -360,6 +366,8 @@ def _age(seconds: float) -> str:
 def cmd_logs(args: Sequence[str]) -> int:
     name = _one_name(args, "logs")
     client = _client(name=name)
+    if FLAGS.worker is not None:
+        return _worker_logs(client, name)
     if FLAGS.follow:
         return _follow(client, name, exit_status=FLAGS.exit_status)
     info = client.get(name)
@@ -372,6 +380,38 @@ def cmd_logs(args: Sequence[str]) -> int:
         print(f"[bastion] job {name} was rejected: {info.reason}")
     elif info.state is None:
         print(f"bastion: {name} has no output yet: {info.reason}", file=sys.stderr)
+    return 0
+
+
+def _worker_logs(client: Client, name: str) -> int:
+    """--worker=K|all: each worker's own output (a multi-host cloud job's agents write it)."""
+    from launch.workers import parse_worker
+
+    try:
+        worker = parse_worker(FLAGS.worker)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    count = client.worker_count(name)
+    if count == 0 and not FLAGS.follow:
+        info = client.get(name)
+        kind = (info.spec.runner_kind if info.spec else None) or "the daemon's default"
+        if worker not in (None, 0):
+            print(f"bastion: {name} has no output from worker {worker}: its attempts so far "
+                  f"wrote none (runner {kind}; a one-process job has only worker 0, "
+                  f"whose output is `bastion logs {name}`)", file=sys.stderr)  # fmt: skip
+            return 1
+        FLAGS.worker = None
+        return cmd_logs([name])  # one process: worker 0's output is the job's log
+    if worker is not None and count and worker >= count and not FLAGS.follow:
+        print(f"bastion: {name} has output from workers 0..{count - 1} only, not {worker}",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    out = sys.stdout.buffer
+    for data in client.worker_output(
+        name, worker, follow=FLAGS.follow, poll_seconds=FLAGS.follow_poll_seconds
+    ):
+        out.write(data)
+        out.flush()
     return 0
 
 
@@ -591,10 +631,12 @@ USAGE: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         ("all", "json", "quota_file"),
     ),
     "logs": (
-        "bastion logs NAME [--follow] [--exit_status]",
-        "A job's output; --follow prints lines as they are written until the job ends.",
+        "bastion logs NAME [--follow] [--exit_status] [--worker=K|all]",
+        "A job's output (worker 0's, for a multi-host job); --follow prints lines as they are "
+        "written until the job ends; --worker=K one worker's own output, --worker=all every "
+        "worker's lines prefixed [a<attempt> w<worker>].",
         "bastion logs hello --follow",
-        ("follow", "exit_status", "follow_poll_seconds", "daemon_wait_seconds"),
+        ("follow", "exit_status", "follow_poll_seconds", "daemon_wait_seconds", "worker"),
     ),
     "cancel": (
         "bastion cancel NAME",

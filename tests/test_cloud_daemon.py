@@ -12,6 +12,7 @@ daemon cycle; agents run in real time, so every wait is bounded.
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -455,3 +456,58 @@ def test_api_calls_per_steady_state_cycle(cloud: Cloud, jobs: int) -> None:
     for i in range(jobs):
         cloud.client.cancel(f"steady{i}")
     cloud.drive(daemon, lambda: all(cloud.finished(f"steady{i}") for i in range(jobs)), "cancels")
+
+
+# -- what users see of a multi-host job: each worker's health and each worker's own output ---
+
+
+def _cli(cloud: Cloud, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "launch.cli", f"--root={cloud.root}", *args],
+        cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_list_shows_each_worker_and_logs_reads_any_worker(cloud: Cloud) -> None:
+    command = 'echo "w$BASTION_WORKER says hi"; if [ "$BASTION_WORKER" = 3 ]; then exit 0; fi; '
+    cloud.submit("multi", command + LOOP)
+    daemon = cloud.daemon()
+    healthy = ["running", "running", "running", "exit 0"]
+    cloud.drive(daemon, lambda: cloud.runner_record("multi").get("workers") == healthy,
+                "three workers running and worker 3 done")  # fmt: skip
+    info = cloud.info("multi")
+    assert info.worker_summary == "3/4 running; exit 0: w3"
+    listed = _cli(cloud, "list")
+    header, row = listed.stdout.splitlines()[:2]
+    assert "WORKERS" in header and "3/4 running; exit 0: w3" in row, listed.stdout
+    assert _cli(cloud, "list", "--json").stdout.count('"workers"') >= 1
+
+    cloud.drive(daemon, lambda: b"line 3\n" in b"".join(cloud.client.worker_output("multi", 2)),
+                "worker 2's output in the bucket")  # fmt: skip
+    two = _cli(cloud, "logs", "multi", "--worker=2")
+    assert two.returncode == 0, two.stderr
+    assert two.stdout.startswith("=== [bastion] attempt 1, worker 2 ===\nw2 says hi\nline 1\n")
+    every = _cli(cloud, "logs", "multi", "--worker=all").stdout.splitlines()
+    assert {"[a1 w0] w0 says hi", "[a1 w3] w3 says hi", "[a1 w1] line 1"} <= set(every)
+    assert all(line.startswith("[a1 w") for line in every)
+    missing = _cli(cloud, "logs", "multi", "--worker=7")
+    assert missing.returncode == 1 and "workers 0..3 only" in missing.stderr
+    bad = _cli(cloud, "logs", "multi", "--worker=two")
+    assert bad.returncode != 0 and "--worker=two" in bad.stderr
+    assert "w0 says hi" in cloud.log("multi") and "w2 says hi" not in cloud.log("multi")
+
+    cloud.client.cancel("multi")
+    cloud.drive(daemon, lambda: cloud.finished("multi"), "the cancel")
+    after = _cli(cloud, "logs", "multi", "--worker=1")  # still there once the job is over
+    assert after.returncode == 0 and "w1 says hi" in after.stdout
+
+
+def test_worker_logs_of_a_one_process_job_are_its_log(cloud: Cloud) -> None:
+    cloud.client.submit(new_jobspec(name="solo", command="echo alone", user_id="tester",
+                                    project_id="default", resources={"cpu": 1}))  # fmt: skip
+    daemon = cloud.daemon()
+    cloud.drive(daemon, lambda: cloud.finished("solo"), "solo to finish")
+    zero = _cli(cloud, "logs", "solo", "--worker=0")
+    assert zero.returncode == 0 and "alone\n" in zero.stdout
+    one = _cli(cloud, "logs", "solo", "--worker=1")
+    assert one.returncode == 1 and "a one-process job has only worker 0" in one.stderr
