@@ -770,6 +770,7 @@ class Daemon:
             options=spec.runner_options,
             bundle=spec.bundle,
             fence=self.lease.term if self.lease is not None else 0,
+            tier=job.state.tier,
             labels={
                 "bastion-job": job.name[:63].lower(),
                 "bastion-attempt": str(job.state.attempt),

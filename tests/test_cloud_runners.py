@@ -7,6 +7,7 @@ real time, so every wait is bounded."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
@@ -21,7 +22,14 @@ from pathlib import Path
 import pytest
 from googleapiclient.errors import HttpError
 
-from bastion.runners.base import Attempt, Observation, Phase, TryAgain, attempt_name
+from bastion.runners.base import (
+    Attempt,
+    Observation,
+    Phase,
+    RunnerError,
+    TryAgain,
+    attempt_name,
+)
 from bastion.runners.gce import GceRunner, request_id
 from bastion.runners.queued import QueuedRunner, slice_id
 from bastion.runners.tpu import TpuRunner
@@ -625,3 +633,60 @@ def test_daemon_package_is_published_content_addressed_and_installs(root, tpu_se
     assert out.stdout.strip() == str(target / "bastion" / "__init__.py")
     assert no_sleep(TpuRunner(settings(root, tpu_server.endpoint, publish_package=False))) \
         .package_url() is None  # fmt: skip
+
+
+# -- capacity per quota tier: reserved within quota, spot when borrowing -----------------------
+
+
+def _tiered(a: Attempt, tier: int | None) -> Attempt:
+    return dataclasses.replace(a, tier=tier)
+
+
+def test_the_tier_a_job_was_admitted_on_picks_its_capacity(root, tpu_server):
+    tiers = {"0": "reserved", "1": "spot"}
+    runner = no_sleep(TpuRunner(settings(root, tpu_server.endpoint, tiers=tiers)))
+    try:
+        plain = {"accelerator_type": "v4-8"}
+        runner.start(_tiered(attempt(root, "true", n=1, **plain), 0))  # within its quota
+        runner.start(_tiered(attempt(root, "true", n=2, **plain), 1))  # borrowing
+        runner.start(_tiered(attempt(root, "true", n=3, accelerator_type="v4-8", spot=False), 1))
+        runner.start(_tiered(attempt(root, "true", n=4, **plain), 7))  # a tier not listed
+        bodies = [r[3] for r in creates(tpu_server)]
+        assert [b.get("schedulingConfig") for b in bodies] == [
+            {"reserved": True},
+            {"spot": True},
+            None,  # the job's own --spot=false wins over its tier
+            None,  # not listed: the runner's default (on-demand)
+        ]
+    finally:
+        runner.close()
+
+
+def test_a_gce_tier_names_a_reservation_or_spot(root, gce_server):
+    tiers = {0: "reservation:team-a3", 1: "spot"}
+    runner = no_sleep(GceRunner(settings(root, gce_server.endpoint, tiers=tiers)))
+    try:
+        a3 = {"instance_type": "gpu-a3-highgpu-8g"}
+        runner.start(_tiered(attempt(root, "true", n=1, **a3), 0))
+        runner.start(_tiered(attempt(root, "true", n=2, **a3), 1))
+        reserved, spot = (r[3] for r in inserts(gce_server))
+        assert reserved["reservationAffinity"] == {
+            "consumeReservationType": "SPECIFIC_RESERVATION",
+            "key": "compute.googleapis.com/reservation-name",
+            "values": ["team-a3"],
+        }
+        assert "provisioningModel" not in reserved["scheduling"]
+        assert spot["scheduling"]["provisioningModel"] == "SPOT"
+        assert "reservationAffinity" not in spot
+    finally:
+        runner.close()
+
+
+def test_a_tier_setting_that_means_nothing_is_the_jobs_error_naming_the_setting(root, tpu_server):
+    runner = no_sleep(TpuRunner(settings(root, tpu_server.endpoint, tiers={"1": "cheap"})))
+    try:
+        with pytest.raises(RunnerError, match=r"tiers\.1 = 'cheap' is not spot, on-demand"):
+            runner.start(_tiered(attempt(root, "true", accelerator_type="v4-8"), 1))
+        assert creates(tpu_server) == []
+    finally:
+        runner.close()

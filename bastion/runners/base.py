@@ -91,6 +91,9 @@ class Attempt:
     # from a term older than one it has already seen (bastion/runners/fence.py): a daemon
     # frozen in the middle of a start never starts anything after its successor did.
     fence: int = 0
+    # The quota tier the job was admitted on (0: within its project's quota; higher: borrowed).
+    # Opaque to runners except as a key: a cloud runner maps it to spot or reserved capacity.
+    tier: int | None = None
 
 
 @dataclass(frozen=True)

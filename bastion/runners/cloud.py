@@ -10,6 +10,13 @@ Settings (``from_settings`` of either runner; keys both understand):
   ``zone_block_seconds`` (default 600); a region whose quota is exhausted likewise.
 - ``network``, ``subnetwork``, ``service_account``: where the VMs live and who they act as.
 - ``spot``: default for jobs whose options do not say (a job's ``options["spot"]`` wins).
+- ``tiers``: capacity per quota tier the job was admitted on, e.g. ``{0 = "reserved",
+  1 = "spot"}`` (AXLearn's practice: a job within its project's quota gets the reservation, a
+  job borrowing idle quota gets spot capacity, which the cloud may take back as the quota
+  policy may). Values: ``"spot"``, ``"on-demand"``, ``"reserved"`` (TPU nodes'
+  ``schedulingConfig.reserved``), ``"reservation:<name>"`` (a named reservation: queued
+  resources' ``reservationName``, GCE ``reservationAffinity``). A job's own ``spot`` or
+  ``reservation`` option wins; a tier not listed uses ``spot``.
 - ``api_endpoint``: the API's base URL. Default: ``$BASTION_TPU_API_ENDPOINT`` /
   ``$BASTION_COMPUTE_API_ENDPOINT``, else Google's. With Google's endpoint the credentials are
   google-auth's standard chain (``google.auth.default()``); with an explicit endpoint (a
@@ -281,6 +288,30 @@ class CloudRunner(Runner):
                     raise
                 self.sleep(min(2**retry, 30) * 0.5)
         raise AssertionError("unreachable")
+
+    def capacity(self, attempt: Attempt) -> tuple[str, str | None]:
+        """("spot" | "on-demand" | "reserved", reservation name or None) for the attempt: its
+        own options first, then the ``tiers`` setting for its tier, then ``spot``."""
+        options = attempt.options
+        if options.get("reservation"):
+            return "reserved", str(options["reservation"])
+        if "spot" in options:
+            return ("spot" if options["spot"] else "on-demand"), None
+        tiers = {str(k): str(v) for k, v in (self.settings.get("tiers") or {}).items()}
+        said = tiers.get(str(attempt.tier)) if attempt.tier is not None else None
+        if said is None:
+            return ("spot" if self.spot else "on-demand"), None
+        if said.startswith("reservation:"):
+            return "reserved", said.split(":", 1)[1]
+        if said not in ("spot", "on-demand", "reserved"):
+            raise RunnerError(
+                f"runner {self.kind}: tiers.{attempt.tier} = {said!r} is not spot, on-demand, "
+                "reserved or reservation:<name>; fix the daemon's runner settings"
+            )
+        return said, None
+
+    def is_spot(self, attempt: Attempt) -> bool:
+        return self.capacity(attempt)[0] == "spot"
 
     def _handle(self, job: str, name: str, zone: str, workers: int, op: str | None) -> Handle:
         return {"name": name, "job": job, "zone": zone, "workers": workers, "op": op}

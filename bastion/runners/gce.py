@@ -90,7 +90,8 @@ class GceRunner(CloudRunner):
     def _create(self, attempt: Attempt, zone: str, workers: int) -> str | None:
         mt = machine_type(attempt.options)
         scheduling: dict[str, Any] = {"onHostMaintenance": "TERMINATE", "automaticRestart": False}
-        if bool(attempt.options.get("spot", self.spot)):
+        kind, reservation = self.capacity(attempt)
+        if kind == "spot":
             scheduling.update(provisioningModel="SPOT", instanceTerminationAction="DELETE")
         if self.settings.get("max_run_seconds"):
             seconds = str(int(self.settings["max_run_seconds"]))
@@ -132,6 +133,12 @@ class GceRunner(CloudRunner):
                     "acceleratorCount": int(attempt.options.get("accelerator_count", 1)),
                 }
             ]
+        if kind == "reserved":  # cloud.md 2.2: a named reservation, or any that fits
+            body["reservationAffinity"] = (
+                {"consumeReservationType": "SPECIFIC_RESERVATION",
+                 "key": "compute.googleapis.com/reservation-name", "values": [reservation]}
+                if reservation else {"consumeReservationType": "ANY_RESERVATION"}
+            )  # fmt: skip
         if self.settings.get("service_account"):
             body["serviceAccounts"] = [
                 {

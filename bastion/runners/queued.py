@@ -109,12 +109,16 @@ class QueuedRunner(TpuRunner):
                 "validUntilDuration": f"{int(self._option(attempt, 'queue_seconds', 3600))}s"
             },
         }
-        if self.is_spot(attempt):
+        kind, reservation = self.capacity(attempt)
+        reservation = reservation or self.settings.get("reservation")
+        if kind == "spot":
             body["spot"] = {}
-        elif self._option(attempt, "guaranteed"):
-            body["guaranteed"] = {}
-        if self._option(attempt, "reservation"):
-            body["reservationName"] = str(self._option(attempt, "reservation"))
+        elif self._option(attempt, "guaranteed") or kind == "reserved":
+            body["guaranteed"] = {}  # v2 has no guaranteed.reserved: the reservation's name says
+            for spec in specs:  # a node's own schedulingConfig breaks queued resources
+                spec["node"].pop("schedulingConfig", None)
+        if reservation and kind != "spot":
+            body["reservationName"] = str(reservation)
         request = self.client.queuedResources().create(
             parent=self._parent(zone),
             queuedResourceId=attempt.name,

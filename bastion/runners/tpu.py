@@ -100,9 +100,6 @@ class TpuRunner(CloudRunner):
                                              body=body)  # fmt: skip
         return self.execute(request, retries=0).get("name")
 
-    def is_spot(self, attempt: Attempt) -> bool:
-        return bool(attempt.options.get("spot", self.spot))
-
     def node_body(self, attempt: Attempt, script: str) -> dict[str, Any]:
         """A Node: type, runtime, labels, the startup script, spot, network, account."""
         acc = accelerator_type(attempt.options)
@@ -115,8 +112,11 @@ class TpuRunner(CloudRunner):
             "labels": labels_for(attempt, self.tag),
             "metadata": {"startup-script": script, "bastion-job-name": attempt.job},
         }
-        if self.is_spot(attempt):
+        kind, _ = self.capacity(attempt)
+        if kind == "spot":
             body["schedulingConfig"] = {"spot": True}
+        elif kind == "reserved":
+            body["schedulingConfig"] = {"reserved": True}
         network = {k: self.settings[k] for k in ("network", "subnetwork") if self.settings.get(k)}
         if network:
             body["networkConfig"] = {**network, "enableExternalIps": False}
