@@ -24,6 +24,7 @@ from googleapiclient.errors import HttpError
 
 from bastion.runners.base import (
     Attempt,
+    Fenced,
     Observation,
     Phase,
     RunnerError,
@@ -690,3 +691,14 @@ def test_a_tier_setting_that_means_nothing_is_the_jobs_error_naming_the_setting(
         assert creates(tpu_server) == []
     finally:
         runner.close()
+
+
+def test_a_stale_daemon_does_not_create_after_a_newer_lease_term(root, tpu_server, tpu):
+    """The TPU API takes no fencing token: the runner reads the lease just before a create."""
+    Store(root).write_lease({"owner": "newer", "term": 5}, None)
+    stale = dataclasses.replace(attempt(root, "true", accelerator_type="v4-8"), fence=3)
+    with pytest.raises(Fenced, match="lease term 5 is newer than this daemon's 3"):
+        tpu.start(stale)
+    assert creates(tpu_server) == []
+    current = dataclasses.replace(stale, fence=5)
+    assert tpu.start(current)["name"] == stale.name and len(creates(tpu_server)) == 1

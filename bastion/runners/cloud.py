@@ -66,6 +66,7 @@ from googleapiclient.http import build_http
 from bastion.runners import startup
 from bastion.runners.base import (
     Attempt,
+    Fenced,
     Handle,
     Observation,
     Owned,
@@ -254,6 +255,7 @@ class CloudRunner(Runner):
             self.store.write_provision(attempt.job, attempt.name, {
                 "kind": self.kind, "name": attempt.name, "zone": zone, "workers": workers,
                 "root_tag": self.tag, "time": time.time()})  # fmt: skip
+            self._check_term(attempt)
             try:
                 op = self._create_with_retries(attempt, zone, workers)
             except HttpError as e:
@@ -274,6 +276,20 @@ class CloudRunner(Runner):
                 "root_tag": self.tag, "time": time.time(), "op": op})  # fmt: skip
             return self._handle(attempt.job, attempt.name, zone, workers, op)
         raise TryAgain("waiting for capacity: " + "; ".join(dict.fromkeys(reasons)))
+
+    def _check_term(self, attempt: Attempt) -> None:
+        """The cloud APIs take no fencing token, so the lease itself is read just before a
+        create: a daemon that froze mid-start and resumes after a newer one took over (and
+        perhaps ran and deleted this very attempt) is refused here instead of recreating the
+        node. What is left is the instant between this read and the call; a node made in it
+        belongs to no live attempt and the successor's sweep deletes it."""
+        if attempt.fence <= 0:
+            return
+        found = self.store.read_lease()
+        term = int((found[0] if found else {}).get("term") or 0)
+        if term > attempt.fence:
+            raise Fenced(f"lease term {term} is newer than this daemon's {attempt.fence}: "
+                         f"not creating {attempt.name}")  # fmt: skip
 
     def _create_with_retries(self, attempt: Attempt, zone: str, workers: int) -> str | None:
         """Creates are retried here, not by googleapiclient: a 429 that names a quota must not
