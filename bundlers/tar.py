@@ -119,6 +119,8 @@ def _walk(root: str, rel: str, specs: list, user: GitIgnoreSpec | None, out: lis
     directory = os.path.join(root, rel) if rel else root
     try:
         names = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return  # removed while we walked (a build or a test writing in the tree): not shipped
     except OSError as e:
         raise BundleError(f"cannot read {rel or '.'}: {e.strerror}; fix or exclude it") from e
     ignore_file = os.path.join(directory, ".gitignore")
@@ -128,7 +130,10 @@ def _walk(root: str, rel: str, specs: list, user: GitIgnoreSpec | None, out: lis
     for name in names:
         child = f"{rel}/{name}" if rel else name
         path = os.path.join(root, child)
-        st = os.lstat(path)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue  # removed since the directory was listed: not part of the bundle
         is_dir = stat.S_ISDIR(st.st_mode)
         if _excluded(name, child, is_dir, specs, user):
             continue

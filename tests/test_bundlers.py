@@ -233,3 +233,23 @@ def test_options_records_and_registry(tmp_path):
     for bad in ("sha256:../../etc", "md5:" + "0" * 64, "sha256:" + "G" * 64):
         with pytest.raises(ValueError):
             store.bundle_url(bad)
+
+
+def test_files_removed_while_the_tree_is_walked_are_left_out(tmp_path, monkeypatch):
+    """Launching from a directory something else writes in (a build, a test run): what
+    vanishes between the listing and the look is not shipped, and the launch goes on."""
+    from bundlers import tar
+
+    src = write(tmp_path / "src", {"keep.py": "x", "gone.txt": "y", "tmpdir/inner.txt": "z"})
+    real_listdir = os.listdir
+
+    def listdir_then_remove(path):
+        names = real_listdir(path)
+        if Path(path) == src:
+            (src / "gone.txt").unlink()
+            shutil.rmtree(src / "tmpdir")
+        return names
+
+    monkeypatch.setattr(tar.os, "listdir", listdir_then_remove)
+    entries = tar.collect(str(src), None)
+    assert [(e.name, e.kind) for e in entries] == [("keep.py", "file")]
