@@ -448,7 +448,10 @@ class Store:
         return None
 
     def _run_parts(self, job: str, attempt: str, name: str) -> tuple[str, ...]:
-        top = "runs" if name.split("/")[2:3] == ["log"] else "agents"
+        """Output chunks live under runs/ (kept), records under agents/ (deleted with the
+        attempt's machines), so that listing every live attempt's records stays small."""
+        parsed = self.parse_run_name(name)
+        top = "runs" if parsed is not None and parsed[1] == "log" else "agents"
         return (top, job, attempt, *name.split("/"))
 
     def list_run(self, job: str, attempt: str) -> dict[str, ObjectInfo]:
