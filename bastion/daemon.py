@@ -90,6 +90,7 @@ class Job:
     inflight: int = 0  # effects handed to the pool whose results are not taken in yet
     pending_log: list[tuple[str, str]] = field(default_factory=list)  # lines a full disk refused
     spec_json: tuple[JobSpec | None, str] = (None, "")  # the spec, serialized for its env
+    reason_before_blind: str | None = None  # the reason before its attempt could not be watched
 
     def unwritten(self) -> bool:
         """True when the state differs from what the bucket holds. Only a state marked changed
@@ -688,8 +689,14 @@ class Daemon:
         for (job, purpose), result in zip(work, results, strict=True):
             if isinstance(result, Exception):
                 log.error("%s: could not watch its %s attempt: %s", job.name, purpose, result)
+                if job.reason_before_blind is None:
+                    job.reason_before_blind = job.state.reason
                 job.state.reason = f"could not watch attempt {job.state.attempt}: {result}"[:500]
                 continue
+            if job.reason_before_blind is not None:  # watching again: the failure is over
+                if job.state.reason.startswith("could not watch attempt"):
+                    job.state.reason = job.reason_before_blind
+                job.reason_before_blind = None
             try:
                 self._apply(job, lifecycle.Observed(purpose, result), now)
             except Exception:

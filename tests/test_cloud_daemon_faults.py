@@ -445,14 +445,6 @@ def test_listing_burst_beyond_the_retry_budget_is_watched_again_next_cycle(
     assert len(cloud.creates()) == 1 and cloud.node_names() == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "bastion/daemon.py Daemon._observe sets job.state.reason to 'could not watch attempt N: "
-        "...' when a poll raises, and nothing sets it back once polls succeed again: a running "
-        "job shows a long-gone API error as its reason (bastion list/why) until its phase changes"
-    ),
-)
 def test_a_watch_that_recovers_no_longer_reports_the_failed_watch(gce: Faults) -> None:
     budget = 2
     gce.submit("stale", LOOP)
@@ -542,15 +534,6 @@ def test_create_whose_answer_is_lost_is_retried_into_the_same_vm_or_node(either:
     assert cloud.node_names() == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "bastion/runners/cloud.py CloudRunner._create_with_retries/start retry only 429/5xx "
-        "(RETRYABLE_STATUS) and the insert runs with retries=0, so googleapiclient's own retry of "
-        "a 403 rateLimitExceeded never happens: start raises RunnerError and the job FAILS with "
-        "'could not start the command: cannot create ... 403 ... rateLimitExceeded'"
-    ),
-)
 def test_gce_insert_403_rate_limit_exceeded_is_retried_not_a_failed_job(gce: Faults) -> None:
     """Compute answers some rate limits with 403 ``rateLimitExceeded`` (cloud.md 2.6), which
     googleapiclient retries like a 429; it is no quota and no error of the job."""

@@ -82,6 +82,18 @@ from bastion.store import ObjectInfo, Store
 
 LISTING_TTL = 1.0
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+RATE_LIMIT_REASONS = frozenset({"rateLimitExceeded", "userRateLimitExceeded"})
+
+
+def retryable(error: HttpError) -> bool:
+    """429 and 5xx, and a 403 whose reason is a rate limit (cloud.md 2.6: Compute answers a
+    burst of calls with 403 rateLimitExceeded, which is not a refusal of the request)."""
+    if error.status_code in RETRYABLE_STATUS:
+        return True
+    details = error.error_details if isinstance(error.error_details, list) else []
+    return error.status_code == 403 and any(
+        isinstance(d, dict) and d.get("reason") in RATE_LIMIT_REASONS for d in details
+    )
 
 
 def build_client(api: str, version: str, endpoint: str | None, credentials: str | None = None):
@@ -267,7 +279,7 @@ class CloudRunner(Runner):
                     self.blocks.block(f"region:{region_of(zone)}", why, self.zone_block_seconds)
                     reasons.append(why)
                     continue
-                if e.status_code in RETRYABLE_STATUS:
+                if retryable(e):
                     raise TryAgain(f"creating {attempt.name} in {zone}: {e}") from e
                 raise RunnerError(f"cannot create {attempt.name} in {zone}: {e}") from e
             self.invalidate(zone)
@@ -299,7 +311,7 @@ class CloudRunner(Runner):
             try:
                 return self._create(attempt, zone, workers)
             except HttpError as e:
-                if (e.status_code not in RETRYABLE_STATUS or self._quota_reason(e) is not None
+                if (not retryable(e) or self._quota_reason(e) is not None
                         or retry == self.num_retries):  # fmt: skip
                     raise
                 self.sleep(min(2**retry, 30) * 0.5)
