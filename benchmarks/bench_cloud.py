@@ -52,6 +52,9 @@ recorded finished and every node is deleted).
 
     .venv/bin/python benchmarks/bench_cloud.py [--jobs 100 1000] [--cycles 10] [--probes 20]
         [--preempt 5] [--accelerator v4-8] [--latency 0.02] [--api_latency 0.02]
+
+About 3 minutes for ``--jobs 100 1000`` on a 2-core machine; ``--jobs 1000 --accelerator
+v4-32`` (4,000 simulated agents) about 5.
 """
 
 from __future__ import annotations
@@ -413,7 +416,8 @@ class Bench:
         if j is None or j.state.attempt != attempt:
             return False
         r = j.state.runner or {}
-        return r.get("phase") == "RUNNING" and (r.get("workers") or [None])[0] == "running"
+        workers = r.get("workers") or ["waiting"]
+        return r.get("phase") == "RUNNING" and all(w == "running" for w in workers)
 
     def until(self, phase: str, done: Any, limit: int) -> int:
         for i in range(limit):
@@ -545,7 +549,7 @@ class Bench:
 
 def fmt_counts(counter: dict[str, float]) -> str:
     """``a 1, b 2``, by name."""
-    return ", ".join(f"{k} {v:g}" for k, v in sorted(counter.items())) or "none"
+    return ", ".join(f"{k} {v:.3g}" for k, v in sorted(counter.items())) or "none"
 
 
 def median_counts(cycles: list[Cycle], attr: str) -> dict[str, float]:
