@@ -549,7 +549,13 @@ class Bench:
 
 def fmt_counts(counter: dict[str, float]) -> str:
     """``a 1, b 2``, by name."""
-    return ", ".join(f"{k} {v:.3g}" for k, v in sorted(counter.items())) or "none"
+    return (
+        ", ".join(
+            f"{k} {v:,.0f}" if float(v).is_integer() else f"{k} {v:.3g}"
+            for k, v in sorted(counter.items())
+        )
+        or "none"
+    )
 
 
 def median_counts(cycles: list[Cycle], attr: str) -> dict[str, float]:
