@@ -306,6 +306,8 @@ class Daemon:
             self._recovered = True
             done("recover")
         self.cycles += 1
+        for runner in self.runners.made():
+            runner.begin_cycle()
         self._take_in_results()
         self.quota.refresh()
         done("quota")

@@ -147,6 +147,10 @@ class Runner(abc.ABC):
     def read_output(self, handle: Handle, offset: int, limit: int) -> bytes:
         """Up to ``limit`` bytes of the attempt's output starting at byte ``offset``."""
 
+    def begin_cycle(self) -> None:  # noqa: B027 (optional: most runners keep nothing)
+        """Optional: the daemon starts a cycle. A runner that shares one listing among all
+        of a cycle's polls makes it afresh after this, however long the last cycle took."""
+
     def describe(self, handle: Handle) -> str | None:
         """Optional: what the attempt occupies, for the job's history ("TPU node X (v4-32,
         4 workers) in us-central2-b"); None when there is nothing to tell (a local process).

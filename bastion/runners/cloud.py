@@ -36,8 +36,9 @@ Settings (``from_settings`` of either runner; keys both understand):
 Why the pieces are here:
 
 - *One list call per zone per cycle*: a poll never asks the API about one attempt; it looks the
-  attempt up in the zone's listing, made at most once per ``listing_ttl`` (1 s, less than a
-  cycle) for every attempt polled meanwhile. Cost per cycle is O(zones), not O(jobs).
+  attempt up in the zone's listing, made once per daemon cycle (``begin_cycle``; used
+  without a daemon, once per ``listing_ttl``) for every attempt polled meanwhile. Cost per
+  cycle is O(zones), not O(jobs).
 - *Provisioning record before every create* (``Store.write_provision``): a daemon killed between
   the create call and its own state write finds the zone (and the create operation) of the
   attempt again on restart, and ``start`` adopts by name; a 409 on create is adoption too
@@ -183,6 +184,7 @@ class CloudRunner(Runner):
         self._agent_listing: tuple[float, dict[tuple[str, str], dict[str, ObjectInfo]]] = (
             float("-inf"), {})  # fmt: skip
         self._agents_lock = threading.Lock()
+        self._per_cycle = False  # set once a daemon drives the cycles (begin_cycle)
         self._lock = threading.Lock()
         self._local = threading.local()
         self._preempted_at: dict[str, float] = {}
@@ -224,12 +226,27 @@ class CloudRunner(Runner):
             http=http, num_retries=self.num_retries if retries is None else retries
         )
 
+    def begin_cycle(self) -> None:
+        """From now on listings last exactly one cycle: each zone and the agents' records are
+        listed once per cycle, however long it takes (a time-to-live either lists twice in a
+        slow cycle or reuses a stale listing in the next quick one)."""
+        with self._lock:
+            self._per_cycle = True
+            self._listings.clear()
+            self._agent_listing = (float("-inf"), {})
+
+    def _stale(self, at: float) -> bool:
+        if at == float("-inf"):
+            return True
+        return not self._per_cycle and time.monotonic() - at > self.listing_ttl
+
     def listing(self, zone: str, fresh: bool = False) -> dict[str, dict]:
-        """The zone's resources by short name, listed at most once per ``listing_ttl`` for all
-        callers (concurrent polls of one zone wait for one call instead of making their own)."""
+        """The zone's resources by short name, listed once per cycle (without a daemon: at
+        most once per ``listing_ttl``) for all callers (concurrent polls of one zone wait for
+        one call instead of making their own)."""
         with self._zone_locks.setdefault(zone, threading.Lock()):
             at, items = self._listings.get(zone, (float("-inf"), {}))
-            if fresh or time.monotonic() - at > self.listing_ttl:
+            if fresh or self._stale(at):
                 found = self._list_zone(zone)
                 items = {r["name"].rsplit("/", 1)[-1]: r for r in found if self._ours(r)}
                 self._listings[zone] = (time.monotonic(), items)
@@ -359,7 +376,7 @@ class CloudRunner(Runner):
         polls (one listing of ``ROOT/agents/`` per cycle, whatever the number of jobs)."""
         with self._agents_lock:
             at, found = self._agent_listing
-            if time.monotonic() - at > self.listing_ttl:
+            if self._stale(at):
                 found = self.store.list_agents()
                 self._agent_listing = (time.monotonic(), found)
             return found
