@@ -43,7 +43,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Mapping, Sequence
 
-from quota.capacity import Capacity, add, fmt_ratio, fmt_units, shortfall
+from quota.capacity import Capacity, add, fmt_ratio, fmt_units, least_need, shortfall
 from quota.config import QuotaConfig
 from quota.model import Decision, JobRequest, Phase, Plan, Verdict
 from quota.reasons import full_reason, stable_wait, wait_reason
@@ -77,6 +77,11 @@ class _Pass:
         self.held_total: dict[str, int] = {}
         self.reason_cache: dict[object, str] = {}
         self.head: str | None = None  # see _head
+        self.head_project: str | None = None
+        # project -> index in its queue from which the jobs that nothing let start still
+        # need their "behind" marks (see _lend; set in _finish_waits)
+        self.tail_from: dict[str, int] = {}
+        self.first: Within | None = None
         # pending job -> running backfill jobs started in capacity held for it
         self.anchored: dict[str, list[JobRequest]] = {}
 
@@ -110,7 +115,7 @@ class _Pass:
         self.reclaim = Reclaim(self, [j for j in held if j.phase is Phase.RUNNING])
         self.head = self._head(queues)
         first = Within(self, queues)
-        self.rank = first.rank
+        self.rank_in = first.rank_in
         first.run()
         self._lend(first)
         self._finish_waits(queues)
@@ -220,19 +225,20 @@ class _Pass:
                 if j.submit_time <= cutoff and (best is None or arrival(j) < best) \
                         and within({}, j.resources, q):
                     best = arrival(j)
+                    self.head_project = p
         return best[-1] if best else None
 
     # -- pass 2: lend what is left ---------------------------------------------------------------
 
     def _lend(self, first: Within) -> None:
         """Borrowers in turn: what the within-quota pass left is lent, project by project."""
-        rank = first.rank.__getitem__
         done, waits = self.decisions, self.waits
         lists = {}
         for p, lst in first.lenders.items():
             lst = [j for j in lst if j.name not in done and j.name not in waits]
             if p in first.unsorted:
-                lst.sort(key=lambda j: rank(j.name))
+                rank = first.rank_in(p)
+                lst.sort(key=lambda j: rank[j.name])
             lists[p] = lst
         heap = [(*self._lend_key(p, lst[0]), p, 0) for p, lst in lists.items() if lst]
         heapq.heapify(heap)
@@ -244,12 +250,26 @@ class _Pass:
             if least is None and not any(n > 0 for n in total.values()):
                 least = {}  # nothing free: only jobs that need nothing can start
             elif least is None:
-                least = _least_need([j for lst in lists.values() for j in lst])
+                least = self._least_need(lists)
             if not any(n > 0 for n in total.values()) or any(
                     total.get(r, 0) < n for r, n in least.items()):
                 # No job left fits (all need r, less is free): order is moot from here on.
                 heap.append((0.0, 0.0, 0.0, p, i + 1))
-                for *_, q, k in sorted(heap, key=lambda e: (e[-2], e[-1])):
+                rest = sorted(heap, key=lambda e: (e[-2], e[-1]))
+                if not least and not self.reserved:
+                    least = self._least_need(lists)  # (nothing free: was not needed so far)
+                if least and not self.reserved and any(
+                        total.get(r, 0) < n for r, n in least.items()):
+                    # Every job left needs more of some r than is free, and none can start in
+                    # held capacity: only the marks of jobs waiting behind their project's
+                    # head or claims are left to set.
+                    # _finish_waits sets them as it walks the queues anyway.
+                    for *_, q, k in rest:
+                        if k < len(lists[q]) and (q in first.heads or first.claims.get(q)):
+                            self.tail_from[q] = first.rank_in(q)[lists[q][k].name]
+                    self.first = first
+                    return
+                for *_, q, k in rest:
                     for j in lists[q][k:]:
                         self._lend_one(q, j, first)
                 return
@@ -293,6 +313,11 @@ class _Pass:
             self.waits[j.name] = ("behind", anchors[0])
         # else it waits for capacity: the default reason, written by _finish_waits
 
+    def _least_need(self, lists: Mapping[str, list[JobRequest]]) -> dict[str, int]:
+        """For each resource every job needs, the smallest amount any of them needs (a
+        valid job needs only resources of the pool)."""
+        return least_need([j.resources for lst in lists.values() for j in lst], self.pool)
+
     def _backfill_held(self, p: str, j: JobRequest, anchors: list[str]) -> bool:
         """Start j in capacity held for waiting jobs (its own project's, or any when j
         borrows: a project within its quota is never preempted for another), as their
@@ -300,7 +325,7 @@ class _Pass:
         under way keeps what it holds). The most recently held capacity is taken first."""
         need = j.resources
         total = self.cap.total
-        rank = self.rank.__getitem__
+        rank = self.rank_in(p).__getitem__
         borrowing = not within(self.usage.get(p, {}), need, self.quota(p))
         have = {r: total.get(r, 0) for r in need}
         takes: list[tuple[str, dict[str, int]]] = []
@@ -352,27 +377,61 @@ class _Pass:
     # -- reasons for waiting jobs ----------------------------------------------------------------
 
     def _finish_waits(self, queues: dict[str, list[JobRequest]]) -> None:
+        """A WAIT decision for every pending job left, with its position in its project.
+
+        Most waiting jobs wait for capacity and share a shape (project, request) with many
+        others: their texts are formatted once per shape, and only the position is per job
+        (50,000 of these must stay cheap)."""
         for got in self.reserved.values():
             add(self.held_total, got)
         decisions, waits, cache = self.decisions, self.waits, self.reason_cache
+        new, wait_verdict = tuple.__new__, Verdict.WAIT
+        stable_of: dict[tuple, str] = {}  # shape -> stable text (all but reclaiming waits)
+        first = self.first
         for p, queue in queues.items():
             q, used = self.quota(p), self.usage.get(p, {})
+            full_of: dict[tuple, str] = {}  # shape -> reason (waits for capacity)
             ahead = 0
-            for j in queue:
+            tail = self.tail_from.get(p)
+            if tail is not None and first is not None:
+                followers, started = first.followers, self.started
+                claim = first.claims.get(p)
+                claimant = first.claim_names[p][0] if claim else ""
+            for i, j in enumerate(queue):
                 name = j.name
                 if name in decisions:
                     continue
                 wait = waits.get(name)
-                if wait is not None and wait[0] == "behind" and wait[1] in cache:
-                    # (inline: with a waiting head or claimant in most projects, most jobs)
+                if wait is None and tail is not None and i >= tail and j.preemptions < REPEATED:
+                    # What _lend_one would have marked (see _lend): behind the project's
+                    # aged head, else behind its first job that waits on a reclaim.
+                    head = followers.get(name)
+                    if head is not None and head not in started:
+                        wait = waits[name] = ("behind", head)
+                    elif claim:
+                        for r, n in j.resources.items():
+                            if n > 0 and r in claim:
+                                wait = waits[name] = ("behind", claimant)
+                                break
+                shape = tuple(j.resources.items())
+                if wait is None:
+                    text = full_of.get(shape)
+                    if text is None:
+                        text = full_of[shape] = full_reason(self, j, used, q)
+                    why = f"{text}; {ahead} job{'' if ahead == 1 else 's'} ahead in {p}"
+                elif wait[0] == "behind" and wait[1] in cache:
                     why = f"{cache[wait[1]]}; {ahead} job{'' if ahead == 1 else 's'} ahead in {p}"
-                elif wait is not None:
+                else:
                     why = wait_reason(self, j, ahead, q, used)
-                else:  # the common case, kept short: 50,000 of these must stay cheap
-                    why = f"{full_reason(self, j, used, q)}; {ahead} job" \
-                          f"{'' if ahead == 1 else 's'} ahead in {p}"
-                decisions[name] = Decision(name, Verdict.WAIT, why, wait=stable_wait(self, j),
-                                           ahead=ahead)
+                if wait is not None and wait[0] == "reclaiming":
+                    stable = stable_wait(self, j)
+                else:
+                    stable = stable_of.get(shape)
+                    if stable is None:
+                        stable = stable_of[shape] = stable_wait(self, j)
+                # (Decision is a named tuple: made directly, it costs a tenth of a call)
+                decisions[name] = new(Decision, (name, wait_verdict, why, None, None, (),
+                                                 stable, ahead))
                 ahead += 1
 
 
@@ -384,24 +443,6 @@ def arrival(j: JobRequest) -> tuple[float, bool, float, str]:
     (jobs seen in the same cycle), then name."""
     c = j.creation_time
     return (j.submit_time, c is None, c or 0.0, j.name)
-
-
-def _least_need(jobs: list[JobRequest]) -> dict[str, int]:
-    """For each resource every job needs, the smallest amount any of them needs."""
-    if not jobs:
-        return {}
-    least = {r: n for r, n in jobs[0].resources.items() if n > 0}
-    for j in jobs:
-        res = j.resources
-        for r in list(least):
-            n = res.get(r, 0)
-            if n <= 0:
-                del least[r]
-            elif n < least[r]:
-                least[r] = n
-        if not least:
-            break
-    return least
 
 
 def invalid_reason(config: QuotaConfig, j: JobRequest) -> str | None:
