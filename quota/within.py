@@ -133,9 +133,10 @@ class Within:
                         beyond = self._beyond(p, q, claimed)
                     if beyond:
                         k = self._next_special(p, i)
-                        if k > i:  # (admitted jobs are decided or wait: skipped alike)
-                            lenders += [j for j in queue[i:k]
-                                        if j.name not in done and j.name not in waits]
+                        if k > i:
+                            # (decided ones among them too: whoever reads lenders skips
+                            # jobs that are decided or wait, as the walk does)
+                            lenders += queue[i:k]
                             i = k
                     continue
             same = self._classify(p, j, q, claimed)
