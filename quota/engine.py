@@ -130,6 +130,15 @@ class _Pass:
                         self.pending_project[a] = w.project_id
                         self.pending_need[a] = w.resources
         self.reclaim = Reclaim(self, [j for j in held if j.phase is Phase.RUNNING])
+        if self.reclaimers:
+            # A project whose jobs another project's reclaim is still stopping lost them in
+            # this state of the world too: what was deferred in the pass that chose them
+            # stays deferred until they are gone (the same world, no new preemption).
+            mine = {j.name: j.project_id for j in pending if j.name in self.reclaimers}
+            for j in held:
+                by = mine.get(j.preempted_by or "") if j.phase is Phase.RELEASING else None
+                if by is not None and by != j.project_id:
+                    self.reclaim.lost_to_others.add(j.project_id)
         self.head = self._head(queues)
         first = Within(self, queues)
         self.rank_in = first.rank_in
@@ -356,7 +365,7 @@ class _Pass:
             if not lack:
                 break
             own = self.pending_project.get(a) == p
-            if (not borrowing and not own) or self.waits.get(a, _NONE)[0] != "protected" \
+            if (not borrowing and not own) or self.waits.get(a, _NONE)[0] not in _LENDS \
                     or (own and rank(a) > rank(j.name)):
                 continue  # (a job whose reclaim is under way keeps what it holds; nobody
                 # backfills behind a job of its own project that comes after it)
@@ -461,6 +470,9 @@ class _Pass:
 
 
 _NONE = ("", None)
+# Waits whose held capacity may be lent as backfill: the job cannot start before borrowers
+# become preemptible, or before its reclaim delay is over.
+_LENDS = frozenset({"protected", "delayed"})
 
 
 def arrival(j: JobRequest) -> tuple[float, bool, float, str]:

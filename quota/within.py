@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -54,6 +55,7 @@ class Within:
         self._rank: dict[str, dict[str, int]] = {}  # see rank_in
         self._least: dict[str, dict[str, int]] = {}  # see _beyond
         self._special: dict[str, list[int]] = {}  # see _next_special
+        self._since: dict[str, float] = {}  # see _reclaim_due
         self.unsorted: set[str] = set()  # projects whose lenders may be out of queue order
         self._same: dict[str, bool] = {}
         self._pos = dict.fromkeys(queues, 0)  # next index of each queue to classify
@@ -296,6 +298,19 @@ class Within:
             self._admit_over_own(j, cshort)
             return
         self.admitted.add(j.name)
+        # Not yet: its project has waited less than the reclaim delay. It neither preempts
+        # nor claims what others' preemptions release (which keeps a plan's claims the same
+        # in the next pass); capacity that frees by itself meanwhile is held for it, and may
+        # spare the preemption. The delay counts from the earliest wait of p's jobs that fit
+        # its quota, so p is never kept from it longer than before.
+        delay = ps.knobs.reclaim_delay_seconds
+        since = j.submit_time if j.pending_since is None else j.pending_since
+        due = since + delay
+        if ps.now < due:
+            due = min(due, self._fitting_since(j.project_id) + delay)
+        if ps.now < due:
+            self._wait(j, {}, ("delayed", (cshort, due)))
+            return
         after = shortfall(cshort, ps.earmark)
         if not after:
             self._wait(j, cshort, ("releasing", cshort))
@@ -305,6 +320,17 @@ class Within:
             self._wait(j, cshort, ("protected", (after, {}, ps.reclaim.blocked_until)))
             return
         self._preempt(j, cshort, victims)
+
+    def _fitting_since(self, p: str) -> float:
+        """The earliest time one of p's pending jobs that fit p's quota over its usage now
+        became pending: p has been kept from its quota at least since then."""
+        since = self._since.get(p)
+        if since is None:
+            q, used = self.ps.quota(p), self.ps.usage.get(p, {})
+            since = self._since[p] = min(
+                (j.submit_time if j.pending_since is None else j.pending_since
+                 for j in self.queues[p] if within(used, j.resources, q)), default=math.inf)
+        return since
 
     def _admit_over_own(self, j: JobRequest, cshort: Mapping[str, int]) -> None:
         """Within quota only once its project's lower-priority jobs go (the knob is on): as in

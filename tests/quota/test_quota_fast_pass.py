@@ -9,6 +9,7 @@ preemptor), the held capacity, what is left free, usage and the within-quota set
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -39,7 +40,8 @@ def world(seed: int) -> tuple[QuotaConfig, list[JobRequest], dict[str, float]]:
               for p, s in raw.items()}
     knobs = SchedulingKnobs(min_runtime_seconds=rng.choice((0.0, 300.0)),
                             preempt_within_project=rng.random() < 0.4,
-                            reserve_after_seconds=rng.choice((0.0, 300.0, 1e9)))
+                            reserve_after_seconds=rng.choice((0.0, 300.0, 1e9)),
+                            reclaim_after_seconds=0.0)  # (the reference has no delay)
     config = QuotaConfig(tiers=tiers, membership={p: ("u[0-5]",) for p in projects},
                          shares=shares, scheduling=knobs)
     free = dict(config.pool)
@@ -110,6 +112,8 @@ def test_fast_pass_matches_on_the_benchmark_world(seed: int) -> None:
 
     rng = random.Random(seed)
     config = bench_policy.make_config(rng)
+    config = dataclasses.replace(config, scheduling=dataclasses.replace(
+        config.scheduling, reclaim_after_seconds=0.0))
     usage = {f"u{i}": rng.uniform(0, 1e7) for i in range(500)}
     jobs = bench_policy.make_jobs(rng, 3000)
     now = bench_policy.NOW

@@ -108,6 +108,12 @@ class _Pass:
                         self.pending_project[a] = w.project_id
                         self.pending_need[a] = w.resources
         self.reclaim = Reclaim(self, [j for j in held if j.phase is Phase.RUNNING])
+        if self.reclaimers:  # (policy change after cf5ed6b, as in quota/engine.py)
+            mine = {j.name: j.project_id for j in pending if j.name in self.reclaimers}
+            for j in held:
+                by = mine.get(j.preempted_by or "") if j.phase is Phase.RELEASING else None
+                if by is not None and by != j.project_id:
+                    self.reclaim.lost_to_others.add(j.project_id)
         self.head = self._head(queues)
         first = Within(self, queues)
         self.rank = first.rank
