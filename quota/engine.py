@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import gc
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from quota.capacity import Capacity, add, fmt_ratio, fmt_units, least_need, shortfall
 from quota.config import QuotaConfig
@@ -232,10 +232,9 @@ class _Pass:
                         self.zero_need.add(j.project_id)
                     continue
             self.decide(j, Verdict.REJECT, invalid_reason(config, j) or "invalid")
-        uu = self.user_usage
+        key = queue_key(self.user_usage)
         for q in queues.values():
-            q.sort(key=lambda j: (j.priority, uu.get(j.user_id, 0.0), j.submit_time,
-                                  j.creation_time is None, j.creation_time or 0.0, j.name))
+            q.sort(key=key)
         return dict(sorted(queues.items()))
 
     def _head(self, queues: dict[str, list[JobRequest]]) -> str | None:
@@ -473,6 +472,15 @@ _NONE = ("", None)
 # Waits whose held capacity may be lent as backfill: the job cannot start before borrowers
 # become preemptible, or before its reclaim delay is over.
 _LENDS = frozenset({"protected", "delayed"})
+
+
+def queue_key(user_usage: Mapping[str, float]) -> Callable[[JobRequest], tuple]:
+    """Order of a project's queue: priority, then the user's decayed usage, then arrival
+    (first seen by the daemon, then the spec's creation time, then name). `bastion why`
+    shows positions in this same order."""
+    uu = user_usage.get
+    return lambda j: (j.priority, uu(j.user_id, 0.0), j.submit_time, j.creation_time is None,
+                      j.creation_time or 0.0, j.name)
 
 
 def arrival(j: JobRequest) -> tuple[float, bool, float, str]:

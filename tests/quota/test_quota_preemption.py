@@ -355,3 +355,17 @@ def test_reclaim_delay_counts_from_the_projects_first_fitting_wait_and_never_exc
     jobs = [running("b1", "b", 4, start=1), pend("a1", "a", 2, submit=NOW)]
     assert names(schedule(short, jobs, {}, NOW + 59), Verdict.PREEMPT) == []
     assert names(schedule(short, jobs, {}, NOW + 60), Verdict.PREEMPT) == ["b1"]
+
+
+def test_why_shows_the_position_the_policy_gives_jobs_seen_in_the_same_cycle() -> None:
+    """`bastion why` orders a project's queue as the policy does: creation time breaks ties
+    of the daemon's submit time, so "runner" (created first) is ahead of "p1"."""
+    c = cfg({"v4": 4}, {"a": 1.0})
+    jobs = [running("r0", "a", 4, start=NOW - 10),
+            replace(pend("p1", "a", 4, submit=NOW), creation_time=200.0),
+            replace(pend("runner", "a", 4, submit=NOW), creation_time=100.0)]
+    plan = schedule(c, jobs, {}, NOW)
+    assert plan.decisions["runner"].ahead == 0 and plan.decisions["p1"].ahead == 1
+    assert "position: 2 of 2 waiting in a" in explain(c, jobs, {}, NOW, "p1")
+    assert "ahead: runner" in explain(c, jobs, {}, NOW, "p1")
+    assert "position: 1 of 2 waiting in a" in explain(c, jobs, {}, NOW, "runner")
