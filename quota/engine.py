@@ -420,7 +420,8 @@ class _Pass:
         first = self.first
         for p, queue in queues.items():
             q, used = self.quota(p), self.usage.get(p, {})
-            full_of: dict[tuple, str] = {}  # shape -> reason (waits for capacity)
+            full_of: dict[tuple, tuple[str, str]] = {}  # shape -> (reason, stable) of "full"
+            uses: dict[tuple, bool] = {}  # shape -> needs a resource p's claims wait for
             ahead = 0
             tail = self.tail_from.get(p)
             marking = False
@@ -434,34 +435,45 @@ class _Pass:
                     continue
                 if name == tail:
                     marking = True
+                shape = tuple(j.resources.items())
                 wait = waits.get(name)
                 if wait is None and marking and j.preemptions < REPEATED:
                     # What _lend_one would have marked (see _lend): behind the project's
                     # aged head, else behind its first job that waits on a reclaim.
                     head = followers.get(name)
-                    if head is not None and head not in started:
-                        wait = waits[name] = ("behind", head)
-                    elif claim:
-                        for r, n in j.resources.items():
-                            if n > 0 and r in claim:
-                                wait = waits[name] = ("behind", claimant)
-                                break
-                shape = tuple(j.resources.items())
+                    if head is None or head in started:
+                        head = None
+                        if claim:
+                            u = uses.get(shape)
+                            if u is None:
+                                u = uses[shape] = any(n > 0 and r in claim for r, n in shape)
+                            if u:
+                                head = claimant
+                    if head is not None:
+                        wait = ("behind", head)
+                        if head not in cache:
+                            waits[name] = wait  # (wait_reason reads it)
                 if wait is None:
-                    text = full_of.get(shape)
-                    if text is None:
-                        text = full_of[shape] = full_reason(self, j, used, q)
+                    texts = full_of.get(shape)
+                    if texts is None:
+                        stable = stable_of.get(shape)
+                        if stable is None:
+                            stable = stable_of[shape] = stable_wait(self, j)
+                        texts = full_of[shape] = (full_reason(self, j, used, q), stable)
+                    text, stable = texts
                     why = f"{text}; {ahead} job{'' if ahead == 1 else 's'} ahead in {p}"
-                elif wait[0] == "behind" and wait[1] in cache:
-                    why = f"{cache[wait[1]]}; {ahead} job{'' if ahead == 1 else 's'} ahead in {p}"
                 else:
-                    why = wait_reason(self, j, ahead, q, used)
-                if wait is not None and wait[0] == "reclaiming":
-                    stable = stable_wait(self, j)
-                else:
-                    stable = stable_of.get(shape)
-                    if stable is None:
-                        stable = stable_of[shape] = stable_wait(self, j)
+                    if wait[0] == "behind" and wait[1] in cache:
+                        why = (f"{cache[wait[1]]}; {ahead} job{'' if ahead == 1 else 's'} "
+                               f"ahead in {p}")
+                    else:
+                        why = wait_reason(self, j, ahead, q, used)
+                    if wait[0] == "reclaiming":
+                        stable = stable_wait(self, j)
+                    else:
+                        stable = stable_of.get(shape)
+                        if stable is None:
+                            stable = stable_of[shape] = stable_wait(self, j)
                 # (Decision is a named tuple: made directly, it costs a tenth of a call)
                 decisions[name] = new(Decision, (name, wait_verdict, why, None, None, (),
                                                  stable, ahead))

@@ -307,7 +307,7 @@ class Within:
         since = j.submit_time if j.pending_since is None else j.pending_since
         due = since + delay
         if ps.now < due:
-            due = min(due, self._fitting_since(j.project_id) + delay)
+            due = min(due, self._fitting_since(j.project_id, ps.now - delay) + delay)
         if ps.now < due:
             self._wait(j, {}, ("delayed", (cshort, due)))
             return
@@ -321,15 +321,21 @@ class Within:
             return
         self._preempt(j, cshort, victims)
 
-    def _fitting_since(self, p: str) -> float:
+    def _fitting_since(self, p: str, cutoff: float) -> float:
         """The earliest time one of p's pending jobs that fit p's quota over its usage now
-        became pending: p has been kept from its quota at least since then."""
+        became pending (p has been kept from its quota at least since then), or any time at
+        or before `cutoff` if that is all the caller needs to know (found sooner)."""
         since = self._since.get(p)
         if since is None:
             q, used = self.ps.quota(p), self.ps.usage.get(p, {})
-            since = self._since[p] = min(
-                (j.submit_time if j.pending_since is None else j.pending_since
-                 for j in self.queues[p] if within(used, j.resources, q)), default=math.inf)
+            since = math.inf
+            for j in self.queues[p]:
+                t = j.submit_time if j.pending_since is None else j.pending_since
+                if t < since and within(used, j.resources, q):
+                    since = t
+                    if t <= cutoff:
+                        break  # (cutoff is the same in a pass: now - the delay)
+            self._since[p] = since
         return since
 
     def _admit_over_own(self, j: JobRequest, cshort: Mapping[str, int]) -> None:
