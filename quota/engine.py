@@ -153,7 +153,6 @@ class _Pass:
                 by = mine.get(j.preempted_by or "") if j.phase is Phase.RELEASING else None
                 if by is not None and by != j.project_id:
                     self.reclaim.lost_to_others.add(j.project_id)
-        self.head = self._head(queues)
         first = Within(self, queues)
         self.rank_in = first.rank_in
         first.run()
@@ -230,9 +229,13 @@ class _Pass:
     # -- pending jobs: validation and order ----------------------------------------------------
 
     def _queues(self, pending: list[JobRequest]) -> dict[str, list[JobRequest]]:
-        """Valid pending jobs per project: priority, then user's decayed usage, then age."""
+        """Valid pending jobs per project: priority, then user's decayed usage, then age.
+
+        (The same walk finds the aged head, see _head: one walk over 50,000 jobs, not two.)"""
         queues: dict[str, list[JobRequest]] = {}
-        pool, config = self.pool, self.config
+        pool, config, quotas = self.pool, self.config, self.quotas
+        cutoff = self.now - self.knobs.reserve_after_seconds
+        best: tuple[float, bool, float, str] | None = None
         for j in pending:
             if config.is_member(j.user_id, j.project_id):
                 some = False
@@ -241,36 +244,31 @@ class _Pass:
                         break
                     some = some or n > 0
                 else:
-                    queues.setdefault(j.project_id, []).append(j)
+                    p = j.project_id
+                    queues.setdefault(p, []).append(j)
                     if not some:
-                        self.zero_need.add(j.project_id)
+                        self.zero_need.add(p)
+                    t = j.submit_time
+                    if t <= cutoff and (best is None or (t <= best[0] and arrival(j) < best)) \
+                            and within({}, j.resources, quotas.get(p, {})):
+                        best = arrival(j)
+                        self.head_project = p
                     continue
             self.decide(j, Verdict.REJECT, invalid_reason(config, j) or "invalid")
+        self.head = best[-1] if best else None
         key = queue_key(self.user_usage)
         for q in queues.values():
             q.sort(key=key)
         return dict(sorted(queues.items()))
 
-    def _head(self, queues: dict[str, list[JobRequest]]) -> str | None:
-        """The oldest job that has waited `reserve_after_seconds` and fits its project's quota.
-
-        While its project's running jobs leave it no room, later jobs of its project wait, so
-        a stream of small jobs cannot keep it out; it becomes within quota as its project
-        drains, and then reclaims. (Holding free capacity for it as well was measured in the
-        simulator: it restarted large borrowers only for owners to preempt them again.)
-        Depending only on age and quota, the choice does not flip when a plan is applied.
-        """
-        cutoff = self.now - self.knobs.reserve_after_seconds
-        best: tuple[float, bool, float, str] | None = None
-        for p, queue in queues.items():
-            q = self.quota(p)
-            for j in queue:
-                t = j.submit_time
-                if t <= cutoff and (best is None or (t <= best[0] and arrival(j) < best)) \
-                        and within({}, j.resources, q):
-                    best = arrival(j)
-                    self.head_project = p
-        return best[-1] if best else None
+    # _head: the oldest valid job that has waited `reserve_after_seconds` and fits its
+    # project's quota (found by _queues). While its project's running jobs leave it no room,
+    # later jobs of its project wait, so a stream of small jobs cannot keep it out; it
+    # becomes within quota as its project drains, and then reclaims. (Holding free capacity
+    # for it as well was measured in the simulator: it restarted large borrowers only for
+    # owners to preempt them again.) Depending only on age and quota, the choice does not
+    # flip when a plan is applied. Arrivals are unique (they end with the name), so the
+    # oldest is the same whatever order the jobs are walked in.
 
     # -- pass 2: lend what is left ---------------------------------------------------------------
 
