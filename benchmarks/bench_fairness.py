@@ -14,13 +14,17 @@ scored the same way):
 Columns: idle% (rule 1, <= 2%), deprv (max deprivation seconds over projects, rule 2, <=
 reclaim period), attain (min attainment, >= 0.97), wq (within-quota preemptions, rule 3,
 0), wp (within-project violations, rule 4, 0), maxp (max preemptions of one job, rule 5,
-<= 3), pre (preemptions), lost (resource-hours lost to preemption).
+<= 3), pre (preemptions), lost (resource-hours lost to preemption), ax pre / ax maxp
+(AXLearn's scheduler replayed on the same trace, benchmarks/axlearn_model.py: its
+preemptions, and the most of one job), ratio (pre / ax pre, rule 5: <= 1/8 = 0.125). The
+last lines give the largest ratio per scenario and over all rows.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import random
 import sys
 import time
@@ -128,6 +132,18 @@ SCENARIOS = {"mixed": mixed, "two-types": two_types, "large-vs-stream": large_vs
              "over-share": over_share, "borrower-returns": borrower_returns}
 
 
+def _axlearn() -> Any:
+    """benchmarks/axlearn_model.py of this file's checkout (whatever --tree says)."""
+    mod = sys.modules.get("_axlearn")
+    if mod is None:
+        spec = importlib.util.spec_from_file_location(
+            "_axlearn", Path(__file__).resolve().parent / "axlearn_model.py")
+        assert spec and spec.loader
+        mod = sys.modules["_axlearn"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    return mod
+
+
 def run_one(name: str, seed: int, hours: float) -> tuple[dict[str, Any], float]:
     from quota.config import QuotaConfig, SchedulingKnobs
     from quota.simulate import simulate
@@ -145,6 +161,9 @@ def run_one(name: str, seed: int, hours: float) -> tuple[dict[str, Any], float]:
     wall = time.perf_counter() - t0
     jobs = {j["name"]: j for j in raw}
     m = _rules().measure(pool, config.quotas, jobs, result.events, GRACE, PERIOD)
+    ax = _axlearn().replay(config.tiers, shares, raw, POLL)
+    m["axlearn_preemptions"] = ax.preemptions
+    m["axlearn_max_preemptions_per_job"] = ax.max_preemptions_per_job
     return m, wall
 
 
@@ -159,17 +178,28 @@ def main() -> None:
     names = [s for s in args.only.split(",") if s] or list(SCENARIOS)
     print(f"policy from {args.tree}; reclaim period {PERIOD:g}s; {args.hours:g} h per trace")
     print(f"{'scenario':<18} {'seed':>4} {'idle%':>6} {'deprv':>6} {'attain':>6} {'wq':>3} "
-          f"{'wp':>3} {'maxp':>4} {'pre':>5} {'lost h':>7} {'sim s':>6}")
+          f"{'wp':>3} {'maxp':>4} {'pre':>5} {'lost h':>7} {'sim s':>6} {'ax pre':>6} "
+          f"{'ax maxp':>7} {'ratio':>6}")
+    worst: dict[str, float] = {}
     for name in names:
         for seed in range(args.seeds):
             m, wall = run_one(name, seed, args.hours)
             deprv = max(m["max_deprivation_seconds"].values(), default=0.0)
             attain = min(m["attainment"].values(), default=1.0)
+            ax = m["axlearn_preemptions"]
+            # (no preemption at all against none of AXLearn's: ratio 0, the rule holds)
+            ratio = m["preemptions"] / ax if ax else (math.inf if m["preemptions"] else 0.0)
+            worst[name] = max(worst.get(name, 0.0), ratio)
             print(f"{name:<18} {seed:>4} {100 * m['idle_while_fit_fraction']:>6.2f} "
                   f"{deprv:>6.0f} {attain:>6.3f} {m['within_quota_preemptions']:>3} "
                   f"{m['within_project_violations']:>3} {m['max_preemptions_per_job']:>4} "
                   f"{m['preemptions']:>5} {m['lost_resource_seconds'] / 3600:>7.1f} "
-                  f"{wall:>6.1f}", flush=True)
+                  f"{wall:>6.1f} {ax:>6} {m['axlearn_max_preemptions_per_job']:>7} "
+                  f"{ratio:>6.3f}", flush=True)
+    print("largest ratio of preemptions to AXLearn's (rule 5: <= 0.125):")
+    for name, ratio in worst.items():
+        print(f"  {name:<18} {ratio:.3f}")
+    print(f"  {'all':<18} {max(worst.values(), default=0.0):.3f}")
 
 
 if __name__ == "__main__":

@@ -107,7 +107,7 @@ def quota_table(config: QuotaConfig) -> str:
                  f"{k.preemption_grace_seconds:g}s, usage half-life "
                  f"{k.usage_half_life_seconds:g}s, preempt within project "
                  f"{'on' if k.preempt_within_project else 'off'}, reserve after "
-                 f"{k.reserve_after_seconds:g}s")
+                 f"{k.reserve_after_seconds:g}s, reclaim after {k.reclaim_after_seconds:g}s")
     lines += [f"note: {n}" for n in config.notes]
     return "\n".join(lines)
 

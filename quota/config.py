@@ -40,6 +40,15 @@ class SchedulingKnobs:
     # The oldest job that has waited this long and fits its project's quota blocks the later
     # jobs of its project until it starts: small jobs cannot keep a large one out forever.
     reserve_after_seconds: float = 1800.0
+    # A within-quota job preempts others only once its project has waited this long (at
+    # most min_runtime_seconds, so the promise of one reclaim period holds as before):
+    # capacity that frees by itself meanwhile, as jobs finish, spares the preemptions.
+    reclaim_after_seconds: float = 240.0
+
+    @property
+    def reclaim_delay_seconds(self) -> float:
+        """How long a within-quota job waits before it preempts (see reclaim_after_seconds)."""
+        return min(self.reclaim_after_seconds, self.min_runtime_seconds)
 
     @property
     def reclaim_period_seconds(self) -> float:

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 
 from quota.capacity import add, fmt_units, shortfall
 from quota.config import QuotaConfig
+from quota.engine import queue_key
 from quota.model import Decision, JobRequest, Phase, Plan, Verdict
 
 
@@ -77,7 +78,7 @@ def _queue(jobs: Sequence[JobRequest], plan: Plan, usage: Mapping[str, float],
            p: str) -> list[JobRequest]:
     waiting = [j for j in jobs if j.project_id == p and j.phase is Phase.PENDING
                and plan.decisions[j.name].verdict is Verdict.WAIT]
-    waiting.sort(key=lambda j: (j.priority, usage.get(j.user_id, 0.0), j.submit_time, j.name))
+    waiting.sort(key=queue_key(usage))  # (the policy's own order)
     return waiting
 
 

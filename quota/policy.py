@@ -29,14 +29,20 @@ def replan_by(config: QuotaConfig, jobs: Sequence[JobRequest], now: float,
     """The earliest time after ``now`` (at most ``horizon``) at which a pass over these same
     jobs could decide differently only because time passed: a running job reaching its
     minimum runtime (it becomes preemptible), a waiting job reaching ``reserve_after_seconds``
-    (it becomes the aged head). Until then, and while no job changes, the daemon may keep the
-    last plan instead of running the pass again. (Decayed user usage also moves with time; it
+    (it becomes the aged head) or the end of its reclaim delay (it may preempt). Until then,
+    and while no job changes, the daemon may keep the last plan instead of running the pass
+    again. (Decayed user usage also moves with time; it
     reorders users within a priority, which the horizon bounds.)"""
     knobs = config.scheduling
     soonest = horizon
+    delay = knobs.reclaim_delay_seconds
     for j in jobs:
         if j.phase is Phase.PENDING:
             t = j.submit_time + knobs.reserve_after_seconds
+            # its reclaim delay ends (it may preempt from then on)
+            since = j.submit_time if j.pending_since is None else j.pending_since
+            if now < since + delay < soonest:
+                soonest = since + delay
         elif j.start_time is not None:
             t = j.start_time + knobs.min_runtime_seconds
         else:

@@ -40,6 +40,12 @@ def wait_reason(ps: _Pass, j: JobRequest, ahead: int, q: Mapping[str, float],
     if kind == "releasing":
         return (f"{within}; waiting for stopping jobs to release {fmt_units(detail)}"
                 f"{tail}")
+    if kind == "delayed":
+        short, due = detail
+        return (f"{within}; needs {fmt_units(short)} more than is free; borrowers are "
+                f"preempted for it from t={due:.0f} "
+                f"(reclaim delay {ps.knobs.reclaim_delay_seconds:g}s from when {p} began to "
+                f"wait) unless capacity frees first{tail}")
     if kind == "reclaiming":
         grace = ps.knobs.preemption_grace_seconds
         return (f"{within}; preempting borrower(s) {', '.join(detail)}; starts when they exit "

@@ -118,6 +118,9 @@ class Reclaim:
             else:
                 add(delta.setdefault(c.project_id, {}), c.resources)
             done = _done(cs, qs)
+        # (project, request) -> whether such a job is a borrower useful to us; cleared when
+        # a victim changes what we lack (every running job is a candidate of every reclaim)
+        borrowing: dict[tuple, bool] = {}
         for own in (False, True) if same_ok else (False,):
             if done:
                 break
@@ -127,7 +130,11 @@ class Reclaim:
                 if own:
                     useful = c.priority > job.priority and _uses(c, cs, qs)
                 else:
-                    useful = self._borrowing_in(c, cs, delta.get(c.project_id, {}))
+                    key = (c.project_id, tuple(c.resources.items()))
+                    useful = borrowing.get(key)
+                    if useful is None:
+                        useful = borrowing[key] = self._borrowing_in(
+                            c, cs, delta.get(c.project_id, {}))
                 if not useful:
                     continue
                 if not self.eligible[c.name]:
@@ -135,6 +142,7 @@ class Reclaim:
                     self.blocked_until = min(self.blocked_until or until, until)
                     continue
                 chosen.append(c)
+                borrowing.clear()
                 _sub(cs, c.resources)
                 if own:
                     _sub(qs, c.resources)

@@ -9,11 +9,13 @@ reclaim in the same pass). Reclaimers named by RELEASING jobs go first, with wha
 
 from __future__ import annotations
 
+import bisect
 import heapq
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from quota.capacity import add, shortfall
+from quota.capacity import add, least_need, shortfall
 from quota.model import JobRequest, Verdict
 from quota.reclaim import REPEATED
 
@@ -50,12 +52,22 @@ class Within:
         self.followers: dict[str, str] = {}  # job -> aged head of its project it waits behind
         self.heads: dict[str, str] = {}
         self.admitted: set[str] = set()
-        self.rank = {j.name: i for q in queues.values() for i, j in enumerate(q)}
+        self._rank: dict[str, dict[str, int]] = {}  # see rank_in
+        self._least: dict[str, dict[str, int]] = {}  # see _beyond
+        self._special: dict[str, list[int]] = {}  # see _next_special
+        self._since: dict[str, float] = {}  # see _reclaim_due
         self.unsorted: set[str] = set()  # projects whose lenders may be out of queue order
         self._same: dict[str, bool] = {}
         self._pos = dict.fromkeys(queues, 0)  # next index of each queue to classify
         self._version = dict.fromkeys(queues, 0)  # heap entries of older versions are stale
         self._heap: list[tuple[float, float, str, int, int]] = []
+
+    def rank_in(self, p: str) -> dict[str, int]:
+        """Position of each job in p's queue (built for the few projects that need it)."""
+        rank = self._rank.get(p)
+        if rank is None:
+            rank = self._rank[p] = {j.name: i for i, j in enumerate(self.queues[p])}
+        return rank
 
     def claimed(self, p: str) -> dict[str, int]:
         used = dict(self.ps.usage.get(p, {}))
@@ -89,30 +101,45 @@ class Within:
         """Walk p's queue to its next job within quota (the ones passed over go to lenders).
 
         Only p's own admissions change whether p's jobs fit its quota (a reclaim that takes
-        p's jobs reopens them), so other projects' turns need not interleave with the walk."""
+        p's jobs reopens them), so other projects' turns need not interleave with the walk.
+        Once a job is passed over and no job of p can fit what is left of its quota, the walk
+        jumps to the next job that needs a closer look (the aged head, a job with backfill),
+        passing the ones between over at once: most of 50,000 waiting jobs are here."""
         queue = self.queues[p]
         q = self.ps.quota(p)
         claimed = self.claimed(p)
         done, waits = self.ps.decisions, self.ps.waits  # (decided in the lending pass)
         knob, head = self.ps.knobs.preempt_within_project, self.ps.head
         anchored = self.ps.anchored
+        lenders = self.lenders[p]
+        beyond: bool | None = None  # no job of p fits its quota now (asked once per walk)
         i = self._pos[p]
-        while i < len(queue):
+        n = len(queue)
+        while i < n:
             j = queue[i]
             i += 1
             name = j.name
             if name in self.admitted or name in done or name in waits:
                 continue
             if p not in self.heads:  # the common cases first, inline (this runs for every job)
-                for r, n in j.resources.items():
-                    if n > 0 and claimed.get(r, 0) + n > q.get(r, 0.0) + EPS:
+                for r, k in j.resources.items():
+                    if k > 0 and claimed.get(r, 0) + k > q.get(r, 0.0) + EPS:
                         break
                 else:
                     self._same[name] = False
                     self._pos[p] = i
                     return i - 1
                 if not knob and name != head and name not in anchored:
-                    self.lenders[p].append(j)
+                    lenders.append(j)
+                    if beyond is None:
+                        beyond = self._beyond(p, q, claimed)
+                    if beyond:
+                        k = self._next_special(p, i)
+                        if k > i:
+                            # (decided ones among them too: whoever reads lenders skips
+                            # jobs that are decided or wait, as the walk does)
+                            lenders += queue[i:k]
+                            i = k
                     continue
             same = self._classify(p, j, q, claimed)
             if same is not None:
@@ -121,6 +148,29 @@ class Within:
                 return i - 1
         self._pos[p] = i
         return None
+
+    def _beyond(self, p: str, q: Mapping[str, float], claimed: Mapping[str, int]) -> bool:
+        """Whether no job of p's queue fits p's quota over `claimed`: every one of them
+        needs at least least[r] of some resource r, and that much more would exceed it."""
+        least = self._least.get(p)
+        if least is None:
+            least = self._least[p] = least_need([j.resources for j in self.queues[p]],
+                                                self.ps.pool)
+        return any(claimed.get(r, 0) + m > q.get(r, 0.0) + EPS for r, m in least.items())
+
+    def _next_special(self, p: str, i: int) -> int:
+        """Index of p's next job at or after i that the walk must classify on its own (the
+        aged head, or a job that running backfill was started for), else the queue's end."""
+        special = self._special.get(p)
+        if special is None:
+            ps = self.ps
+            names = [a for a in ps.anchored if ps.pending_project.get(a) == p]
+            if ps.head is not None and ps.head_project == p:
+                names.append(ps.head)
+            rank = self.rank_in(p) if names else {}
+            special = self._special[p] = sorted(rank[n] for n in names if n in rank)
+        k = bisect.bisect_left(special, i)
+        return special[k] if k < len(special) else len(self.queues[p])
 
     def reopen(self, p: str) -> None:
         """p lost jobs to a reclaim, or its head started: the jobs it passed over (and those
@@ -140,7 +190,8 @@ class Within:
             self.followers = {f: h for f, h in self.followers.items() if h != head}
         self.lenders[p] = []
         self.unsorted.add(p)
-        self._pos[p] = min(self.rank[j.name] for j in back)
+        rank = self.rank_in(p)
+        self._pos[p] = min(rank[j.name] for j in back)
         self._version[p] += 1
         self._push(p)
 
@@ -164,7 +215,9 @@ class Within:
         fungible, and what they counted on last pass is all still there, so none of them
         needs a new victim."""
         ps = self.ps
-        pending = {j.name: j for q in self.queues.values() for j in q}
+        if not ps.reclaimers:
+            return
+        pending = {j.name: j for q in self.queues.values() for j in q if j.name in ps.reclaimers}
         named = sorted((pending[n].submit_time, n) for n in ps.reclaimers if n in pending)
         for _, name in named:
             j = pending[name]
@@ -245,6 +298,19 @@ class Within:
             self._admit_over_own(j, cshort)
             return
         self.admitted.add(j.name)
+        # Not yet: its project has waited less than the reclaim delay. It neither preempts
+        # nor claims what others' preemptions release (which keeps a plan's claims the same
+        # in the next pass); capacity that frees by itself meanwhile is held for it, and may
+        # spare the preemption. The delay counts from the earliest wait of p's jobs that fit
+        # its quota, so p is never kept from it longer than before.
+        delay = ps.knobs.reclaim_delay_seconds
+        since = j.submit_time if j.pending_since is None else j.pending_since
+        due = since + delay
+        if ps.now < due:
+            due = min(due, self._fitting_since(j.project_id, ps.now - delay) + delay)
+        if ps.now < due:
+            self._wait(j, {}, ("delayed", (cshort, due)))
+            return
         after = shortfall(cshort, ps.earmark)
         if not after:
             self._wait(j, cshort, ("releasing", cshort))
@@ -254,6 +320,23 @@ class Within:
             self._wait(j, cshort, ("protected", (after, {}, ps.reclaim.blocked_until)))
             return
         self._preempt(j, cshort, victims)
+
+    def _fitting_since(self, p: str, cutoff: float) -> float:
+        """The earliest time one of p's pending jobs that fit p's quota over its usage now
+        became pending (p has been kept from its quota at least since then), or any time at
+        or before `cutoff` if that is all the caller needs to know (found sooner)."""
+        since = self._since.get(p)
+        if since is None:
+            q, used = self.ps.quota(p), self.ps.usage.get(p, {})
+            since = math.inf
+            for j in self.queues[p]:
+                t = j.submit_time if j.pending_since is None else j.pending_since
+                if t < since and within(used, j.resources, q):
+                    since = t
+                    if t <= cutoff:
+                        break  # (cutoff is the same in a pass: now - the delay)
+            self._since[p] = since
+        return since
 
     def _admit_over_own(self, j: JobRequest, cshort: Mapping[str, int]) -> None:
         """Within quota only once its project's lower-priority jobs go (the knob is on): as in

@@ -195,7 +195,11 @@ def test_replan_by_is_the_next_time_threshold_of_the_plan() -> None:
     waiting = JobRequest(name="w", project_id="default", user_id="u", resources={"cpu": 1},
                          priority=3, submit_time=50.0)
     jobs = [running, waiting]
-    assert replan_by(config, jobs, 110.0, 10_000.0) == 100.0 + knobs.min_runtime_seconds
-    past = 100.0 + knobs.min_runtime_seconds + 1
-    assert replan_by(config, jobs, past, 10_000.0) == 50.0 + knobs.reserve_after_seconds
-    assert replan_by(config, jobs, past, past + 30) == past + 30  # the horizon bounds it
+    # r becomes preemptible, w's reclaim delay ends (it may preempt), w becomes the aged head
+    thresholds = sorted([100.0 + knobs.min_runtime_seconds,
+                         50.0 + knobs.reclaim_delay_seconds, 50.0 + knobs.reserve_after_seconds])
+    now = 110.0
+    for t in thresholds:
+        assert replan_by(config, jobs, now, 10_000.0) == t
+        now = t
+    assert replan_by(config, jobs, now, now + 30) == now + 30  # the horizon bounds it

@@ -53,8 +53,9 @@ def test_check_reads_bucket_urls() -> None:
 
 def test_simulate_json_and_events(tmp_path: Path) -> None:
     trace = tmp_path / "t.jsonl"
+    # (r1 outlasts p1's reclaim delay: 400 + 240 s)
     rows = [{"name": "r1", "project_id": "research", "user_id": "alice", "submit": 0,
-             "duration": 600, "resources": {"v4": 1024}, "priority": 3},
+             "duration": 1200, "resources": {"v4": 1024}, "priority": 3},
             {"name": "p1", "project_id": "product", "user_id": "carol", "submit": 400,
              "duration": 100, "resources": {"v4": 256}}]
     trace.write_text("\n".join(json.dumps(r) for r in rows) + "\n")

@@ -185,7 +185,7 @@ def test_explain_names_quota_usage_position_and_what_must_change() -> None:
 
 
 def test_explain_within_quota_and_rejected_jobs() -> None:
-    c = cfg({"v4": 10}, {"a": 0.5, "b": 0.5}, min_runtime_seconds=600)
+    c = cfg({"v4": 10}, {"a": 0.5, "b": 0.5}, min_runtime_seconds=600, reclaim_after_seconds=0)
     jobs = [running("b1", "b", 10, start=NOW - 60), pend("a1", "a", 4, submit=NOW),
             pend("bad", "a", {"v9": 1})]
     text = explain(c, jobs, {}, NOW, "a1")

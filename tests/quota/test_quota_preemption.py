@@ -9,7 +9,7 @@ from dataclasses import replace
 from quota_helpers import apply, cfg, names, pend, released, running
 
 from quota.model import Phase, Verdict
-from quota.policy import explain, schedule
+from quota.policy import explain, replan_by, schedule
 
 NOW = 100_000.0
 OLD = 0.0  # started long ago: past any minimum runtime
@@ -136,7 +136,7 @@ def test_same_priority_in_project_is_never_preempted_even_with_knob() -> None:
 
 
 def test_minimum_runtime_protects_then_reclaims() -> None:
-    c = cfg({"v4": 4}, {"a": 0.5, "b": 0.5}, min_runtime_seconds=600)
+    c = cfg({"v4": 4}, {"a": 0.5, "b": 0.5}, min_runtime_seconds=600, reclaim_after_seconds=0)
     jobs = [running("b1", "b", 4, start=NOW - 100), pend("a1", "a", 2, submit=NOW)]
     plan = schedule(c, jobs, {}, NOW)
     assert names(plan, Verdict.PREEMPT) == []
@@ -280,7 +280,7 @@ def test_jobs_beyond_their_quota_never_block_or_hold() -> None:
 def test_reclaimer_keeps_its_turn_while_its_victim_stops() -> None:
     # a1 preempted x3; while x3 stops, b1 arrives. b is further below its quota, so b1 would
     # go first and take what x3 frees: a1 keeps its turn instead, and b1 reclaims on its own.
-    c = cfg({"v4": 12}, {"a": 0.3, "b": 0.6, "x": 0.1})
+    c = cfg({"v4": 12}, {"a": 0.3, "b": 0.6, "x": 0.1}, reclaim_after_seconds=0)
     jobs = [running("x1", "x", 4, start=1), running("x2", "x", 4, start=2),
             running("x3", "x", 3, start=3), running("b0", "b", 1, start=0),
             pend("a1", "a", 3, submit=NOW)]
@@ -319,3 +319,53 @@ def test_jobs_first_seen_in_the_same_cycle_go_by_creation_time_then_name() -> No
     # The daemon's submit time stays first: an older creation_time does not jump the queue.
     jobs = [replace(jobs[0], submit_time=NOW - 30), jobs[1]]
     assert names(schedule(c, jobs, {}, NOW), Verdict.START) == ["p1"]
+
+
+def test_reclaim_waits_for_the_delay_and_capacity_that_frees_meanwhile_spares_it() -> None:
+    """A within-quota job preempts only once its project has waited reclaim_after_seconds:
+    before that it holds what is free; a borrower that finishes meanwhile spares the
+    preemption, one that does not is preempted when the delay is over."""
+    c = cfg({"v4": 4}, {"a": 0.5, "b": 0.5}, min_runtime_seconds=300, reclaim_after_seconds=240)
+    jobs = [running("b1", "b", 2, start=1), running("b2", "b", 2, start=2),
+            pend("a1", "a", 2, submit=NOW)]
+    for t in (NOW, NOW + 239):
+        plan = schedule(c, jobs, {}, t)
+        assert names(plan, Verdict.PREEMPT) == []
+        assert f"borrowers are preempted for it from t={NOW + 240:.0f}" in \
+            plan.decisions["a1"].reason
+    assert replan_by(c, jobs, NOW, NOW + 3600) == NOW + 240
+    assert names(schedule(c, jobs, {}, NOW + 240), Verdict.PREEMPT) == ["b2"]
+    # b2 finished at NOW + 100: a1 starts in what it freed, nobody is preempted.
+    done = [j for j in jobs if j.name != "b2"]
+    assert names(schedule(c, done, {}, NOW + 100), Verdict.START) == ["a1"]
+
+
+def test_reclaim_delay_counts_from_the_projects_first_fitting_wait_and_never_exceeds_min_runtime(
+) -> None:
+    """A newer job of a project that already waits is not delayed again; and the delay is
+    at most the minimum runtime, so one reclaim period still bounds the wait."""
+    c = cfg({"v4": 4}, {"a": 0.5, "b": 0.5}, min_runtime_seconds=300, reclaim_after_seconds=240)
+    jobs = [running("b1", "b", 2, start=1), running("b2", "b", 2, start=2),
+            pend("a0", "a", 2, submit=NOW, prio=4), pend("a1", "a", 2, submit=NOW + 200, prio=1)]
+    plan = schedule(c, jobs, {}, NOW + 240)
+    assert names(plan, Verdict.PREEMPT) == ["b2"] and plan.decisions["b2"].preempted_by == "a1"
+    short = cfg({"v4": 4}, {"a": 0.5, "b": 0.5}, min_runtime_seconds=60,
+                reclaim_after_seconds=240)
+    assert short.scheduling.reclaim_delay_seconds == 60
+    jobs = [running("b1", "b", 4, start=1), pend("a1", "a", 2, submit=NOW)]
+    assert names(schedule(short, jobs, {}, NOW + 59), Verdict.PREEMPT) == []
+    assert names(schedule(short, jobs, {}, NOW + 60), Verdict.PREEMPT) == ["b1"]
+
+
+def test_why_shows_the_position_the_policy_gives_jobs_seen_in_the_same_cycle() -> None:
+    """`bastion why` orders a project's queue as the policy does: creation time breaks ties
+    of the daemon's submit time, so "runner" (created first) is ahead of "p1"."""
+    c = cfg({"v4": 4}, {"a": 1.0})
+    jobs = [running("r0", "a", 4, start=NOW - 10),
+            replace(pend("p1", "a", 4, submit=NOW), creation_time=200.0),
+            replace(pend("runner", "a", 4, submit=NOW), creation_time=100.0)]
+    plan = schedule(c, jobs, {}, NOW)
+    assert plan.decisions["runner"].ahead == 0 and plan.decisions["p1"].ahead == 1
+    assert "position: 2 of 2 waiting in a" in explain(c, jobs, {}, NOW, "p1")
+    assert "ahead: runner" in explain(c, jobs, {}, NOW, "p1")
+    assert "position: 1 of 2 waiting in a" in explain(c, jobs, {}, NOW, "runner")

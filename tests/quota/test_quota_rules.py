@@ -71,7 +71,7 @@ def test_simulate_json_reports_the_rules_as_recomputed_from_its_events(tmp_path:
                      '[project_membership]\na = [".*"]\nb = [".*"]\n'
                      "[project_resources.a]\nv4 = 0.6\n[project_resources.b]\nv4 = 0.4\n"
                      "[scheduling]\nmin_runtime_seconds = 100\npreemption_grace_seconds = 20\n"
-                     "reserve_after_seconds = 1e9\n")
+                     "reserve_after_seconds = 1e9\nreclaim_after_seconds = 0\n")
     rows = [{"name": "b1", "project_id": "b", "user_id": "u", "submit": 0, "duration": 1000,
              "resources": {"v4": 6}},
             {"name": "a1", "project_id": "a", "user_id": "u", "submit": 10, "duration": 300,
