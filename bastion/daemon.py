@@ -54,6 +54,7 @@ from bastion.runners.base import (
     attempt_name,
 )
 from bastion.scheduling import job_request
+from bastion.specwatch import Look, SpecWatch
 from bastion.store import Store
 from quota.model import JobRequest, Plan
 from quota.policy import Decision, Verdict, replan_by, schedule
@@ -176,6 +177,7 @@ class Daemon:
         self.logs = LogSync(store, os.path.join(work_dir, "logs"))
         self.daemon_log = Store.daemon_log_name(socket.gethostname(), os.path.abspath(work_dir))
         self.jobs: dict[str, Job] = {}
+        self.specwatch = SpecWatch(store)  # which specs each cycle reads (markers, listing)
         self.cycles = 0
         self._decision_records = 0
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers)
@@ -267,6 +269,7 @@ class Daemon:
         self._lost_ownership = False
         self._queue_written = ""
         self._inputs_changed = True
+        self.specwatch.forget()
 
     def settle(self, timeout: float = 60.0) -> None:
         """Wait for the effects in flight and take in their results (tests, shutdown)."""
@@ -290,20 +293,20 @@ class Daemon:
             report.phases[phase] = time.perf_counter() - mark
             mark = time.perf_counter()
 
-        specs = self.store.list_specs()
-        requests = self.store.list_requests()
+        look = self.specwatch.look(now, full=not self._recovered)
         done("list")
         if not self._recovered:
-            self._recover(specs)  # raises if any state is unreadable: retried next cycle
+            assert look.specs is not None  # the first look lists every spec
+            self._recover(look.specs)  # raises if any state is unreadable: retried next cycle
             self._recovered = True
             done("recover")
         self.cycles += 1
         self._take_in_results()
         self.quota.refresh()
         done("quota")
-        self._read_specs(specs, now)
+        self._read_specs(look, now)
         done("read_specs")
-        self._apply_requests(requests, now)
+        self._apply_requests(look.requests, now)
         done("requests")
         self._observe(now)
         done("observe")
@@ -521,38 +524,71 @@ class Daemon:
                     log.warning("deleting attempt %s: no job of this root names it", item.name)
                     self._deleting[item.name] = (kind, item.handle)
 
-    def _read_specs(self, specs: dict[str, ObjectInfo], now: float) -> None:
-        changed = [
-            n for n, info in specs.items() if n not in self.jobs or self.jobs[n].token != info.token
-        ]
-        if changed:
-            self._inputs_changed = True
-        raws = dict(
-            zip(
-                changed,
-                self._pool.map(_quietly(self.store.read_spec), changed),
-                strict=True,
-            )
-        )
+    def _read_specs(self, look: Look, now: float) -> None:
+        """Take in the specs that changed. With the full listing: those whose listing token
+        changed, and jobs whose spec is no longer listed are gone. Otherwise: the specs that
+        submission markers name (and those of cancel requests for jobs not seen yet), each
+        read with its token; one that is absent now is gone. See bastion/specwatch.py."""
+        listed = look.specs
+        if listed is not None:
+            jobs = self.jobs
+            changed = [n for n, i in listed.items() if n not in jobs or jobs[n].token != i.token]
+            read: Callable[[str], Any] = self.store.read_spec
+        else:
+            unseen = {n for n in look.requests if n not in self.jobs and not name_problem(n)}
+            changed = sorted(set(look.marked()) | unseen)
+            read = self.store.read_spec_with_token
+        results = dict(zip(changed, self._pool.map(_quietly(read), changed), strict=True))
+        unread = set()
         for name in changed:
-            raw = raws[name]
-            if isinstance(raw, ValueError):  # not a regular file, too large: the spec is bad
-                raw = str(raw).encode()
-                self._absorb_spec(name, b"", specs[name].token, now, problem=str(raws[name]))
+            result = results[name]
+            # a token no listing has: the next full listing reads (and rejects) it again
+            token = listed[name].token if listed is not None else "?"
+            if isinstance(result, ValueError):  # not a regular file, too large: the spec is bad
+                self._inputs_changed = True
+                self._absorb_spec(name, b"", token, now, problem=str(result))
                 continue
-            if isinstance(raw, Exception):
-                log.error("%s: could not read spec: %s", name, raw)
+            if isinstance(result, Exception):
+                log.error("%s: could not read spec: %s", name, result)
+                unread.add(name)
                 continue
-            if raw is None:
-                continue  # deleted between the listing and the read
+            if result is None:  # deleted since it was listed or marked
+                if listed is None:
+                    self._spec_absent(name, marked=name in look.markers.values())
+                continue
+            raw, token = (result, token) if listed is not None else result
+            job = self.jobs.get(name)
+            if job is not None and job.token == token:
+                continue  # marked, but what we read last: nothing new
+            self._inputs_changed = True
             try:
-                self._absorb_spec(name, raw, specs[name].token, now)
+                self._absorb_spec(name, raw, token, now)
             except Exception:
                 log.exception("%s: could not take in the spec", name)
-        for name, job in self.jobs.items():
-            if name not in specs and job.token and not job.gone_from_bucket:
+        if listed is not None:
+            for name, job in self.jobs.items():
+                if name not in listed and job.token and not job.gone_from_bucket:
+                    job.gone_from_bucket = True
+                    self._inputs_changed = True
+        consumed = self.specwatch.taken_in(look, unread)
+        if consumed:
+            self._submit(self.specwatch.delete, consumed)
+
+    def _spec_absent(self, name: str, marked: bool) -> None:
+        """A spec read because a marker or request named it is not there: gone, if we knew
+        the job; a marker for a spec never seen is reported (it is deleted all the same)."""
+        job = self.jobs.get(name)
+        if job is not None:
+            if not job.gone_from_bucket:
                 job.gone_from_bucket = True
                 self._inputs_changed = True
+        elif marked:
+            log.warning(
+                "%s: a submission marker names it but %s is absent (deleted since, or the "
+                "marker was written without its spec); nothing to take in",
+                name,
+                self.store.url("jobs", "active", name),
+            )
 
     def _absorb_spec(
         self, name: str, raw: bytes, token: str, now: float, problem: str = ""
