@@ -70,6 +70,10 @@ QUEUE_NAMES_KEPT = 1000  # per project in the queue summary: its size stays boun
 QUEUE_REASONS_KEPT = 50  # full (volatile) wait reasons per project in the queue summary
 SWEEP_EVERY_CYCLES = 20  # orphaned attempts are looked for this often (and at recovery)
 MAX_SPEC_ENV_BYTES = 64 << 10  # the spec rides in an environment variable only below this
+# Checkpoints uploaded at most this often (and when the daemon stops), not in every cycle that
+# changed something: each costs a request in the cycle where one job finishes.
+DAEMON_LOG_SYNC_SECONDS = 10.0  # the daemon's own log (diagnostics) in the bucket
+USAGE_SAVE_SECONDS = 60.0  # the usage ledger: a crash loses at most this much of its accrual
 
 
 @dataclass
@@ -178,6 +182,9 @@ class Daemon:
         self.daemon_log = Store.daemon_log_name(socket.gethostname(), os.path.abspath(work_dir))
         self.jobs: dict[str, Job] = {}
         self.specwatch = SpecWatch(store)  # which specs each cycle reads (markers, listing)
+        self._daemon_log_synced_at = -DAEMON_LOG_SYNC_SECONDS  # the first sync is at once
+        self._usage_saved_at = -USAGE_SAVE_SECONDS
+        self._usage_unsaved = False
         self.cycles = 0
         self._decision_records = 0
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers)
@@ -221,9 +228,11 @@ class Daemon:
             if self.lease is None or self.lease.held:
                 with contextlib.suppress(Exception):
                     self._write_back()  # what the last effects changed (handles), then let go
+                with contextlib.suppress(Exception):
+                    self._save_usage(force=True)
             if self.lease is not None:
                 self.lease.release()
-            self._sync_daemon_log()
+            self._sync_daemon_log(force=True)
 
     def close(self) -> None:
         """After the last ``run``: the I/O pool and the runners' clients (and the lease, for a
@@ -1161,11 +1170,23 @@ class Daemon:
                 log.error("%s: could not write state (will retry): %s", job.name, result)
         if self._lost_ownership:
             raise NotHolding
-        if changed:
-            try:
-                self.quota.save_usage()  # only needed when something changed (see QuotaSource)
-            except Exception:
-                log.exception("could not save the usage ledger")
+        self._usage_unsaved = self._usage_unsaved or changed
+        self._save_usage()
+
+    def _save_usage(self, force: bool = False) -> None:
+        """The usage ledger needs saving only when a job's state changed (see QuotaSource),
+        and then at most every USAGE_SAVE_SECONDS: a daemon that dies re-creates the accrual
+        since from the jobs running at its restart, so at most that long is misattributed."""
+        if not self._usage_unsaved:
+            return
+        if not force and time.monotonic() - self._usage_saved_at < USAGE_SAVE_SECONDS:
+            return
+        try:
+            self.quota.save_usage()
+            self._usage_saved_at = time.monotonic()
+            self._usage_unsaved = False
+        except Exception:
+            log.exception("could not save the usage ledger")
 
     def _check_marks(self) -> None:
         """Now and then, every state's bytes against what was written: a change that escaped
@@ -1175,7 +1196,11 @@ class Daemon:
                 log.error("%s: its state changed without a mark; writing it", job.name)
                 job.state.changed = True
 
-    def _sync_daemon_log(self) -> None:
+    def _sync_daemon_log(self, force: bool = False) -> None:
+        """The daemon's own log, at most every DAEMON_LOG_SYNC_SECONDS unless ``force``."""
+        if not force and time.monotonic() - self._daemon_log_synced_at < DAEMON_LOG_SYNC_SECONDS:
+            return
+        self._daemon_log_synced_at = time.monotonic()
         try:
             self.logs.sync(self.daemon_log)
         except Exception as e:  # logging it would only add to the same log

@@ -18,7 +18,7 @@ of the same spec from being lost when the first one's marker is deleted.
 What a marker cannot tell (plain tools write none) the full listing still finds, by token, as
 before: a spec copied in with ``gsutil cp``, replaced or deleted by hand, or written by an older
 client. It runs in the first cycle after a daemon starts acting (recovery needs it), every cycle
-while the last one found at most ``ONE_REQUEST_NAMES`` specs (then it costs a single request
+while the last one found fewer than ``EVERY_CYCLE_BELOW`` specs (then it costs a single request
 and plain tools lose nothing), and otherwise every ``FULL_LISTING_SECONDS``. That bounds the
 extra latency of a plain-tool write on a large queue; cancels are unchanged (requests are read
 every cycle), and a cancel request naming a job the daemon has not seen yet makes it read that
@@ -44,7 +44,8 @@ from bastion.store import Store
 log = logging.getLogger("bastion.specwatch")
 
 FULL_LISTING_SECONDS = 30.0  # the longest a spec written by plain tools waits to be seen
-ONE_REQUEST_NAMES = 800  # GcsObjects.SPLIT_EVERY: a listing this small is one request
+# A listing of at most GcsObjects.SPLIT_EVERY (800) names is one request: then every cycle.
+EVERY_CYCLE_BELOW = 801
 
 
 @dataclass
@@ -72,11 +73,11 @@ class SpecWatch:
         self,
         store: Store,
         full_listing_seconds: float = FULL_LISTING_SECONDS,
-        one_request_names: int = ONE_REQUEST_NAMES,
+        every_cycle_below: int = EVERY_CYCLE_BELOW,
     ) -> None:
         self.store = store
         self.full_listing_seconds = full_listing_seconds
-        self.one_request_names = one_request_names
+        self.every_cycle_below = every_cycle_below
         self._last_full: float | None = None  # when the last full listing was taken in
         self._last_count = 0  # specs it found
         self._deleting: set[str] = set()  # consumed markers whose delete is in flight
@@ -90,7 +91,7 @@ class SpecWatch:
         """Whether this cycle needs the full spec listing (see the module docstring)."""
         return (
             self._last_full is None
-            or self._last_count <= self.one_request_names
+            or self._last_count < self.every_cycle_below
             or now - self._last_full >= self.full_listing_seconds
         )
 
