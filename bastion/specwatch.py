@@ -134,12 +134,12 @@ class SpecWatch:
         return done
 
     def delete(self, markers: list[str]) -> None:
-        """In the I/O pool. A marker whose delete failed is listed, and read, again."""
-        for marker in markers:
-            try:
-                self.store.delete_marker(marker)
-            except Exception as e:
-                log.warning("could not delete submission marker %s (read again): %s", marker, e)
-            finally:
-                with self._lock:
-                    self._deleting.discard(marker)
+        """In the I/O pool, all in one call (a batch request per 100 on GCS). A marker whose
+        delete failed is listed, and its spec read, again: nothing changes for it."""
+        try:
+            self.store.delete_markers(markers)
+        except Exception as e:
+            log.warning("could not delete %d submission markers (read again): %s", len(markers), e)
+        finally:
+            with self._lock:
+                self._deleting.difference_update(markers)
