@@ -12,10 +12,12 @@ Fencing: every effect first checks that the lease is certainly ours for longer t
 can take (see :mod:`bastion.lease`); a daemon that cannot prove it starts nothing and drops
 what it knows.
 
-A cycle is cheap when nothing changed: specs and user requests are re-read only when their
-listing token changes, states are written only when their bytes change, and logs upload only
-new bytes. Every per-job step is wrapped so one bad input or one failed call is recorded on
-that job and never stops the cycle for the others.
+A cycle is cheap when nothing changed: it lists jobs/user_states/ (cancel requests and the
+submission markers that name new or replaced specs) and every spec only now and then
+(:mod:`bastion.specwatch`); a spec is re-read only when its token changes, states are written
+only when their bytes change, and logs upload only new bytes. Every per-job step is wrapped
+so one bad input or one failed call is recorded on that job and never stops the cycle for the
+others.
 """
 
 from __future__ import annotations
