@@ -333,6 +333,9 @@ class Daemon:
             done("upkeep")
         self._finalize_all(now)
         done("finalize")
+        consumed = self.specwatch.hand_off()  # submission markers taken in: deleted at leisure
+        if consumed:
+            self._submit(self.specwatch.delete, consumed)
         self._sync_daemon_log()
         done("daemon_log")
         report.seconds = time.time() - now
@@ -581,9 +584,7 @@ class Daemon:
                 if name not in listed and job.token and not job.gone_from_bucket:
                     job.gone_from_bucket = True
                     self._inputs_changed = True
-        consumed = self.specwatch.taken_in(look, unread)
-        if consumed:
-            self._submit(self.specwatch.delete, consumed)
+        self.specwatch.taken_in(look, unread)  # its markers are deleted at the cycle's end
 
     def _spec_absent(self, name: str, marked: bool) -> None:
         """A spec read because a marker or request named it is not there: gone, if we knew

@@ -80,12 +80,15 @@ class SpecWatch:
         self.every_cycle_below = every_cycle_below
         self._last_full: float | None = None  # when the last full listing was taken in
         self._last_count = 0  # specs it found
+        self._consumed: list[str] = []  # markers taken in this cycle, not yet handed off
         self._deleting: set[str] = set()  # consumed markers whose delete is in flight
         self._lock = threading.Lock()
 
     def forget(self) -> None:
-        """The daemon stopped acting: the next look lists everything."""
+        """The daemon stopped acting: the next look lists everything, and what it consumed
+        but did not delete stays for whoever acts next."""
         self._last_full = None
+        self._consumed = []
 
     def due(self, now: float) -> bool:
         """Whether this cycle needs the full spec listing (see the module docstring)."""
@@ -123,15 +126,22 @@ class SpecWatch:
             look.specs = self.store.list_specs()
         return look
 
-    def taken_in(self, look: Look, unread: set[str]) -> list[str]:
-        """The cycle took ``look`` in, except the specs in ``unread`` (their read failed):
-        the markers to delete now (the others are read again next cycle)."""
+    def taken_in(self, look: Look, unread: set[str]) -> None:
+        """The cycle took ``look`` in, except the specs in ``unread`` (their read failed, so
+        their markers stay, to be read again next cycle): the others are consumed."""
         if look.specs is not None:
             self._last_full, self._last_count = look.now, len(look.specs)
-        done = [m for m, name in look.markers.items() if name not in unread] + look.malformed
+        self._consumed.extend(m for m, name in look.markers.items() if name not in unread)
+        self._consumed.extend(look.malformed)
+
+    def hand_off(self) -> list[str]:
+        """The consumed markers, to delete (``delete``, in the I/O pool) once the cycle's own
+        requests are sent: deleting is no one's hurry, and a busy cycle's pool and bucket
+        should serve its starts first. Until the delete ends they are not listed again."""
+        markers, self._consumed = self._consumed, []
         with self._lock:
-            self._deleting.update(done)
-        return done
+            self._deleting.update(markers)
+        return markers
 
     def delete(self, markers: list[str]) -> None:
         """In the I/O pool, all in one call (a batch request per 100 on GCS). A marker whose
