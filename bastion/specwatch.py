@@ -10,7 +10,8 @@ starting with ``_`` is never a job name), so the one listing a cycle already mad
 
 It is an inbox, not a log. The daemon reads the spec each marker names, with the listing token
 of the bytes it read (``Store.read_spec_with_token``, one request), takes it in as a listed
-spec would be, then deletes the marker. So the prefix holds only what is not yet taken in, its
+spec would be, and at the end of the cycle deletes the markers it consumed (in the I/O pool,
+one batch request per 100 on GCS). So the prefix holds only what is not yet taken in, its
 listing costs O(new) whatever came before, and no client's clock is trusted: the time in the
 name only sorts markers for a human listing the bucket, and a unique part keeps a second write
 of the same spec from being lost when the first one's marker is deleted.
