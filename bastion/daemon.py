@@ -12,10 +12,12 @@ Fencing: every effect first checks that the lease is certainly ours for longer t
 can take (see :mod:`bastion.lease`); a daemon that cannot prove it starts nothing and drops
 what it knows.
 
-A cycle is cheap when nothing changed: specs and user requests are re-read only when their
-listing token changes, states are written only when their bytes change, and logs upload only
-new bytes. Every per-job step is wrapped so one bad input or one failed call is recorded on
-that job and never stops the cycle for the others.
+A cycle is cheap when nothing changed: it lists jobs/user_states/ (cancel requests and the
+submission markers that name new or replaced specs) and every spec only now and then
+(:mod:`bastion.specwatch`); a spec is re-read only when its token changes, states are written
+only when their bytes change, and logs upload only new bytes. Every per-job step is wrapped
+so one bad input or one failed call is recorded on that job and never stops the cycle for the
+others.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from bastion.runners.base import (
     attempt_name,
 )
 from bastion.scheduling import job_request
+from bastion.specwatch import Look, SpecWatch
 from bastion.store import Store
 from quota.model import JobRequest, Plan
 from quota.policy import Decision, Verdict, replan_by, schedule
@@ -72,6 +75,10 @@ SWEEP_EVERY_CYCLES = 20  # orphaned attempts are looked for this often (and at r
 # or after this long: the deletion goes on (and the sweep finds what a restart forgot).
 DELETE_WAIT_SECONDS = 300.0
 MAX_SPEC_ENV_BYTES = 64 << 10  # the spec rides in an environment variable only below this
+# Checkpoints uploaded at most this often (and when the daemon stops), not in every cycle that
+# changed something: each costs a request in the cycle where one job finishes.
+DAEMON_LOG_SYNC_SECONDS = 10.0  # the daemon's own log (diagnostics) in the bucket
+USAGE_SAVE_SECONDS = 60.0  # the usage ledger: a crash loses at most this much of its accrual
 
 
 @dataclass
@@ -180,6 +187,10 @@ class Daemon:
         self.logs = LogSync(store, os.path.join(work_dir, "logs"))
         self.daemon_log = Store.daemon_log_name(socket.gethostname(), os.path.abspath(work_dir))
         self.jobs: dict[str, Job] = {}
+        self.specwatch = SpecWatch(store)  # which specs each cycle reads (markers, listing)
+        self._daemon_log_synced_at = -DAEMON_LOG_SYNC_SECONDS  # the first sync is at once
+        self._usage_saved_at = -USAGE_SAVE_SECONDS
+        self._usage_unsaved = False
         self.cycles = 0
         self._decision_records = 0
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers)
@@ -226,9 +237,11 @@ class Daemon:
             if self.lease is None or self.lease.held:
                 with contextlib.suppress(Exception):
                     self._write_back()  # what the last effects changed (handles), then let go
+                with contextlib.suppress(Exception):
+                    self._save_usage(force=True)
             if self.lease is not None:
                 self.lease.release()
-            self._sync_daemon_log()
+            self._sync_daemon_log(force=True)
 
     def close(self) -> None:
         """After the last ``run``: the I/O pool and the runners' clients (and the lease, for a
@@ -275,6 +288,7 @@ class Daemon:
         self._lost_ownership = False
         self._queue_written = ""
         self._inputs_changed = True
+        self.specwatch.forget()
 
     def settle(self, timeout: float = 60.0) -> None:
         """Wait for the effects in flight and take in their results (tests, shutdown)."""
@@ -298,11 +312,11 @@ class Daemon:
             report.phases[phase] = time.perf_counter() - mark
             mark = time.perf_counter()
 
-        specs = self.store.list_specs()
-        requests = self.store.list_requests()
+        look = self.specwatch.look(now, full=not self._recovered)
         done("list")
         if not self._recovered:
-            self._recover(specs)  # raises if any state is unreadable: retried next cycle
+            assert look.specs is not None  # the first look lists every spec
+            self._recover(look.specs)  # raises if any state is unreadable: retried next cycle
             self._recovered = True
             done("recover")
         self.cycles += 1
@@ -311,9 +325,9 @@ class Daemon:
         self._take_in_results()
         self.quota.refresh()
         done("quota")
-        self._read_specs(specs, now)
+        self._read_specs(look, now)
         done("read_specs")
-        self._apply_requests(requests, now)
+        self._apply_requests(look.requests, now)
         done("requests")
         self._observe(now)
         done("observe")
@@ -329,6 +343,9 @@ class Daemon:
             done("upkeep")
         self._finalize_all(now)
         done("finalize")
+        consumed = self.specwatch.hand_off()  # submission markers taken in: deleted at leisure
+        if consumed:
+            self._submit(self.specwatch.delete, consumed)
         self._sync_daemon_log()
         done("daemon_log")
         report.seconds = time.time() - now
@@ -537,38 +554,69 @@ class Daemon:
                     log.warning("deleting attempt %s: no job of this root names it", item.name)
                     self._deleting[item.name] = (kind, item.handle)
 
-    def _read_specs(self, specs: dict[str, ObjectInfo], now: float) -> None:
-        changed = [
-            n for n, info in specs.items() if n not in self.jobs or self.jobs[n].token != info.token
-        ]
-        if changed:
-            self._inputs_changed = True
-        raws = dict(
-            zip(
-                changed,
-                self._pool.map(_quietly(self.store.read_spec), changed),
-                strict=True,
-            )
-        )
+    def _read_specs(self, look: Look, now: float) -> None:
+        """Take in the specs that changed. With the full listing: those whose listing token
+        changed, and jobs whose spec is no longer listed are gone. Otherwise: the specs that
+        submission markers name (and those of cancel requests for jobs not seen yet), each
+        read with its token; one that is absent now is gone. See bastion/specwatch.py."""
+        listed = look.specs
+        if listed is not None:
+            jobs = self.jobs
+            changed = [n for n, i in listed.items() if n not in jobs or jobs[n].token != i.token]
+            read: Callable[[str], Any] = self.store.read_spec
+        else:
+            unseen = {n for n in look.requests if n not in self.jobs and not name_problem(n)}
+            changed = sorted(set(look.marked()) | unseen)
+            read = self.store.read_spec_with_token
+        results = dict(zip(changed, self._pool.map(_quietly(read), changed), strict=True))
+        unread = set()
         for name in changed:
-            raw = raws[name]
-            if isinstance(raw, ValueError):  # not a regular file, too large: the spec is bad
-                raw = str(raw).encode()
-                self._absorb_spec(name, b"", specs[name].token, now, problem=str(raws[name]))
+            result = results[name]
+            # a token no listing has: the next full listing reads (and rejects) it again
+            token = listed[name].token if listed is not None else "?"
+            if isinstance(result, ValueError):  # not a regular file, too large: the spec is bad
+                self._inputs_changed = True
+                self._absorb_spec(name, b"", token, now, problem=str(result))
                 continue
-            if isinstance(raw, Exception):
-                log.error("%s: could not read spec: %s", name, raw)
+            if isinstance(result, Exception):
+                log.error("%s: could not read spec: %s", name, result)
+                unread.add(name)
                 continue
-            if raw is None:
-                continue  # deleted between the listing and the read
+            if result is None:  # deleted since it was listed or marked
+                if listed is None:
+                    self._spec_absent(name, marked=name in look.markers.values())
+                continue
+            raw, token = (result, token) if listed is not None else result
+            job = self.jobs.get(name)
+            if job is not None and job.token == token:
+                continue  # marked, but what we read last: nothing new
+            self._inputs_changed = True
             try:
-                self._absorb_spec(name, raw, specs[name].token, now)
+                self._absorb_spec(name, raw, token, now)
             except Exception:
                 log.exception("%s: could not take in the spec", name)
-        for name, job in self.jobs.items():
-            if name not in specs and job.token and not job.gone_from_bucket:
+        if listed is not None:
+            for name, job in self.jobs.items():
+                if name not in listed and job.token and not job.gone_from_bucket:
+                    job.gone_from_bucket = True
+                    self._inputs_changed = True
+        self.specwatch.taken_in(look, unread)  # its markers are deleted at the cycle's end
+
+    def _spec_absent(self, name: str, marked: bool) -> None:
+        """A spec read because a marker or request named it is not there: gone, if we knew
+        the job; a marker for a spec never seen is reported (it is deleted all the same)."""
+        job = self.jobs.get(name)
+        if job is not None:
+            if not job.gone_from_bucket:
                 job.gone_from_bucket = True
                 self._inputs_changed = True
+        elif marked:
+            log.warning(
+                "%s: a submission marker names it but %s is absent (deleted since, or the "
+                "marker was written without its spec); nothing to take in",
+                name,
+                self.store.url("jobs", "active", name),
+            )
 
     def _absorb_spec(
         self, name: str, raw: bytes, token: str, now: float, problem: str = ""
@@ -1176,11 +1224,23 @@ class Daemon:
                 log.error("%s: could not write state (will retry): %s", job.name, result)
         if self._lost_ownership:
             raise NotHolding
-        if changed:
-            try:
-                self.quota.save_usage()  # only needed when something changed (see QuotaSource)
-            except Exception:
-                log.exception("could not save the usage ledger")
+        self._usage_unsaved = self._usage_unsaved or changed
+        self._save_usage()
+
+    def _save_usage(self, force: bool = False) -> None:
+        """The usage ledger needs saving only when a job's state changed (see QuotaSource),
+        and then at most every USAGE_SAVE_SECONDS: a daemon that dies re-creates the accrual
+        since from the jobs running at its restart, so at most that long is misattributed."""
+        if not self._usage_unsaved:
+            return
+        if not force and time.monotonic() - self._usage_saved_at < USAGE_SAVE_SECONDS:
+            return
+        try:
+            self.quota.save_usage()
+            self._usage_saved_at = time.monotonic()
+            self._usage_unsaved = False
+        except Exception:
+            log.exception("could not save the usage ledger")
 
     def _check_marks(self) -> None:
         """Now and then, every state's bytes against what was written: a change that escaped
@@ -1190,7 +1250,11 @@ class Daemon:
                 log.error("%s: its state changed without a mark; writing it", job.name)
                 job.state.changed = True
 
-    def _sync_daemon_log(self) -> None:
+    def _sync_daemon_log(self, force: bool = False) -> None:
+        """The daemon's own log, at most every DAEMON_LOG_SYNC_SECONDS unless ``force``."""
+        if not force and time.monotonic() - self._daemon_log_synced_at < DAEMON_LOG_SYNC_SECONDS:
+            return
+        self._daemon_log_synced_at = time.monotonic()
         try:
             self.logs.sync(self.daemon_log)
         except Exception as e:  # logging it would only add to the same log

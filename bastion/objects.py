@@ -171,6 +171,20 @@ class Objects:
             raise
         return self._within(path, data, limit)
 
+    def read_with_token(self, path: str, limit: int | None = None) -> tuple[bytes, str] | None:
+        """The object and a token no newer than its bytes; None when absent. For a reader that
+        later compares the token with a listing's to tell whether the object changed since.
+
+        Generic: info, then read. When the object changes in between, the token is older than
+        the bytes, so the next listing's token differs and the object is read again: a change
+        may cost one read too many, never go unseen. Backends that get the token with the bytes
+        in one request (GCS, a local directory) override this."""
+        info = self.info(path)
+        if info is None:
+            return None
+        data = self.read(path, limit=limit)
+        return None if data is None else (data, info.token)
+
     def _within(self, path: str, data: bytes, limit: int | None) -> bytes:
         """``data`` if within ``limit``; else UnacceptableObject with the object's whole size."""
         if limit is None or len(data) <= limit:
@@ -214,6 +228,18 @@ class Objects:
     def delete(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm_file(path)
+
+    def delete_many(self, paths: list[str]) -> None:
+        """Delete every path (absent ones too); raises the first failure after trying all.
+        Generic: one request each; GCS batches them (100 per request)."""
+        failures = []
+        for path in paths:
+            try:
+                self.delete(path)
+            except Exception as e:
+                failures.append(e)
+        if failures:
+            raise failures[0]
 
 
 _NEW = os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -393,18 +419,33 @@ class LocalObjects(Objects):
         return ObjectInfo(path.rsplit("/", 1)[-1], *sized) if sized else None
 
     def read(self, path: str, start: int | None = None, limit: int | None = None) -> bytes | None:
+        found = self._read_opened(path, start, limit)
+        return None if found is None else found[0]
+
+    def read_with_token(self, path: str, limit: int | None = None) -> tuple[bytes, str] | None:
+        """The token from ``fstat`` of the very file read (a writer replaces it by rename, so
+        the open file never changes): the listing's token of these bytes, in one request."""
+        found = self._read_opened(path, None, limit)
+        if found is None:
+            return None
+        data, st = found
+        return data, self.token({"ino": st.st_ino, "mtime": st.st_mtime, "size": st.st_size})
+
+    def _read_opened(
+        self, path: str, start: int | None, limit: int | None
+    ) -> tuple[bytes, os.stat_result] | None:
         try:
             with self._directory(path) as (dir_fd, name):
                 fd = self._open(dir_fd, name, path, os.O_RDONLY)
         except (FileNotFoundError, NotADirectoryError):
             return None
         with os.fdopen(fd, "rb") as f:
-            size = os.fstat(fd).st_size
-            if limit is not None and size > limit:
-                raise self._too_large(path, size, limit)
+            st = os.fstat(fd)
+            if limit is not None and st.st_size > limit:
+                raise self._too_large(path, st.st_size, limit)
             f.seek(start or 0)
             data = f.read(-1 if limit is None else limit + 1)  # it may have grown meanwhile
-        return self._within(path, data, limit)
+        return self._within(path, data, limit), st
 
     # -- writing: a temporary file in the same directory, renamed over the object ------------
 
@@ -539,6 +580,29 @@ class GcsObjects(Objects):
             self._splits.pop(memo, None)
         return found
 
+    def read_with_token(self, path: str, limit: int | None = None) -> tuple[bytes, str] | None:
+        """One GET: the download's ``x-goog-generation`` header is the generation of the bytes
+        it carries (the listing's token). Without the header (an emulator that omits it), or
+        for an empty object (a range request on it is refused), the generic info-then-read."""
+        try:
+            headers, data = sync(self.fs.loop, self._download, path, limit)
+        except FileNotFoundError:
+            return None
+        except Exception as e:
+            if getattr(e, "code", None) != 416:
+                raise
+            return super().read_with_token(path, limit)
+        generation = headers.get("x-goog-generation") if headers else None
+        if not generation:
+            return super().read_with_token(path, limit)
+        return self._within(path, data, limit), str(generation)
+
+    async def _download(self, path: str, limit: int | None) -> tuple[Any, bytes]:
+        """(response headers, bytes): at most ``limit + 1`` bytes, so an oversized object is
+        refused without downloading it whole."""
+        head = {} if limit is None else {"Range": f"bytes=0-{limit}"}
+        return await self.fs._call("GET", self.fs.url(path), headers=head)
+
     async def _list_ranges(
         self,
         bucket: str,
@@ -578,6 +642,22 @@ class GcsObjects(Objects):
             for task in tasks:  # one range failed: the listing has; stop retrying the others
                 task.cancel()
             raise
+
+    BATCH = 100  # deletes per batch request (GCS's limit)
+
+    def delete_many(self, paths: list[str]) -> None:
+        """GCS batch requests: up to 100 deletes in one round trip (gcsfs's own batching; an
+        emulator gets one request each). An absent object counts as deleted."""
+        results = sync(self.fs.loop, self.fs._delete_files, list(paths), self.BATCH)
+        failures = [
+            r
+            for r in results
+            if isinstance(r, Exception)
+            and not isinstance(r, FileNotFoundError)
+            and "No such object" not in str(r)
+        ]
+        if failures:
+            raise failures[0]
 
     def write_if(self, path: str, data: bytes, expected: str | None) -> str:
         bucket, key, _ = self.fs.split_path(path)

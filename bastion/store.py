@@ -15,8 +15,9 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
-from typing import Any
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import fsspec
 
@@ -35,6 +36,12 @@ __all__ = ["ObjectInfo", "PreconditionFailed", "Store", "UnacceptableObject", "r
 ACTIVE, STATES, USER_STATES, COMPLETE = "active", "states", "user_states", "complete"
 DAEMON_LOG_PREFIX = "_bastion-"  # names starting with "_" are never job names
 CLEANUP_SUFFIX = ".cleanup"
+T = TypeVar("T")
+# A submission marker in jobs/user_states/: "_submitted-<ms, 13 digits>-<8 hex>-<job name>".
+# Names starting with "_" are never job names, so markers and cancel requests share one
+# listing (see bastion/specwatch.py for why markers exist).
+MARKER_PREFIX = "_submitted-"
+_HEX = frozenset("0123456789abcdef")
 
 
 def configure_emulator_env() -> None:
@@ -110,6 +117,13 @@ class Store:
         self._count("read")
         return self.objects.read(self._path(*parts), limit=limit)
 
+    def _read_with_token(
+        self, *parts: str, limit: int | None = None
+    ) -> tuple[bytes, str] | None:
+        """The bytes and their listing token (see Objects.read_with_token)."""
+        self._count("read")
+        return self.objects.read_with_token(self._path(*parts), limit=limit)
+
     def _write(self, data: bytes, *parts: str) -> None:
         """Replace an object atomically: readers see the old or the new bytes, never half."""
         self._count("write")
@@ -154,8 +168,17 @@ class Store:
         """A spec's bytes, at most MAX_SPEC_BYTES. UnacceptableObject (its message is the
         rejection reason) for a larger one and, on a local root, for anything but a regular
         file: a link to a secret must never have its content copied into jobs/complete/."""
+        return self._read_spec_with(self._read, name)
+
+    def read_spec_with_token(self, name: str) -> tuple[bytes, str] | None:
+        """As ``read_spec``, with the listing token of the bytes read (one request on GCS and
+        on a local root): for a spec named by a submission marker, whose token no listing
+        gave."""
+        return self._read_spec_with(self._read_with_token, name)
+
+    def _read_spec_with(self, reader: Callable[..., T], name: str) -> T:
         try:
-            return self._read("jobs", ACTIVE, name, limit=MAX_SPEC_BYTES)
+            return reader("jobs", ACTIVE, name, limit=MAX_SPEC_BYTES)
         except UnacceptableObject as e:
             if e.rule == UnacceptableObject.REGULAR:
                 raise UnacceptableObject(e.path, e.what, "specs must be regular files") from None
@@ -207,6 +230,43 @@ class Store:
 
     def delete_request(self, name: str) -> None:
         self._delete("jobs", USER_STATES, name)
+
+    # -- submission markers: "look at this spec", beside the cancel requests -----------------
+
+    @staticmethod
+    def marker_name(name: str, now: float | None = None) -> str:
+        """A new marker for job ``name``: unique (a later write of the same spec gets its own,
+        so deleting a consumed marker never drops a newer one), and sorting by the writer's
+        clock for a human listing the bucket (the daemon trusts no clock: it takes them all)."""
+        stamp = int((time.time() if now is None else now) * 1000)
+        return f"{MARKER_PREFIX}{stamp:013d}-{uuid.uuid4().hex[:8]}-{name}"
+
+    @staticmethod
+    def is_marker(entry: str) -> bool:
+        """Whether a jobs/user_states/ entry is a submission marker (else a cancel request)."""
+        return entry.startswith(MARKER_PREFIX)
+
+    @staticmethod
+    def marked_job(marker: str) -> str | None:
+        """The job a marker names; None when the marker is not of the form marker_name
+        writes (any bucket writer can put anything there)."""
+        stamp, _, rest = marker.removeprefix(MARKER_PREFIX).partition("-")
+        unique, _, name = rest.partition("-")
+        if len(stamp) != 13 or not stamp.isdigit() or len(unique) != 8 or set(unique) - _HEX:
+            return None
+        return name or None
+
+    def write_marker(self, name: str) -> str:
+        """After a spec is created or replaced: tells the daemon to read it next cycle."""
+        marker = self.marker_name(name)
+        body = {"name": name, "time": time.time()}  # for a human; the daemon reads the name
+        self._write(json.dumps(body, sort_keys=True).encode(), "jobs", USER_STATES, marker)
+        return marker
+
+    def delete_markers(self, markers: list[str]) -> None:
+        """Consumed markers, in one batch request per 100 on GCS (counted once here)."""
+        self._count("delete")
+        self.objects.delete_many([self._path("jobs", USER_STATES, m) for m in markers])
 
     # -- completed jobs --------------------------------------------------------------------
 

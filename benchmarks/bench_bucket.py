@@ -131,8 +131,10 @@ class LatencyBucket:
 
     Every request (a call on the store's ``Objects``) waits ``latency`` first and is counted.
     A listing counts a request per 800 names and waits once per 16 of them, as GcsObjects
-    lists name ranges 16 at a time. The quota file's lookup goes through its own ``Objects``
-    and is neither delayed nor counted (one request per cycle, which the store counters show).
+    lists name ranges 16 at a time; a ``delete_many`` counts one per 100 paths and waits once
+    (GCS batch requests, sent concurrently). The quota file's lookup goes through its own
+    ``Objects`` and is neither delayed nor counted (one request per cycle, which the store
+    counters show).
     No HTTP client runs, so gcsfs's CPU (request building, JSON parsing on its event-loop
     thread) is missing from the daemon's figures; the emulator runs include it.
 
@@ -160,6 +162,8 @@ class LatencyBucket:
             if name == "list" and len(result) > 1000:
                 pages = -(-len(result) // 800)
                 time.sleep(self.latency * (-(-pages // 16) - 1))
+            if name == "delete_many":  # GCS batch requests of 100, sent concurrently
+                pages = max(1, -(-len(args[0]) // 100))
             with self._lock:
                 self.routes[name] += pages
             return result

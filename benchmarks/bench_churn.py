@@ -19,7 +19,9 @@ For each N in ``--jobs`` (default 1,000 and 10,000), on two roots of the same bu
   share of one core, and the RSS growth from taking the N jobs in, per job;
 - static: N jobs ``sleep 3600 || true``, taken in with tracemalloc on (Python memory the daemon
   holds per job), then: quiet cycles (nothing finishes, nothing is submitted), with the CPU
-  share such a daemon takes at ``--quiet_poll`` (3 s, the CLI's default); ``--singles`` times
+  share such a daemon takes at ``--quiet_poll`` (3 s, the CLI's default), and one quiet cycle
+  that lists every spec, as one does every 30 s on a large queue (bastion/specwatch.py; the
+  "+full" CPU share counts it in); ``--singles`` times
   the cycle in which exactly one job finishes among N waiting (the ``sleep`` under one running
   job is sent SIGTERM, so the job succeeds) and the cycle after it (which records the handle of
   the job that took its place); and one job cancelled with ``Client.cancel``, every cycle until
@@ -70,6 +72,7 @@ from bastion.daemon import Daemon  # noqa: E402
 from bastion.jobspec import JobSpec  # noqa: E402
 from bastion.jobstate import Status  # noqa: E402
 from bastion.service import build_daemon  # noqa: E402
+from bastion.specwatch import FULL_LISTING_SECONDS  # noqa: E402
 from bastion.store import Store  # noqa: E402
 from benchmarks.bench_bucket import BUCKET, LatencyBucket, Proxy, percentile  # noqa: E402
 from benchmarks.bench_cycle import QUOTA  # noqa: E402
@@ -460,6 +463,23 @@ def quiet(run: Run, args: argparse.Namespace) -> dict[str, Any]:
         f"{result['quiet_share'] * 100:.1f}% of a core at --poll {args.quiet_poll:g}"
     )
     print(f"    last: {samples[-1].line()}")
+    # A quiet cycle lists jobs/active/ only every FULL_LISTING_SECONDS on a large queue
+    # (bastion/specwatch.py): one such cycle, and the CPU share with it counted in.
+    time.sleep(args.poll)
+    run.daemon.specwatch.forget()  # the next look is a full listing
+    full = measure(run)
+    every = max(1.0, FULL_LISTING_SECONDS / args.quiet_poll)  # cycles per full listing
+    result["full_requests"], result["full_s"], result["full_cpu"] = (
+        full.requests, full.seconds, full.cpu
+    )
+    result["quiet_share_with_full"] = (
+        (every - 1) * result["quiet_cpu"] + full.cpu
+    ) / (every * args.quiet_poll)
+    print(
+        f"  quiet cycle with the full spec listing (every {FULL_LISTING_SECONDS:g} s): "
+        f"{full.line()}; CPU share counting it: "
+        f"{result['quiet_share_with_full'] * 100:.1f}% of a core at --poll {args.quiet_poll:g}"
+    )
     return result
 
 
@@ -541,7 +561,7 @@ def print_summary(results: list[dict[str, Any]], args: argparse.Namespace) -> No
     )
     header = (
         f"{'jobs':>7} {'req/s':>6} {'req':>5} {'cyc s':>6} {'p90 s':>6} {'CPU ms':>7} "
-        f"{'CPU%':>5} {'dec B':>6} | {'quiet req':>9} {'s':>6} {'CPU%':>5} | "
+        f"{'CPU%':>5} {'dec B':>6} | {'quiet req':>9} {'s':>6} {'CPU%':>5} {'+full':>5} | "
         f"{'one req':>7} {'s':>6} {'CPU ms':>7} {'next':>5} | {'KiB/job':>7} {'RSS':>6}"
     )
     print(header)
@@ -551,7 +571,8 @@ def print_summary(results: list[dict[str, Any]], args: argparse.Namespace) -> No
             f"{r['jobs']:>7,} {r['req_per_s']:>6.1f} {r['requests'][0]:>5.0f} "
             f"{r['seconds'][0]:>6.3f} {r['seconds'][1]:>6.3f} {r['CPU ms'][0]:>7.0f} "
             f"{r['cpu_share'] * 100:>5.1f} {dec:>6.0f} | {r['quiet_requests']:>9.0f} "
-            f"{r['quiet_s']:>6.3f} {r['quiet_share'] * 100:>5.1f} | {r['one_requests']:>7.0f} "
+            f"{r['quiet_s']:>6.3f} {r['quiet_share'] * 100:>5.1f} "
+            f"{r['quiet_share_with_full'] * 100:>5.1f} | {r['one_requests']:>7.0f} "
             f"{r['one_s']:>6.3f} {r['one_cpu'] * 1000:>7.0f} {r['next_requests']:>5.0f} | "
             f"{r['traced_per_job'] / 1024:>7.1f} {r['rss_per_job'] / 1024:>6.1f}"
         )

@@ -30,6 +30,7 @@ from typing import Any
 from bastion import jobspec as _jobspec
 from bastion.jobspec import JobSpec, SpecError, check_name, shorten
 from bastion.jobstate import JobState, Outcome, Status
+from bastion.specwatch import FULL_LISTING_SECONDS
 from bastion.store import Store, UnacceptableObject, resolve_root
 from launch.status import DaemonStatus, NoDaemon, NoDaemonWarning, daemon_status
 from quota.capacity import fmt_units
@@ -178,6 +179,7 @@ class Client:
                 f"{self.store.url('jobs', 'active')}; pick another --name, or "
                 f"`bastion update {spec.name}` to change it"
             )
+        self._mark(spec.name)
         status = self.daemon_status()
         if status.stopped:
             warnings.warn(
@@ -198,7 +200,22 @@ class Client:
         spec.command = command
         spec.metadata.version = (spec.metadata.version or 0) + 1
         self.store.replace_spec(name, spec.validate().dumps())
+        self._mark(name)
         return spec
+
+    def _mark(self, name: str) -> None:
+        """The submission marker that makes the daemon read this spec next cycle instead of
+        finding it by its periodic full listing (bastion/specwatch.py). The spec is written
+        already, so a failure here loses nothing: it only waits longer, as the warning says."""
+        try:
+            self.store.write_marker(name)
+        except Exception as e:
+            warnings.warn(
+                f"{name} is submitted, but its submission marker could not be written "
+                f"({_brief(e)}): the daemon finds it by its full listing, within "
+                f"{FULL_LISTING_SECONDS:g}s on a large queue",
+                stacklevel=3,
+            )
 
     def cancel(self, name: str, user_id: str | None = None) -> None:
         spec = self._active_spec(name)

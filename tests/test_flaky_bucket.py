@@ -237,6 +237,50 @@ def test_a_flaky_bucket_loses_nothing(rig: Rig, fraction: float) -> None:
     assert rig.errors.unexpected() == []  # every error the daemon logged was a simulated 503
 
 
+@pytest.mark.parametrize("fraction", [0.5])
+def test_submissions_by_marker_survive_a_flaky_bucket(rig: Rig, fraction: float) -> None:
+    """Jobs submitted while the daemon runs, found through their submission markers (the full
+    spec listing runs only when the daemon (re)starts acting), with half the daemon's requests
+    failing: a failed marker listing, spec read or marker delete must lose no submission and
+    run none twice; every marker is consumed in the end."""
+    daemon = rig.daemon()
+    daemon.specwatch.every_cycle_below = 0  # the listing is never cheap enough for every cycle
+    daemon.specwatch.full_listing_seconds = 3600.0
+    full_listings = []
+    list_specs = daemon.store.list_specs
+
+    def counted_list_specs() -> dict[str, Any]:
+        full_listings.append(1)
+        return list_specs()
+
+    daemon.store.list_specs = counted_list_specs  # type: ignore[method-assign]
+    rig.step(daemon)  # the first cycle, on a healthy bucket: the full listing (nothing yet)
+    plan = rig.set_plan(FailurePlan(fraction, seed=12))
+    names = [f"late-{i:02d}" for i in range(12)]
+    steps = 0
+    for name in names:
+        rig.submit(name, "echo job $BASTION_JOB_NAME; exit 0")
+        rig.step(daemon)
+        steps += 1
+    steps += rig.drive(
+        daemon,
+        lambda: rig.all_complete(names)
+        and not daemon.jobs
+        and not rig.entries("jobs", "user_states"),
+    )
+
+    assert plan.failures["ls:before"] > 0 and plan.failures["cat_file:before"] > 0
+    assert plan.failures["rm_file:after"] + plan.failures["rm_file:before"] > 0
+    # Most cycles listed no spec: the markers brought the jobs in (a lost lease makes the
+    # daemon start acting again with a full listing, which loses nothing either).
+    assert len(full_listings) < steps / 2, (len(full_listings), steps)
+    assert rig.ran() == {name: 1 for name in names}
+    for name in names:
+        record = rig.complete(name)
+        assert record is not None and record["state"]["outcome"] == "SUCCEEDED", (name, record)
+    assert rig.errors.unexpected() == []
+
+
 def test_ambiguous_log_appends_are_not_duplicated(rig: Rig) -> None:
     """Every append "fails" after it reached the bucket: LogSync must re-ask, not re-send."""
     plan = rig.set_plan(FailurePlan(ops={"pipe_file"}, where="/logs/", first_calls=10**6,

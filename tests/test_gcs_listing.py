@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bastion.objects import GcsObjects, Objects
+from bastion.objects import GcsObjects, Objects, UnacceptableObject
 from bastion.store import Store
 from tests.conftest import BUCKET
 from tests.faultproxy import FaultProxy
@@ -108,3 +108,34 @@ def test_a_small_directory_keeps_no_ranges(gcs_emulator: GcsEmulator, directory:
     assert len(objects.list(directory)) == 100 and (directory, False) in objects._splits
     objects.fs.rm([f"{directory}/j{i:03d}" for i in range(70)])
     assert len(objects.list(directory)) == 30 and (directory, False) not in objects._splits
+
+
+def test_a_read_with_token_is_one_request_and_gives_the_listing_token(
+    proxy: FaultProxy, directory: str
+) -> None:
+    """A spec named by a submission marker is read with its token in one GET (the download's
+    generation header), equal to the token a listing gives, so the next full listing does not
+    read it again. Absent: None; over the limit: refused; an empty object: its token too."""
+    objects = _objects(proxy.endpoint)
+    _put(objects, directory, ["spec", "big"])
+    objects.write(f"{directory}/empty", b"")
+    listed = objects.list(directory)
+    proxy.reset_counts()
+    data, token = objects.read_with_token(f"{directory}/spec", limit=100)
+    assert proxy.total() == 1, proxy.stats()
+    assert (data, token) == (b"spec", listed["spec"].token)
+    for limit in (None, 100):  # a range request on an empty object is refused (416)
+        empty = objects.read_with_token(f"{directory}/empty", limit=limit)
+        assert empty == (b"", listed["empty"].token)
+    assert objects.read_with_token(f"{directory}/absent") is None
+    with pytest.raises(UnacceptableObject, match="the limit is 2 bytes"):
+        objects.read_with_token(f"{directory}/big", limit=2)
+
+
+def test_delete_many_deletes_present_and_absent_objects(proxy: FaultProxy, directory: str) -> None:
+    """Consumed submission markers go in one call (batch requests on GCS itself; the emulator,
+    which has no batch endpoint, gets one request each): an absent one is no error."""
+    objects = _objects(proxy.endpoint)
+    _put(objects, directory, ["a", "b", "keep"])
+    objects.delete_many([f"{directory}/a", f"{directory}/b", f"{directory}/absent"])
+    assert sorted(objects.list(directory)) == ["keep"]

@@ -1,0 +1,156 @@
+"""Which specs a cycle looks at: those users marked, and now and then every spec.
+
+Listing ``jobs/active/`` costs O(N): at 10,000 waiting jobs 13 requests (pages of 800 names)
+and the parse of 10,000 entries, every cycle, for cycles in which nothing or one job changed.
+So the Python API and the CLI (``launch.api.Client``), after creating or replacing a spec, write
+a *submission marker* ``jobs/user_states/_submitted-<ms>-<8 hex>-<name>``: a tiny object whose
+name says "look at the spec of job <name>". Markers live beside the cancel requests (a name
+starting with ``_`` is never a job name), so the one listing a cycle already made of
+``jobs/user_states/`` now brings both: one request while fewer than 1,000 entries wait.
+
+It is an inbox, not a log. The daemon reads the spec each marker names, with the listing token
+of the bytes it read (``Store.read_spec_with_token``, one request), takes it in as a listed
+spec would be, and at the end of the cycle deletes the markers it consumed (in the I/O pool,
+one batch request per 100 on GCS). So the prefix holds only what is not yet taken in, its
+listing costs O(new) whatever came before, and no client's clock is trusted: the time in the
+name only sorts markers for a human listing the bucket, and a unique part keeps a second write
+of the same spec from being lost when the first one's marker is deleted.
+
+What a marker cannot tell (plain tools write none) the full listing still finds, by token, as
+before: a spec copied in with ``gsutil cp``, replaced or deleted by hand, or written by an older
+client. It runs in the first cycle after a daemon starts acting (recovery needs it), every cycle
+while the last one found fewer than ``EVERY_CYCLE_BELOW`` specs (then it costs a single request
+and plain tools lose nothing), and otherwise every ``FULL_LISTING_SECONDS``. That bounds the
+extra latency of a plain-tool write on a large queue; cancels are unchanged (requests are read
+every cycle), and a cancel request naming a job the daemon has not seen yet makes it read that
+job's spec first, so the cancel is applied, not dropped as stale.
+
+Nothing is lost on failures: markers are listed before the full spec listing (a marker is
+written after its spec, so a full listing taken later covers what it names); a marker is
+deleted only after its spec was read (or found absent); a failed read keeps it for the next
+cycle; a failed delete leaves it to be read again (same token: nothing changes); a daemon that
+dies in between starts with a full listing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+
+from bastion.jobspec import name_problem
+from bastion.objects import ObjectInfo
+from bastion.store import Store
+
+log = logging.getLogger("bastion.specwatch")
+
+FULL_LISTING_SECONDS = 30.0  # the longest a spec written by plain tools waits to be seen
+# A listing of at most GcsObjects.SPLIT_EVERY (800) names is one request: then every cycle.
+EVERY_CYCLE_BELOW = 801
+
+
+@dataclass
+class Look:
+    """What one cycle saw users write."""
+
+    requests: dict[str, ObjectInfo]  # cancel requests, by job name
+    markers: dict[str, str]  # submission marker -> the job it names
+    specs: dict[str, ObjectInfo] | None  # every spec and its token, when the listing ran
+    now: float
+    malformed: list[str] = field(default_factory=list)  # markers no client writes
+
+    @property
+    def full(self) -> bool:
+        return self.specs is not None
+
+    def marked(self) -> list[str]:
+        return sorted(set(self.markers.values()))
+
+
+class SpecWatch:
+    """The cycle's look at ``jobs/user_states/`` and, when due, ``jobs/active/``."""
+
+    def __init__(
+        self,
+        store: Store,
+        full_listing_seconds: float = FULL_LISTING_SECONDS,
+        every_cycle_below: int = EVERY_CYCLE_BELOW,
+    ) -> None:
+        self.store = store
+        self.full_listing_seconds = full_listing_seconds
+        self.every_cycle_below = every_cycle_below
+        self._last_full: float | None = None  # when the last full listing was taken in
+        self._last_count = 0  # specs it found
+        self._consumed: list[str] = []  # markers taken in this cycle, not yet handed off
+        self._deleting: set[str] = set()  # consumed markers whose delete is in flight
+        self._lock = threading.Lock()
+
+    def forget(self) -> None:
+        """The daemon stopped acting: the next look lists everything, and what it consumed
+        but did not delete stays for whoever acts next."""
+        self._last_full = None
+        self._consumed = []
+
+    def due(self, now: float) -> bool:
+        """Whether this cycle needs the full spec listing (see the module docstring)."""
+        return (
+            self._last_full is None
+            or self._last_count < self.every_cycle_below
+            or now - self._last_full >= self.full_listing_seconds
+        )
+
+    def look(self, now: float, full: bool = False) -> Look:
+        """The requests and markers, then, if ``full`` or due, every spec: in this order, so
+        the spec listing covers each marker it comes with."""
+        with self._lock:  # before the listing: a delete that ends in between is not listed
+            deleting = set(self._deleting)
+        entries = self.store.list_requests()
+        look = Look(requests={}, markers={}, specs=None, now=now)
+        for entry, info in entries.items():
+            if not Store.is_marker(entry):
+                look.requests[entry] = info
+            elif entry not in deleting:
+                name = Store.marked_job(entry)
+                if name is None or name_problem(name):
+                    look.malformed.append(entry)
+                else:
+                    look.markers[entry] = name
+        for entry in look.malformed:
+            log.error(
+                "%s is not a submission marker Bastion writes "
+                "(_submitted-<13 digits>-<8 hex digits>-<job name>); deleting it (a spec it "
+                "meant is still found by the full listing within %gs)",
+                self.store.url("jobs", "user_states", entry),
+                self.full_listing_seconds,
+            )
+        if full or self.due(now):
+            look.specs = self.store.list_specs()
+        return look
+
+    def taken_in(self, look: Look, unread: set[str]) -> None:
+        """The cycle took ``look`` in, except the specs in ``unread`` (their read failed, so
+        their markers stay, to be read again next cycle): the others are consumed."""
+        if look.specs is not None:
+            self._last_full, self._last_count = look.now, len(look.specs)
+        self._consumed.extend(m for m, name in look.markers.items() if name not in unread)
+        self._consumed.extend(look.malformed)
+
+    def hand_off(self) -> list[str]:
+        """The consumed markers, to delete (``delete``, in the I/O pool) once the cycle's own
+        requests are sent: deleting is no one's hurry, and a busy cycle's pool and bucket
+        should serve its starts first. Until the delete ends they are not listed again."""
+        markers, self._consumed = self._consumed, []
+        with self._lock:
+            self._deleting.update(markers)
+        return markers
+
+    def delete(self, markers: list[str]) -> None:
+        """In the I/O pool, all in one call (a batch request per 100 on GCS). A marker whose
+        delete failed is listed, and its spec read, again: nothing changes for it."""
+        try:
+            self.store.delete_markers(markers)
+        except Exception as e:
+            log.warning("could not delete %d submission markers (read again): %s", len(markers), e)
+        finally:
+            with self._lock:
+                self._deleting.difference_update(markers)

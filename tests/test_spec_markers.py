@@ -1,0 +1,254 @@
+"""Submission markers: a busy queue's cycle reads the specs users marked, not every spec.
+
+The daemon lists every spec only now and then (bastion/specwatch.py); in between, the Client's
+markers in jobs/user_states/ say which specs to read. These tests put the daemon in that mode
+on a small root (``every_cycle_below = 0``: the listing is never "cheap enough to run every
+cycle"), drive its cycles with explicit times, and check that nothing users write is lost: a
+Client submission is taken in at once without the spec listing; what plain tools write, replace
+or delete is seen by the full listing within its interval; markers that name nothing, or are no
+markers Bastion writes, are reported and removed. Real daemon, fake runner, real bucket (a local
+directory and the GCS emulator).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bastion.daemon import Daemon
+from bastion.jobstate import Status
+from bastion.service import build_daemon
+from bastion.specwatch import FULL_LISTING_SECONDS
+from bastion.store import Store
+from launch.api import Client, new_jobspec
+from tests.conftest import BUCKET
+
+QUOTA = """\
+[toml-schema]
+version = "1"
+[total_resources]
+cpu = 2
+[project_membership]
+default = [".*"]
+[project_resources.default]
+cpu = 1.0
+"""
+
+
+@pytest.fixture(params=["local", "gcs"])
+def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "gcs":
+        request.getfixturevalue("gcs_emulator")
+        return f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}"
+    return str(tmp_path / "root")
+
+
+def _spec(name: str, command: str = "sleep 60") -> bytes:
+    spec = new_jobspec(name=name, command=command, user_id="u", project_id="default",
+                       resources={"cpu": 1}, runner={"kind": "fake"})
+    return spec.dumps()
+
+
+class Rig:
+    """A daemon in marker mode on ``root``, driven one cycle at a time on a clock we move."""
+
+    def __init__(self, root: str, tmp_path: Path) -> None:
+        self.store = Store(root)
+        self.store.objects.write(
+            self.store._path("project-quotas", "project-quotas.config"), QUOTA.encode()
+        )
+        self.client = Client(store=Store(root))
+        self.daemon: Daemon = build_daemon(
+            root,
+            work_dir=str(tmp_path / "work"),
+            gpus=[],
+            settings={"default_runner": "fake",
+                      "runners": {"fake": {"state_dir": str(tmp_path / "fake")}}},
+        )
+        self.daemon.specwatch.every_cycle_below = 0  # never "cheap enough for every cycle"
+        self.now = time.time()
+        self.step()  # the first cycle lists everything (recovery); the next ones need not
+
+    def step(self, seconds: float = 1.0) -> dict[str, int]:
+        self.now += seconds
+        report = self.daemon.cycle(self.now)
+        self.daemon.settle()
+        return report.ops
+
+    def submit(self, name: str, command: str = "sleep 60") -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # no daemon loop holds the lease: we drive it
+            self.client.submit(
+                new_jobspec(name=name, command=command, user_id="u", project_id="default",
+                            resources={"cpu": 1}, runner={"kind": "fake"})
+            )
+
+    def status(self, name: str) -> Status | None:
+        job = self.daemon.jobs.get(name)
+        return job.state.status if job else None
+
+    def inbox(self) -> list[str]:
+        return sorted(self.store.list_requests())
+
+    def close(self) -> None:
+        self.daemon.close()
+
+
+@pytest.fixture
+def rig(root: str, tmp_path: Path) -> Iterator[Rig]:
+    r = Rig(root, tmp_path)
+    yield r
+    r.close()
+
+
+def test_a_client_submission_is_taken_in_without_listing_the_specs(rig: Rig) -> None:
+    for i in range(3):
+        rig.store.submit_spec(f"old-{i}", _spec(f"old-{i}", "sleep 600"))  # plain tools
+    rig.step(FULL_LISTING_SECONDS)  # the full listing takes the plain ones in
+    assert {"old-0", "old-1", "old-2"} <= set(rig.daemon.jobs)
+    rig.submit("new")
+    assert len(rig.inbox()) == 1 and Store.marked_job(rig.inbox()[0]) == "new"
+    ops = rig.step()
+    assert ops["list"] == 1, ops  # jobs/user_states/ only: jobs/active/ was not listed
+    assert rig.status("new") is Status.PENDING
+    assert rig.inbox() == []  # the marker is consumed
+    # The token read with the spec is the listing's: the next full listing reads nothing.
+    assert rig.daemon.jobs["new"].token == rig.store.list_specs()["new"].token
+    reads = rig.step(FULL_LISTING_SECONDS).get("read", 0)
+    assert reads == 0
+
+
+def test_an_update_through_the_client_is_taken_in_at_once(rig: Rig) -> None:
+    rig.submit("job", "sleep 600")
+    rig.step()
+    version = rig.daemon.jobs["job"].state.spec_digest
+    rig.client.update("job", "sleep 601")
+    rig.step()
+    assert rig.daemon.jobs["job"].spec.command == "sleep 601"
+    assert rig.daemon.jobs["job"].state.spec_digest != version or rig.status("job") in (
+        Status.ACTIVE, Status.CANCELLING)
+    assert rig.inbox() == []
+
+
+def test_plain_tool_writes_are_seen_within_the_full_listing_interval(rig: Rig) -> None:
+    """Copied in, replaced, deleted without a marker: seen once the full listing runs, which
+    is at most FULL_LISTING_SECONDS after the last one."""
+    rig.submit("keep", "sleep 600")
+    rig.submit("doomed", "sleep 600")
+    rig.step()
+    assert rig.status("keep") is not None and rig.status("doomed") is not None
+    rig.store.submit_spec("copied", _spec("copied"))  # `gsutil cp`
+    rig.store.replace_spec("keep", _spec("keep", "sleep 700"))
+    rig.store.delete_spec("doomed")  # `gsutil rm`
+    for _ in range(3):  # within the interval: not seen yet
+        rig.step(FULL_LISTING_SECONDS / 10)
+    assert "copied" not in rig.daemon.jobs
+    assert rig.daemon.jobs["keep"].spec.command == "sleep 600"
+    assert not rig.daemon.jobs["doomed"].gone_from_bucket
+    rig.step(FULL_LISTING_SECONDS)
+    assert rig.status("copied") is not None
+    assert rig.daemon.jobs["keep"].spec.command == "sleep 700"
+    doomed = rig.daemon.jobs.get("doomed")
+    assert doomed is None or doomed.gone_from_bucket
+    for _ in range(5):
+        if "doomed" not in rig.daemon.jobs:
+            break
+        rig.step()
+    record = rig.store.read_complete("doomed")
+    assert record is not None and record["state"]["outcome"] == "CANCELLED", record
+    assert "spec deleted" in record["state"]["reason"]
+
+
+def test_a_cancel_for_a_job_not_seen_yet_is_applied_not_dropped(rig: Rig) -> None:
+    """A spec copied in by hand and cancelled before the full listing found it: the request
+    makes the daemon read the spec, so the job is cancelled and never starts."""
+    rig.store.submit_spec("hand", _spec("hand"))
+    rig.client.cancel("hand")
+    rig.step()
+    for _ in range(5):
+        if "hand" not in rig.daemon.jobs:
+            break
+        rig.step()
+    record = rig.store.read_complete("hand")
+    assert record is not None and record["state"]["outcome"] == "CANCELLED", record
+    assert record["state"]["attempt"] == 0  # never started
+    assert rig.inbox() == []
+
+
+def test_markers_that_name_nothing_or_are_malformed_are_reported_and_lose_nothing(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    rig.store.write_marker("ghost")  # a marker whose spec was never written
+    rig.store.write_request("_submitted-garbage", b"{}")  # no marker Bastion writes
+    rig.store.submit_spec("broken", b"{not json")  # a malformed spec, marked
+    rig.store.write_marker("broken")
+    rig.submit("fine")
+    with caplog.at_level(logging.WARNING, logger="bastion"):
+        rig.step()
+    messages = "\n".join(r.getMessage() for r in caplog.records)
+    assert "ghost: a submission marker names it but" in messages, messages
+    assert "_submitted-garbage is not a submission marker Bastion writes" in messages, messages
+    assert "ghost" not in rig.daemon.jobs
+    assert rig.status("fine") is not None  # the good one beside them is taken in
+    for _ in range(5):
+        if "broken" not in rig.daemon.jobs:
+            break
+        rig.step()
+    record = rig.store.read_complete("broken")
+    assert record is not None and record["state"]["outcome"] == "REJECTED", record
+    assert "spec rejected" in record["state"]["reason"]
+    assert rig.inbox() == []  # every marker consumed, good or bad
+
+
+def test_a_marker_whose_spec_read_fails_is_kept_for_the_next_cycle(rig: Rig) -> None:
+    """A failed read keeps its marker: the spec is read next cycle, not left to the full
+    listing."""
+    rig.submit("later")
+    real = rig.daemon.store.read_spec_with_token
+    calls = []
+
+    def failing_once(name: str) -> tuple[bytes, str] | None:
+        calls.append(name)
+        if len(calls) == 1:
+            raise OSError("simulated 503")
+        return real(name)
+
+    rig.daemon.store.read_spec_with_token = failing_once  # type: ignore[method-assign]
+    rig.step()
+    assert "later" not in rig.daemon.jobs
+    assert len(rig.inbox()) == 1  # kept
+    rig.step()
+    assert rig.status("later") is not None
+    assert rig.inbox() == []
+
+
+def test_a_marker_does_not_bring_back_a_finished_job(rig: Rig) -> None:
+    rig.submit("quick", "true")
+    for _ in range(10):
+        rig.step()
+        if rig.store.read_complete("quick"):
+            break
+    assert rig.store.read_complete("quick")["state"]["outcome"] == "SUCCEEDED"
+    rig.store.write_marker("quick")  # late or duplicated: its spec is gone
+    rig.step()
+    assert "quick" not in rig.daemon.jobs
+    assert rig.inbox() == []
+
+
+def test_marker_names_round_trip_and_refuse_what_clients_do_not_write() -> None:
+    marker = Store.marker_name("my-job.v2", now=1_700_000_000.123)
+    assert marker.startswith("_submitted-1700000000123-")
+    assert Store.is_marker(marker) and Store.marked_job(marker) == "my-job.v2"
+    assert Store.marker_name("a") != Store.marker_name("a")  # each write its own marker
+    for bad in ("_submitted-", "_submitted-12-abcdef01-x", "_submitted-1700000000123-xyz-a",
+                "_submitted-1700000000123-abcdef01-"):
+        assert Store.marked_job(bad) is None, bad
+    body = json.dumps({"name": "x"})
+    assert not Store.is_marker("x") and body  # cancel requests are named by their job
