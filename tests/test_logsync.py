@@ -90,7 +90,8 @@ def test_a_mirror_created_after_an_earlier_job_of_that_name(store: Store, tmp_pa
     logs = LogSync(store, mirror_dir(tmp_path))
     path = logs.path("job")
     assert logs.base("job") == len(old)
-    assert os.path.getsize(path) == 0  # the mirror holds only this job's bytes
+    assert not os.path.exists(path)  # the mirror will hold only this job's bytes: none yet
+    assert logs.total("job") == len(old) and logs.sync("job") == 0
     add(path, b"new\n")
     assert logs.sync("job") == 4
     assert remote(store) == old + b"new\n"
