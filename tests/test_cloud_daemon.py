@@ -178,6 +178,13 @@ def attempt_section(log: str, n: int) -> str:
     return m.group(1)
 
 
+def assert_attempt_output_has_no_gap(log: str, n: int) -> None:
+    """Attempt ``n`` printed ``line 1``, ``line 2``, ... (LOOP): all of it up to its end."""
+    out = attempt_section(log, n)
+    count = out.count("\n")
+    assert count >= 5 and out == "".join(f"line {i}\n" for i in range(1, count + 1))
+
+
 def node_gone(cloud: Cloud, name: str) -> Callable[[], bool]:
     return lambda: name not in cloud.node_names()
 
@@ -354,9 +361,7 @@ def test_spot_preemption_requeues_on_a_new_node(cloud: Cloud) -> None:
     assert ("DELETED", 2, f"deleted TPU node {first} (4 workers) in {ZA}") in told
     log = cloud.log("spot")
     assert "attempt 1 was preempted by the provider" in log
-    out = attempt_section(log, 1)
-    n = out.count("\n")
-    assert n >= 5 and out == "".join(f"line {i}\n" for i in range(1, n + 1))  # no gap
+    assert_attempt_output_has_no_gap(log, 1)
     assert cloud.node_names() == [second]
     cloud.client.cancel("spot")
     cloud.drive(daemon, lambda: cloud.finished("spot"), "the cancel")

@@ -26,7 +26,7 @@ from bastion.service import build_daemon
 from tests.standins.common import ApiError
 from tests.standins.compute import ComputeServer
 from tests.standins.tpu import TpuServer
-from tests.test_cloud_daemon import LOOP, Cloud, attempt_section
+from tests.test_cloud_daemon import LOOP, Cloud, assert_attempt_output_has_no_gap, attempt_section
 from tests.test_cloud_runners import ZA, ZB, Guests
 
 QUOTA = """[toml-schema]
@@ -353,9 +353,7 @@ def test_gce_spot_preemption_requeues_on_a_new_vm_without_failing_the_job(
     assert len(deletes) == (1 if action == "STOP" else 0)  # the TERMINATED one: by the daemon
     log = gce.log("spot")
     assert "attempt 1 was preempted by the provider" in log
-    out = attempt_section(log, 1)
-    n = out.count("\n")
-    assert n >= 5 and out == "".join(f"line {i}\n" for i in range(1, n + 1))  # no gap
+    assert_attempt_output_has_no_gap(log, 1)
     assert gce.node_names() == [second]
     gce.client.cancel("spot")
     gce.drive(daemon, lambda: gce.finished("spot"), "the cancel")

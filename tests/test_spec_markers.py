@@ -94,6 +94,14 @@ class Rig:
         job = self.daemon.jobs.get(name)
         return job.state.status if job else None
 
+    def complete_record(self, name: str, cycles: int = 5) -> dict | None:
+        """Step until the daemon has let the job go (at most ``cycles``), then its record."""
+        for _ in range(cycles):
+            if name not in self.daemon.jobs:
+                break
+            self.step()
+        return self.store.read_complete(name)
+
     def inbox(self) -> list[str]:
         return sorted(self.store.list_requests())
 
@@ -157,11 +165,7 @@ def test_plain_tool_writes_are_seen_within_the_full_listing_interval(rig: Rig) -
     assert rig.daemon.jobs["keep"].spec.command == "sleep 700"
     doomed = rig.daemon.jobs.get("doomed")
     assert doomed is None or doomed.gone_from_bucket
-    for _ in range(5):
-        if "doomed" not in rig.daemon.jobs:
-            break
-        rig.step()
-    record = rig.store.read_complete("doomed")
+    record = rig.complete_record("doomed")
     assert record is not None and record["state"]["outcome"] == "CANCELLED", record
     assert "spec deleted" in record["state"]["reason"]
 
@@ -172,11 +176,7 @@ def test_a_cancel_for_a_job_not_seen_yet_is_applied_not_dropped(rig: Rig) -> Non
     rig.store.submit_spec("hand", _spec("hand"))
     rig.client.cancel("hand")
     rig.step()
-    for _ in range(5):
-        if "hand" not in rig.daemon.jobs:
-            break
-        rig.step()
-    record = rig.store.read_complete("hand")
+    record = rig.complete_record("hand")
     assert record is not None and record["state"]["outcome"] == "CANCELLED", record
     assert record["state"]["attempt"] == 0  # never started
     assert rig.inbox() == []
@@ -197,11 +197,7 @@ def test_markers_that_name_nothing_or_are_malformed_are_reported_and_lose_nothin
     assert "_submitted-garbage is not a submission marker Bastion writes" in messages, messages
     assert "ghost" not in rig.daemon.jobs
     assert rig.status("fine") is not None  # the good one beside them is taken in
-    for _ in range(5):
-        if "broken" not in rig.daemon.jobs:
-            break
-        rig.step()
-    record = rig.store.read_complete("broken")
+    record = rig.complete_record("broken")
     assert record is not None and record["state"]["outcome"] == "REJECTED", record
     assert "spec rejected" in record["state"]["reason"]
     assert rig.inbox() == []  # every marker consumed, good or bad
