@@ -24,6 +24,7 @@ import logging
 import os
 import shutil
 import stat
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -269,6 +270,17 @@ def _lock_within(fd: int, path: str, seconds: float = LOCK_WAIT_SECONDS) -> None
             delay = min(delay * 2, 0.05)
 
 
+_THREAD_LOCKS: dict[str, threading.Lock] = {}
+
+
+def _thread_lock(directory: str) -> threading.Lock:
+    """This process's lock for conditional writes in ``directory`` (one per directory)."""
+    lock = _THREAD_LOCKS.get(directory)
+    if lock is None:
+        lock = _THREAD_LOCKS.setdefault(directory, threading.Lock())  # atomic: one wins
+    return lock
+
+
 class LocalObjects(Objects):
     """A local directory: rename for atomicity, link for create, a lock file for conditions.
 
@@ -492,18 +504,31 @@ class LocalObjects(Objects):
         return True
 
     def write_if(self, path: str, data: bytes, expected: str | None) -> str:
+        """Compare and swap under the directory's lock file. The new bytes are written to a
+        temporary file first, so the lock covers a stat and a rename only; threads of this
+        process queue on a lock of their own before the file lock, so a burst of a thousand
+        state writes waits in line instead of polling the file lock."""
+        directory = path.rsplit("/", 1)[0]
         with self._directory(path, create=True) as (fd, name):
-            lock = self._open(fd, ".lock", path.rsplit("/", 1)[0] + "/.lock", os.O_WRONLY | _NEW)
+            tmp = self._temp(fd, data)
             try:
-                _lock_within(lock, path)
-                current = self._lstat_token(fd, name)
-                if (current and current[1]) != expected:
-                    raise PreconditionFailed(f"{path} changed since it was read")
-                self._replace(fd, name, data)
-                after = self._lstat_token(fd, name)
-                return after[1] if after else ""
+                with _thread_lock(directory):
+                    lock = self._open(fd, ".lock", directory + "/.lock", os.O_WRONLY | _NEW)
+                    try:
+                        _lock_within(lock, path)
+                        current = self._lstat_token(fd, name)
+                        if (current and current[1]) != expected:
+                            raise PreconditionFailed(f"{path} changed since it was read")
+                        os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+                        tmp = ""
+                        after = self._lstat_token(fd, name)
+                        return after[1] if after else ""
+                    finally:
+                        os.close(lock)
             finally:
-                os.close(lock)
+                if tmp:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(tmp, dir_fd=fd)
 
     def append(self, path: str, data: bytes, size: int | None = None) -> None:
         """O_APPEND on the object itself, which must be a regular file (O_NOFOLLOW)."""
