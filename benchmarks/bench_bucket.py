@@ -325,7 +325,16 @@ def run_one(n: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             proxy=proxy.proc.pid if isinstance(proxy, Proxy) else None,
             emulator=emulator.proc.pid if emulator and emulator.proc else None,
         )
+        if args.profile:  # the main thread only: the pool's requests show as waits
+            import cProfile
+            import pstats
+
+            profiler = cProfile.Profile()
+            profiler.enable()
         report, stats = step(daemon, proxy)
+        if args.profile:
+            profiler.disable()
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
         print(f"  CPU seconds during it: {meter.read()}; phases: {fmt_phases(report)}")
         started = sum(
             1
@@ -344,7 +353,10 @@ def run_one(n: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             f"  next cycle: {report.seconds:.2f}s, {stats['total']} requests ({fmt_routes(stats)})"
         )
         report, stats = step(daemon, proxy)
-        print(f"  steady again: {report.seconds:.2f}s, {stats['total']} requests")
+        print(
+            f"  steady again: {report.seconds:.2f}s, {stats['total']} requests "
+            f"({fmt_routes(stats)})"
+        )
 
         latencies = probe_latency(daemon, users, args, tmp)
         result["p50"] = percentile(latencies, 0.5)
@@ -433,7 +445,7 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=1000)
     parser.add_argument("--probes", type=int, default=20)
     parser.add_argument("--poll", type=float, default=3.0, help="daemon poll for the probes")
-    parser.add_argument("--profile", action="store_true", help="profile one steady cycle")
+    parser.add_argument("--profile", action="store_true", help="profile one steady cycle and the burst's admitting cycle")
     parser.add_argument(
         "--backend",
         choices=["memory", "filesystem", "model"],

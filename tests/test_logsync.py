@@ -189,3 +189,61 @@ def test_a_marker_after_output_without_a_final_newline_starts_its_own_line(
         b"progress 99%\n=== [bastion] attempt 1 exited with status 0 ===\n=== next ===\n"
     )
     assert logs.total("job") == len(remote(store))
+
+
+def test_the_daemons_own_lines_are_uploaded_from_memory_without_local_files(
+    store: Store, tmp_path: Path
+) -> None:
+    """Admitting a job writes a line to its log: no file is made for it (a burst of a
+    thousand admissions made two thousand files); a job's output later starts the mirror
+    after the lines already uploaded, and a restart sends nothing twice."""
+    old = b"an earlier job of this name\n"
+    store.append_log("job", old)
+    logs = LogSync(store, mirror_dir(tmp_path))
+    logs.write("job", "=== admitted ===")
+    assert os.listdir(mirror_dir(tmp_path)) == []
+    assert logs.total("job") == len(old) + len(b"=== admitted ===\n")
+    assert logs.mirrors() == ["job"]
+    assert logs.sync("job") == len(b"=== admitted ===\n")
+    assert logs.sync("job") == 0
+    assert os.listdir(mirror_dir(tmp_path)) == [] and logs.mirrors() == []
+    assert logs.total("job") == len(remote(store))
+    logs.append("job", b"output\n")  # the job's output makes the mirror, after our line
+    assert sorted(os.listdir(mirror_dir(tmp_path))) == ["job", "job.base"]
+    logs.write("job", "=== exited ===")
+    assert logs.sync("job") == len(b"output\n=== exited ===\n")
+    restarted = LogSync(store, mirror_dir(tmp_path))
+    assert restarted.sync("job") == 0
+    assert remote(store) == old + b"=== admitted ===\noutput\n=== exited ===\n"
+    assert restarted.total("job") == len(remote(store))
+
+
+def test_a_failed_upload_of_lines_in_memory_is_retried_once_and_only_once(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upload that fails is retried next sync; one whose answer was lost (the bytes
+    landed) is not sent again: the bucket's size says how far it got."""
+    logs = LogSync(store, mirror_dir(tmp_path))
+    real = store.append_log
+    outcomes = iter(["fail", "lost"])
+
+    def flaky(name: str, data: bytes, size: int | None = None) -> None:
+        outcome = next(outcomes, "ok")
+        if outcome == "lost":
+            real(name, data, size=size)
+        if outcome != "ok":
+            raise OSError(f"upload {outcome}")
+        real(name, data, size=size)
+
+    monkeypatch.setattr(store, "append_log", flaky)
+    logs.write("job", "line one")
+    with pytest.raises(OSError, match="fail"):
+        logs.sync("job")
+    assert remote(store) == b"" and logs.total("job") == len(b"line one\n")
+    with pytest.raises(OSError, match="lost"):
+        logs.sync("job")
+    logs.write("job", "line two")
+    assert logs.sync("job") == len(b"line two\n")
+    assert remote(store) == b"line one\nline two\n"
+    logs.close("job")
+    assert remote(store) == b"line one\nline two\n" and os.listdir(mirror_dir(tmp_path)) == []
