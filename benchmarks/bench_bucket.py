@@ -445,7 +445,9 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=1000)
     parser.add_argument("--probes", type=int, default=20)
     parser.add_argument("--poll", type=float, default=3.0, help="daemon poll for the probes")
-    parser.add_argument("--profile", action="store_true", help="profile one steady cycle and the burst's admitting cycle")
+    parser.add_argument(
+        "--profile", action="store_true", help="profile a steady cycle and the burst's admission"
+    )
     parser.add_argument(
         "--backend",
         choices=["memory", "filesystem", "model"],

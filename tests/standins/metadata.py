@@ -15,6 +15,7 @@ on ``instance/preempted`` long-polls until the value changes (or ``timeout_sec``
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -111,7 +112,9 @@ class MetadataServer:
                 self.send_header("Content-Type", "application/text")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                # An agent waiting for a change (wait_for_change) may be gone by then.
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.wfile.write(data)
 
             def do_GET(self) -> None:
                 url = urllib.parse.urlsplit(self.path)
