@@ -39,6 +39,8 @@ class Reclaim:
     def __init__(self, ps: _Pass, running: list[JobRequest]) -> None:
         self.ps = ps
         self.cands = sorted(running, key=_order)
+        # job -> (project, request): alike candidates are alike borrowers (see select)
+        self.shapes = {j.name: (j.project_id, tuple(j.resources.items())) for j in running}
         self.eligible = {j.name: ps.eligible(j) for j in running}
         self.chosen: set[str] = set()
         self.reasons: dict[str, str] = {}
@@ -135,7 +137,7 @@ class Reclaim:
                 if own:
                     useful = c.priority > job.priority and _uses(c, cs, qs)
                 else:
-                    key = (c.project_id, tuple(c.resources.items()))
+                    key = self.shapes[c.name]
                     useful = borrowing.get(key)
                     if useful is None:
                         useful = borrowing[key] = self._borrowing_in(
