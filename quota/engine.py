@@ -567,8 +567,9 @@ class _Waiting:
             names = ps.order.get(p, ())
             pos = self._pos[p] = {n: i for i, n in enumerate(names)}
             tail = ps.tail_from.get(p)
-            self._tail[p] = pos[tail] if tail is not None and self.first is not None \
-                else len(names)
+            # (marks apply from the tail job on; without one, to no job)
+            self._tail[p] = pos.get(tail, len(names)) if tail is not None \
+                and self.first is not None else len(names)
         ahead = pos[name]
         head = None
         if ahead >= self._tail[p] and j.preemptions < REPEATED:
