@@ -1053,15 +1053,16 @@ class Daemon:
         grace = config.scheduling.preemption_grace_seconds
         changed = []
         failed = False
-        for name, decision in sorted(plan.decisions.items()):
+        for name in sorted(plan.decisions):
             job = self.jobs[name]
             before = (job.state.status, job.state.reason)
             if (
-                decision.verdict is Verdict.WAIT
-                and before[0] is Status.PENDING
-                and before[1] == (decision.wait or decision.reason)
+                before[0] is Status.PENDING
+                and before[1] is not None
+                and plan.wait_text(name) == before[1]
             ):
                 continue  # waits as it waited: nothing to apply, nothing to write
+            decision = plan.decisions[name]  # (made only here for most waiting jobs)
             try:
                 event = self._event_for(job, decision, grace)
                 if event is not None:
@@ -1075,19 +1076,14 @@ class Daemon:
         # The plan's own starts and preemptions are what it assumed: no new pass for them.
         self._inputs_changed = failed
         self._record_decisions(changed, now)
-        self._publish_queue(plan, requests)
+        self._publish_queue(plan)
         return True
 
-    def _publish_queue(self, plan: Plan, requests: list[JobRequest]) -> None:
+    def _publish_queue(self, plan: Plan) -> None:
         """The facts every waiting job shares (order, free capacity, usage) in one object,
         written when they change: one request where rewriting each waiting job's state to
         carry its own position would be thousands."""
-        project = {r.name: r.project_id for r in requests}
-        queues: dict[str, list[tuple[int, str]]] = {}
-        for name, decision in plan.decisions.items():
-            if decision.verdict is Verdict.WAIT:
-                queues.setdefault(project[name], []).append((decision.ahead, name))
-        order = {p: [name for _, name in sorted(queue)] for p, queue in queues.items()}
+        order = {p: names for p, names in plan.waiting.items() if names}  # (queue order)
         projects = {
             p: {
                 "waiting": len(order.get(p, ())),

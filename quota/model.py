@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 
 class Phase(StrEnum):
@@ -77,6 +77,65 @@ class Decision(NamedTuple):
     ahead: int = 0  # for WAIT: jobs ahead of it in its project's queue
 
 
+class Waiting(Protocol):
+    """Makes the WAIT decisions a pass left to be made on reading (see Decisions)."""
+
+    def decision(self, name: str) -> Decision: ...
+
+    def wait_text(self, name: str) -> str | None: ...
+
+
+class Decisions(Mapping[str, Decision]):
+    """Plan.decisions: the Decision of every input job, in input order.
+
+    A pass over 50,000 pending jobs leaves most of them waiting for capacity, or behind a
+    job of their project, with a reason that jobs of their shape share but for the queue
+    position. `made` holds the decisions made in the pass (every other one); those left
+    are made by `waiting` when read (the same Decision every time, from the final state of
+    the pass). `wait_text` answers what the daemon compares (the stable wait) without
+    making the decision."""
+
+    __slots__ = ("_made", "_names", "_waiting")
+
+    def __init__(self, names: Sequence[str], made: Mapping[str, Decision],
+                 waiting: Waiting | None = None) -> None:
+        self._names, self._made, self._waiting = names, made, waiting
+
+    def __getitem__(self, name: str) -> Decision:
+        d = self._made.get(name)
+        if d is not None:
+            return d
+        if self._waiting is None:
+            raise KeyError(name)
+        return self._waiting.decision(name)
+
+    def __contains__(self, name: object) -> bool:
+        if name in self._made:
+            return True
+        return self._waiting is not None and isinstance(name, str) \
+            and self._waiting.wait_text(name) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def wait_text(self, name: str) -> str | None:
+        """What a waiting job's state stores (Decision.wait, else its reason); None if the
+        job does not wait."""
+        d = self._made.get(name)
+        if d is not None:
+            return (d.wait or d.reason) if d.verdict is Verdict.WAIT else None
+        return None if self._waiting is None else self._waiting.wait_text(name)
+
+    def made(self, verdict: Verdict) -> list[Decision]:
+        """The decisions with this verdict made in the pass, in input order (all of them
+        for every verdict but WAIT)."""
+        made = self._made
+        return [d for n in self._names if (d := made.get(n)) is not None and d.verdict is verdict]
+
+
 @dataclass(frozen=True)
 class Plan:
     """One decision per input job, RELEASING jobs included (as KEEP with a "releasing" reason).
@@ -85,7 +144,8 @@ class Plan:
     (not lent to later jobs); ``free`` is what is left after the plan; ``usage`` and
     ``quotas`` are per project in absolute units, with the plan applied (starts added,
     preempted jobs removed); ``within_quota`` names the pending jobs that fit their
-    project's guaranteed quota.
+    project's guaranteed quota; ``waiting`` lists each project's waiting jobs in queue order
+    (a job's Decision.ahead is its index there).
     """
 
     decisions: Mapping[str, Decision]
@@ -94,9 +154,20 @@ class Plan:
     usage: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     quotas: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     within_quota: frozenset[str] = frozenset()
+    waiting: Mapping[str, Sequence[str]] = field(default_factory=dict)
 
     def _with(self, verdict: Verdict) -> list[Decision]:
+        if verdict is not Verdict.WAIT and isinstance(self.decisions, Decisions):
+            return self.decisions.made(verdict)  # (no need to make the waits)
         return [d for d in self.decisions.values() if d.verdict is verdict]
+
+    def wait_text(self, name: str) -> str | None:
+        """What a waiting job's state stores (Decision.wait, else its reason), without
+        making its Decision; None if it does not wait."""
+        if isinstance(self.decisions, Decisions):
+            return self.decisions.wait_text(name)
+        d = self.decisions.get(name)
+        return (d.wait or d.reason) if d is not None and d.verdict is Verdict.WAIT else None
 
     def starts(self) -> list[Decision]:
         return self._with(Verdict.START)

@@ -28,12 +28,7 @@ def wait_reason(ps: _Pass, j: JobRequest, ahead: int, q: Mapping[str, float],
     if kind == "full":
         return full_reason(ps, j, used, q) + tail
     if kind == "behind":
-        text = ps.reason_cache.get(detail)
-        if text is None:
-            text = ps.reason_cache[detail] = (
-                f"waiting behind {detail}, a job of project {p} that fits {p}'s quota and "
-                f"waits for it: other jobs of {p} do not take that quota first")
-        return text + tail
+        return behind_reason(ps, detail, p) + tail
     with_it = dict(used)
     add(with_it, need)
     within = f"within quota ({p} at {fmt_ratio(with_it, q, need)} with this job)"
@@ -51,6 +46,16 @@ def wait_reason(ps: _Pass, j: JobRequest, ahead: int, q: Mapping[str, float],
         return (f"{within}; preempting borrower(s) {', '.join(detail)}; starts when they exit "
                 f"(at most {grace:g}s){tail}")
     return _protected(ps, within, detail) + tail
+
+
+def behind_reason(ps: _Pass, head: str, p: str) -> str:
+    """Why a job of project p waits behind p's job `head` (one text per head and pass)."""
+    text = ps.reason_cache.get(head)
+    if text is None:
+        text = ps.reason_cache[head] = (
+            f"waiting behind {head}, a job of project {p} that fits {p}'s quota and "
+            f"waits for it: other jobs of {p} do not take that quota first")
+    return text
 
 
 def _protected(ps: _Pass, within: str, detail: Any) -> str:

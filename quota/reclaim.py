@@ -5,10 +5,14 @@ a resource the reclaimer still lacks (so a project within its quota is never pre
 another), and only after its minimum runtime. Jobs of the reclaimer's own project of lower
 priority are candidates only when the `preempt_within_project` knob is on, after borrowers.
 As in Kueue, greedy selection is followed by a walk back that drops victims not needed.
+When that leaves several victims, the same candidates taken widest first (most of what is
+still lacking covered by each) are taken instead if they are fewer: every preemption counts
+(issue 13, rule 5), and one large borrower often frees what four small ones would.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -35,11 +39,14 @@ class Reclaim:
     def __init__(self, ps: _Pass, running: list[JobRequest]) -> None:
         self.ps = ps
         self.cands = sorted(running, key=_order)
+        # job -> (project, request): alike candidates are alike borrowers (see select)
+        self.shapes = {j.name: (j.project_id, tuple(j.resources.items())) for j in running}
         self.eligible = {j.name: ps.eligible(j) for j in running}
         self.chosen: set[str] = set()
         self.reasons: dict[str, str] = {}
         self.blocked_until: float | None = None  # set when a selection fails
         self.lost_to_others: set[str] = set()  # projects that lost jobs to others this pass
+        self._sizes: dict[str, list[tuple[int, int]]] | None = None  # see _one
         self.by_project: dict[str, list[JobRequest]] = {}
         for j in self.cands:
             self.by_project.setdefault(j.project_id, []).append(j)
@@ -130,7 +137,7 @@ class Reclaim:
                 if own:
                     useful = c.priority > job.priority and _uses(c, cs, qs)
                 else:
-                    key = (c.project_id, tuple(c.resources.items()))
+                    key = self.shapes[c.name]
                     useful = borrowing.get(key)
                     if useful is None:
                         useful = borrowing[key] = self._borrowing_in(
@@ -153,16 +160,102 @@ class Reclaim:
                     break
         if not done:
             return None
-        for c in reversed(list(chosen)):
-            own = c.project_id == p
-            if all(cs[r] + c.resources.get(r, 0) <= 0 for r in cs) and (
-                    not own or all(qs[r] + c.resources.get(r, 0) <= 0 for r in qs)):
-                chosen.remove(c)
-                _sub(cs, c.resources, -1)
-                if own:
-                    _sub(qs, c.resources, -1)
+        _drop_unneeded(chosen, p, cs, qs)
+        if len(chosen) > 1 and not qshort:
+            fewer = self._fewest(job, cshort)
+            if fewer is not None and len(fewer) < len(chosen):
+                chosen = fewer
+                mine = {c.name for c in self._backfill_of(job)}
+                picked = {c.name for c in fewer if c.name in mine}
         self._commit(job, chosen, picked)
         return chosen
+
+    def _backfill_of(self, job: JobRequest) -> list[JobRequest]:
+        return [c for c in self.ps.anchored.get(job.name, ()) if c.name not in self.chosen
+                and c.name in self.eligible]
+
+    def _fewest(self, job: JobRequest, cshort: Mapping[str, int]) -> list[JobRequest] | None:
+        """The same candidates as `select` (the job's backfill, then borrowers past their
+        minimum runtime), taken widest first: each time the one that covers the most of what
+        is still lacking, ties in select's order. Several small victims where one larger
+        would do are so many more preemptions (rule 5 of issue 13), so `select` takes this
+        set when it has fewer victims than the one chosen in priority order."""
+        p = job.project_id
+        cs: dict[str, int] = dict(cshort)
+        delta: dict[str, dict[str, int]] = {}
+        backfill = sorted(self._backfill_of(job), key=self._loss)
+        names = {c.name for c in backfill}
+        one = self._one(p, cs, backfill, names)
+        if one is not None:
+            return [one]
+        # Candidates alike (project, request) differ only in their order: one group each,
+        # its members in select's order (every running job is a candidate of every reclaim).
+        groups: dict[tuple, list[tuple[int, JobRequest]]] = {}
+        for i, c in enumerate(backfill):
+            groups[(True, c.name)] = [(i - len(backfill), c)]
+        for i, c in enumerate(self.cands):
+            if c.project_id != p and c.name not in self.chosen and c.name not in names \
+                    and self.eligible[c.name]:
+                groups.setdefault((False, c.project_id, tuple(c.resources.items())),
+                                  []).append((i, c))
+        lists = [lst[::-1] for lst in groups.values()]  # (pop() takes the first)
+        chosen: list[JobRequest] = []
+        while not _done(cs, {}):
+            best, most, first = -1, 0, 0
+            for k, lst in enumerate(lists):
+                if not lst:
+                    continue
+                i, c = lst[-1]
+                cover = sum(min(n, cs[r]) for r, n in c.resources.items()
+                            if n > 0 and cs.get(r, 0) > 0)
+                if cover < most or (cover == most and (cover == 0 or i > first)):
+                    continue
+                if c.project_id != p and not self._borrowing_in(
+                        c, cs, delta.get(c.project_id, {}), discount=c.name not in names):
+                    continue
+                best, most, first = k, cover, i
+            if best < 0:
+                return None
+            c = lists[best].pop()[1]
+            chosen.append(c)
+            _sub(cs, c.resources)
+            if c.project_id != p:
+                add(delta.setdefault(c.project_id, {}), c.resources)
+        _drop_unneeded(chosen, p, cs, {})
+        return chosen
+
+    def _one(self, p: str, cs: Mapping[str, int], backfill: list[JobRequest],
+             names: set[str]) -> JobRequest | None:
+        """The first candidate (in _fewest's order) that frees all of `cs` alone, if any: what
+        _fewest's first step takes then, found through the candidates' sizes (most reclaims
+        that need several victims in priority order need one larger victim only)."""
+        need = [(r, n) for r, n in cs.items() if n > 0]
+        for c in backfill:
+            if all(c.resources.get(r, 0) >= n for r, n in need) and (
+                    c.project_id == p or self._borrowing_in(c, cs, {}, discount=False)):
+                return c
+        if not need:
+            return None
+        if self._sizes is None:  # per resource: (-units, position in cands), largest first
+            self._sizes = {}
+            for i, c in enumerate(self.cands):
+                for r, n in c.resources.items():
+                    if n > 0:
+                        self._sizes.setdefault(r, []).append((-n, i))
+            for lst in self._sizes.values():
+                lst.sort()
+        r0, n0 = max(need, key=lambda rn: rn[1])
+        sizes = self._sizes.get(r0, [])
+        big = bisect.bisect_right(sizes, (-n0, len(self.cands)))  # those with >= n0 of r0
+        hits = sorted(i for _, i in sizes[:big])
+        for i in hits:
+            c = self.cands[i]
+            if c.project_id != p and c.name not in self.chosen and c.name not in names \
+                    and self.eligible[c.name] \
+                    and all(c.resources.get(r, 0) >= n for r, n in need) \
+                    and self._borrowing_in(c, cs, {}):
+                return c
+        return None
 
     def taken(self, name: str) -> bool:
         return name in self.chosen
@@ -221,6 +314,19 @@ class Reclaim:
             if self.own_anchors.get(v.name):  # gone: no longer discounted
                 self._undiscount(v, 0)
 
+
+
+def _drop_unneeded(chosen: list[JobRequest], p: str, cs: dict[str, int],
+                   qs: dict[str, int]) -> None:
+    """Kueue's walk back: drop, latest chosen first, the victims not needed after all."""
+    for c in reversed(list(chosen)):
+        own = c.project_id == p
+        if all(cs[r] + c.resources.get(r, 0) <= 0 for r in cs) and (
+                not own or all(qs[r] + c.resources.get(r, 0) <= 0 for r in qs)):
+            chosen.remove(c)
+            _sub(cs, c.resources, -1)
+            if own:
+                _sub(qs, c.resources, -1)
 
 
 def _done(cs: Mapping[str, int], qs: Mapping[str, int]) -> bool:

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from pass_reference import engine as reference
 
 from quota.config import QuotaConfig, SchedulingKnobs
-from quota.model import JobRequest, Phase, Plan
+from quota.model import JobRequest, Phase, Plan, Verdict
 from quota.policy import schedule
 
 NOW = 10_000.0
@@ -82,10 +82,25 @@ def world(seed: int) -> tuple[QuotaConfig, list[JobRequest], dict[str, float]]:
     return config, jobs, usage
 
 
-def _same(fast: Plan, ref: Plan) -> None:
+def _same(fast: Plan, ref: Plan, jobs: list[JobRequest]) -> None:
     assert list(fast.decisions) == list(ref.decisions)
+    assert len(fast.decisions) == len(ref.decisions)
+    project = {j.name: j.project_id for j in jobs}
+    order: dict[str, list[tuple[int, str]]] = {}
     for name, d in ref.decisions.items():
+        # what the daemon compares, read without making the waiting job's decision first
+        text = (d.wait or d.reason) if d.verdict is Verdict.WAIT else None
+        assert fast.wait_text(name) == text, name
+        assert name in fast.decisions
         assert fast.decisions[name] == d, name
+        assert fast.decisions[name] == d, name  # (made on reading: the same every time)
+        if d.verdict is Verdict.WAIT:
+            order.setdefault(project[name], []).append((d.ahead, name))
+    assert "no such job" not in fast.decisions
+    assert fast.waiting == {p: [n for _, n in sorted(q)] for p, q in order.items()}
+    for got, verdict in ((fast.starts(), Verdict.START), (fast.preemptions(), Verdict.PREEMPT),
+                         (fast.waits(), Verdict.WAIT), (fast.rejects(), Verdict.REJECT)):
+        assert got == [d for d in ref.decisions.values() if d.verdict is verdict]
     assert fast.reserved == ref.reserved
     assert fast.free == ref.free
     assert fast.usage == ref.usage
@@ -97,7 +112,7 @@ def _same(fast: Plan, ref: Plan) -> None:
 @given(st.integers(0, 2**32))
 def test_fast_pass_decides_exactly_as_the_plain_pass(seed: int) -> None:
     config, jobs, usage = world(seed)
-    _same(schedule(config, jobs, usage, NOW), reference.run(config, jobs, usage, NOW))
+    _same(schedule(config, jobs, usage, NOW), reference.run(config, jobs, usage, NOW), jobs)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -117,4 +132,4 @@ def test_fast_pass_matches_on_the_benchmark_world(seed: int) -> None:
     usage = {f"u{i}": rng.uniform(0, 1e7) for i in range(500)}
     jobs = bench_policy.make_jobs(rng, 3000)
     now = bench_policy.NOW
-    _same(schedule(config, jobs, usage, now), reference.run(config, jobs, usage, now))
+    _same(schedule(config, jobs, usage, now), reference.run(config, jobs, usage, now), jobs)

@@ -369,3 +369,39 @@ def test_why_shows_the_position_the_policy_gives_jobs_seen_in_the_same_cycle() -
     assert "position: 2 of 2 waiting in a" in explain(c, jobs, {}, NOW, "p1")
     assert "ahead: runner" in explain(c, jobs, {}, NOW, "p1")
     assert "position: 1 of 2 waiting in a" in explain(c, jobs, {}, NOW, "runner")
+
+
+def test_one_larger_victim_rather_than_several_small_ones() -> None:
+    # Priority order would take b's four low-priority 2-unit jobs; one 8-unit job of b frees
+    # the same room with one preemption (rule 5 of issue 13: few preemptions). b is over its
+    # quota before and after either way.
+    c = cfg({"v4": 16}, {"a": 0.5, "b": 0.5})
+    jobs = [*(running(f"b-small{i}", "b", 2, prio=5, start=i) for i in range(4)),
+            running("b-big", "b", 8, prio=1), pend("a1", "a", 8)]
+    plan = schedule(c, jobs, {}, NOW)
+    assert names(plan, Verdict.PREEMPT) == ["b-big"]
+    assert plan.decisions["b-big"].preempted_by == "a1"
+    # No single job frees enough: the widest first, then the next in priority order (the
+    # newest of the lowest priority) for the rest, two victims instead of four.
+    jobs = [*(running(f"b-small{i}", "b", 2, prio=5, start=i) for i in range(5)),
+            running("b-mid", "b", 6, prio=1), pend("a1", "a", 8)]
+    plan = schedule(c, jobs, {}, NOW)
+    assert names(plan, Verdict.PREEMPT) == ["b-mid", "b-small4"]
+
+
+def test_backfill_is_not_taken_back_for_a_job_that_jobs_ahead_would_overtake() -> None:
+    # s runs as backfill for the aged head. Once s goes, head fits a's quota, but hi (higher
+    # priority, ahead of head in a's queue) fits it too and would take what s frees in the
+    # next pass: preempting s would be in vain, so nobody preempts it.
+    c = cfg({"v4": 10}, {"a": 0.8, "b": 0.2})
+    s = replace(running("s", "a", 2, start=NOW - 10), backfill_for=("head",))
+    jobs = [running("r", "a", 6), s, running("b1", "b", 2),
+            pend("head", "a", 2, prio=4, submit=NOW - 5000),
+            pend("hi", "a", 2, prio=2, submit=NOW - 100)]
+    plan = schedule(c, jobs, {}, NOW)
+    assert names(plan, Verdict.PREEMPT) == []
+    assert plan.decisions["head"].verdict is Verdict.WAIT
+    # Without hi, head takes its backfill back at once.
+    plan = schedule(c, [j for j in jobs if j.name != "hi"], {}, NOW)
+    assert names(plan, Verdict.PREEMPT) == ["s"]
+    assert plan.decisions["s"].preempted_by == "head"

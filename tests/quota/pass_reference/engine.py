@@ -107,6 +107,7 @@ class _Pass:
                         self.anchored.setdefault(a, []).append(j)
                         self.pending_project[a] = w.project_id
                         self.pending_need[a] = w.resources
+            self._overtaken(queues)  # (policy change after cf5ed6b, as in quota/engine.py)
         self.reclaim = Reclaim(self, [j for j in held if j.phase is Phase.RUNNING])
         if self.reclaimers:  # (policy change after cf5ed6b, as in quota/engine.py)
             mine = {j.name: j.project_id for j in pending if j.name in self.reclaimers}
@@ -123,6 +124,30 @@ class _Pass:
         decisions = {j.name: self.decisions[j.name] for j in self.jobs}
         return Plan(decisions=decisions, reserved=self.reserved, free=dict(self.cap.total),
                     usage=self.usage, quotas=self.quotas, within_quota=frozenset(first.admitted))
+
+    def _overtaken(self, queues: Mapping[str, list[JobRequest]]) -> None:
+        """A waiting job keeps no claim on its own project's backfill when, the jobs ahead
+        of it in its project's queue taken in order where they fit the project's quota without
+        that backfill, it no longer fits."""
+        for a in sorted(self.anchored):
+            p = self.pending_project[a]
+            mine = [b for b in self.anchored[a] if b.project_id == p]
+            if not mine:
+                continue
+            queue = queues.get(p, [])
+            k = [j.name for j in queue].index(a)
+            trial = dict(self.usage.get(p, {}))
+            for b in mine:
+                add(trial, b.resources, -1)
+            for j in queue[:k]:
+                if within(trial, j.resources, self.quota(p)):
+                    add(trial, j.resources)
+            if not within(trial, queue[k].resources, self.quota(p)):
+                kept = [b for b in self.anchored[a] if b.project_id != p]
+                if kept:
+                    self.anchored[a] = kept
+                else:
+                    del self.anchored[a]
 
     def quota(self, project: str) -> Mapping[str, float]:
         return self.quotas.get(project, {})
