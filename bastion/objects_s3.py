@@ -20,6 +20,10 @@ What S3 offers and how each primitive uses it:
   completed with ``If-Match``: the client sends only the new bytes (S3 copies the old ones
   internally, 5 GiB per part at most), so a growing job log costs O(new bytes) per sync.
 * ``read`` with a start at or after the end: S3 answers 416, which here means "nothing new".
+* ``read_with_token``: one GetObject, whose ETag header is the token of the bytes it carries
+  (a spec read by name after a submission marker costs one request, as on GCS).
+* ``delete_many``: DeleteObjects, up to 1,000 keys per request (consumed submission markers,
+  an attempt's agent records).
 
 Every request has a connect and a read timeout. botocore retries transient failures (5xx,
 throttling codes such as SlowDown, timeouts, connection errors) with exponential backoff and
@@ -47,6 +51,7 @@ from typing import Any, TypeVar
 
 from botocore.exceptions import BotoCoreError
 from fsspec import AbstractFileSystem
+from fsspec.asyn import sync
 
 from bastion.objects import ObjectInfo, Objects, PreconditionFailed
 
@@ -205,6 +210,31 @@ class S3Objects(Objects):
             raise
         return self._within(path, data, limit)
 
+    def read_with_token(self, path: str, limit: int | None = None) -> tuple[bytes, str] | None:
+        """One GetObject (at most ``limit + 1`` bytes): the bytes and the ETag they carry."""
+        bucket, key = self._split(path)
+        extra = {} if limit is None else {"Range": f"bytes=0-{limit}"}
+
+        async def get() -> tuple[dict[str, Any], bytes]:
+            out = await self.fs._call_s3(  # type: ignore[attr-defined]
+                "get_object", Bucket=bucket, Key=key, **extra, **self.fs.req_kw
+            )
+            body = out["Body"]
+            try:
+                return out, await body.read()
+            finally:
+                body.close()
+
+        try:
+            out, data = self._request(lambda: sync(self.fs.loop, get), f"read {path}")
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            if _status(e) != 416:  # an empty object refuses a range: the generic two requests
+                raise
+            return super().read_with_token(path, limit)
+        return self._within(path, data, limit), _etag(out["ETag"])
+
     # -- writes ------------------------------------------------------------------------------
 
     def write(self, path: str, data: bytes) -> None:
@@ -219,6 +249,43 @@ class S3Objects(Objects):
                 self._call("delete_object", Bucket=bucket, Key=key)
         finally:
             self.fs.invalidate_cache(path)
+
+    BATCH = 1000  # keys per DeleteObjects request (S3's limit)
+
+    def delete_many(self, paths: list[str]) -> None:
+        """DeleteObjects, 1,000 keys per request; an absent key counts as deleted. Raises the
+        first failure after trying every batch."""
+        by_bucket: dict[str, list[str]] = {}
+        for path in paths:
+            bucket, key = self._split(path)
+            by_bucket.setdefault(bucket, []).append(key)
+        failures: list[Exception] = []
+        for bucket, keys in by_bucket.items():
+            for i in range(0, len(keys), self.BATCH):
+                batch = keys[i : i + self.BATCH]
+                try:
+                    out = self._call(
+                        "delete_objects",
+                        Bucket=bucket,
+                        Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
+                    )
+                except OSError as e:
+                    failures.append(e)
+                    continue
+                errors = [e for e in out.get("Errors", []) if e.get("Code") != "NoSuchKey"]
+                if errors:
+                    first = errors[0]
+                    failures.append(
+                        OSError(
+                            f"s3://{bucket}/{first.get('Key')}: could not delete: "
+                            f"{first.get('Code')}: {first.get('Message')} "
+                            f"({len(errors)} of {len(batch)} keys failed)"
+                        )
+                    )
+        for path in paths:
+            self.fs.invalidate_cache(path)
+        if failures:
+            raise failures[0]
 
     def create(self, path: str, data: bytes) -> bool:
         """PutObject with If-None-Match: *; False when another object is already there."""
@@ -259,9 +326,13 @@ class S3Objects(Objects):
         Below 5 MiB: read-modify-write with If-Match (O(object size), bounded by 5 MiB).
         From 5 MiB: server-side copy plus one new part (O(new bytes) sent by us). When the
         object changed under us (a 412), its new state is read and the append tried again.
-        ``size`` (the caller's idea of the current size) is not needed: If-Match covers it.
+        ``size`` (the caller's idea of the current size): 0 saves the HEAD of a new object
+        (a create that finds one there falls back to reading it); any other value is not
+        needed, If-Match covers it.
         """
         if not data:
+            return
+        if size == 0 and self.create(path, data):
             return
         for _ in range(APPEND_ATTEMPTS):
             before = self.info(path)

@@ -225,6 +225,44 @@ def test_delete_is_quiet_when_missing(store):
     o.delete(p)
 
 
+# -- what a busy queue pays: requests per primitive ----------------------------------------
+
+
+def test_read_with_token_is_one_get_and_its_token_is_the_listings(store, root, dropper):
+    """A spec named by a submission marker is read with its token in one request."""
+    via = Store(root, endpoint_url=dropper.endpoint)
+    o, p = via.objects, path(via, "jobs", "active", "spec")
+    o.write(p, b"spec v1")
+    assert o.read_with_token(p) == (b"spec v1", o.list(path(via, "jobs", "active"))["spec"].token)
+    assert dropper.statuses("GET") == ["200", "200"] and dropper.statuses("HEAD") == []
+    assert o.read_with_token(path(via, "jobs", "active", "absent")) is None
+    with pytest.raises(UnacceptableObject, match="is 7 bytes"):
+        o.read_with_token(p, limit=3)
+    o.write(p, b"")  # an empty object refuses a range: answered all the same
+    assert o.read_with_token(p, limit=10) == (b"", o.info(p).token)
+
+
+def test_delete_many_sends_a_thousand_keys_per_request(store, root, dropper):
+    """Consumed submission markers go in batches: 1,001 keys (and an absent one) in two."""
+    folder = path(store, "jobs", "user_states")
+    paths = [f"{folder}/_m{i:04d}" for i in range(1001)]
+    for p in paths:
+        store.objects.write(p, b"")
+    via = Store(root, endpoint_url=dropper.endpoint)
+    via.objects.delete_many([p.replace(store.root, via.root) for p in paths] + [f"{folder}/x"])
+    assert dropper.statuses("POST") == ["200", "200"]
+    assert store.objects.list(folder) == {}
+
+
+def test_appending_to_a_log_known_to_be_new_is_one_request(store, root, dropper):
+    via = Store(root, endpoint_url=dropper.endpoint)
+    o, p = via.objects, path(via, "logs", "job")
+    o.append(p, b"=== admitted ===\n", size=0)
+    assert dropper.statuses("PUT") == ["200"] and dropper.statuses("HEAD") == []
+    o.append(p, b"output\n", size=0)  # a wrong belief still appends, never replaces
+    assert o.read(p) == b"=== admitted ===\noutput\n"
+
+
 # -- failing requests: transient ones are retried, permanent ones fail at once -----------------
 
 
