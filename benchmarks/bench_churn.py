@@ -28,14 +28,15 @@ For each N in ``--jobs`` (default 1,000 and 10,000), on two roots of the same bu
   it is gone and the next.
 
 Requests are counted as the daemon makes them: on ``--backend model`` (default) by
-``LatencyBucket`` (bench_bucket.py: a local directory whose every request first waits
-``--latency``, 20 ms; a listing counts one request per 800 names; the quota file's lookup is
-neither delayed nor counted); on ``--backend emulator`` (fake-gcs-server's memory store behind
-tests/faultproxy.py adding ``--latency``) by the store's own counters (``Store.ops``: a listing
-counts once however many pages it takes). The emulator scans every object on each upload, so at
-10,000 jobs its costs, not the daemon's, dominate: allow minutes, and read its CPU figures with
-that in mind (the emulator and proxy run in their own processes and are not in them). The lease
-is renewed before each cycle and is not in its figures.
+``LatencyBucket`` (bench_bucket.py: a local directory, on ``--bucket_dir`` (a tmpfs by
+default), whose every request first waits ``--latency``, 20 ms; a listing counts one request
+per 800 names; the quota file's lookup is neither delayed nor counted); on ``--backend
+emulator`` (fake-gcs-server's memory store behind tests/faultproxy.py adding ``--latency``) by
+the store's own counters (``Store.ops``: a listing counts once however many pages it takes).
+The emulator scans every object on each upload, so at 10,000 jobs its costs, not the daemon's,
+dominate: allow minutes, and read its CPU figures with that in mind (the emulator and proxy run
+in their own processes and are not in them). The lease is renewed before each cycle and is not
+in its figures.
 
     .venv/bin/python benchmarks/bench_churn.py [--jobs 1000 10000] [--running 20]
         [--seconds 30] [--poll 1] [--min_seconds 2] [--max_seconds 6] [--latency 0.02]
@@ -74,7 +75,13 @@ from bastion.jobstate import Status  # noqa: E402
 from bastion.service import build_daemon  # noqa: E402
 from bastion.specwatch import FULL_LISTING_SECONDS  # noqa: E402
 from bastion.store import Store  # noqa: E402
-from benchmarks.bench_bucket import BUCKET, LatencyBucket, Proxy, percentile  # noqa: E402
+from benchmarks.bench_bucket import (  # noqa: E402
+    BUCKET,
+    LatencyBucket,
+    Proxy,
+    default_bucket_dir,
+    percentile,
+)
 from benchmarks.bench_cycle import QUOTA  # noqa: E402
 from launch.api import Client, NoDaemonWarning, new_jobspec  # noqa: E402
 from tests.gcs_emulator import GcsEmulator  # noqa: E402
@@ -169,14 +176,14 @@ class Run:
 class Backend:
     """The bucket for one N: a local directory (model) or fake-gcs-server behind the proxy."""
 
-    def __init__(self, kind: str, tmp: Path, n: int, latency: float) -> None:
-        self.kind, self.tmp, self.n, self.latency = kind, tmp, n, latency
+    def __init__(self, kind: str, tmp: Path, n: int, latency: float, model: Path) -> None:
+        self.kind, self.tmp, self.n, self.latency, self.model = kind, tmp, n, latency, model
         self.emulator: GcsEmulator | None = None
         self.proxy: Proxy | None = None
 
     def root(self, phase: str) -> str:
         if self.kind == "model":
-            return str(self.tmp / phase / "root")
+            return str(self.model / phase / "root")
         return f"gs://{BUCKET}/n{self.n}-{phase}"
 
     def client(self, phase: str) -> Client:
@@ -187,8 +194,8 @@ class Backend:
 
 
 @contextlib.contextmanager
-def backend(args: argparse.Namespace, tmp: Path, n: int) -> Iterator[Backend]:
-    bucket = Backend(args.backend, tmp, n, args.latency)
+def backend(args: argparse.Namespace, tmp: Path, n: int, model: Path) -> Iterator[Backend]:
+    bucket = Backend(args.backend, tmp, n, args.latency, model)
     try:
         if args.backend == "emulator":
             bucket.emulator = GcsEmulator(tmp)
@@ -544,9 +551,12 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
         f"\n== N = {n:,} jobs, {args.running} running; {args.backend} backend, "
         f"{args.latency * 1000:.0f} ms per request =="
     )
-    with tempfile.TemporaryDirectory(prefix=f"bench-churn-{n}-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix=f"bench-churn-{n}-") as tmp,
+        tempfile.TemporaryDirectory(prefix="bench-churn-model-", dir=args.bucket_dir) as model,
+    ):
         try:
-            with backend(args, Path(tmp), n) as bucket:
+            with backend(args, Path(tmp), n, Path(model)) as bucket:
                 result = {"jobs": n, **churn_phase(bucket, args, n)}
                 result.update(static_phase(bucket, args, n))
                 return result
@@ -589,6 +599,11 @@ def main() -> None:
     parser.add_argument("--max_seconds", type=float, default=6.0, help="longest job")
     parser.add_argument("--latency", type=float, default=0.02, help="seconds added per request")
     parser.add_argument("--backend", choices=["model", "emulator"], default="model")
+    parser.add_argument(
+        "--bucket_dir",
+        default=default_bucket_dir(),
+        help="where the model's bucket directory goes (default: /dev/shm, see bench_bucket.py)",
+    )
     parser.add_argument("--singles", type=int, default=3, help="one-job-finishes cycles")
     parser.add_argument("--quiet_cycles", type=int, default=5)
     parser.add_argument("--seed", type=int, default=7)
