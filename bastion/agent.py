@@ -145,6 +145,17 @@ class Agent:
             else:
                 query = wait  # first a plain read (already TRUE?), then wait for a change
 
+    def _confirm_preemption(self) -> None:
+        """A stop by SIGTERM may be the provider's: a Spot VM's shutdown sends it at the moment
+        ``instance/preempted`` turns TRUE, and the signal can win the race with the watcher's
+        long-poll. Asked once more here, so the exit record says preempted (the job is requeued)
+        instead of a failure with status 143."""
+        stopped = self.stop.is_set() and not self.preempted
+        if stopped and metadata("instance/preempted") == "TRUE":
+            log.warning("stopped while the metadata server says this VM is preempted")
+            self.preempted = True
+            self.stop_reason = "preempted by the provider"
+
     def flush(self, deadline: float) -> None:
         """Upload what the command wrote since the last chunk, in chunks of at most MAX_CHUNK."""
         with open(self.spool, "rb") as spool:
@@ -204,6 +215,7 @@ class Agent:
             )
         log.info("worker %d of %s: started pid %d", self.worker, self.attempt, proc.pid)
         code = self._supervise(proc)
+        self._confirm_preemption()
         # After a stop request everything must land inside the Spot window; else be patient.
         end = self.stopped_at + SPOT_WINDOW_SECONDS - 1 if self.stop.is_set() else time.time() + 600
         end = max(end, time.time() + 3)

@@ -172,6 +172,24 @@ def test_preemption_notice_stops_and_marks_the_exit(root, agents, tmp_path, meta
     assert "worker 1" in observed.reason
 
 
+def test_a_sigterm_on_a_preempted_vm_is_a_preemption_not_a_failure(root, agents, tmp_path,
+                                                                    metadata):
+    """The shutdown's SIGTERM arrives before the watcher's long-poll hears of the notice."""
+    ready = tmp_path / "ready"
+    command = f"trap 'exit 143' TERM; touch {ready}; while true; do sleep 0.05; done"
+    proc = agents(root, command)
+    wait_for(ready.exists, timeout=30, what="the command to start")
+    path = "/computeMetadata/v1/instance/preempted"  # a plain read, then the long-poll
+    wait_for(lambda: metadata.requests.count(path) >= 2, timeout=30, what="the long-poll")
+    metadata.preempt(answer_waiters=False)
+    proc.send_signal(signal.SIGTERM)
+    assert finished(proc) == 143
+    exit_record = Store(root).read_run_record("train", "a1", 0, "exit")
+    assert exit_record["preempted"] is True
+    assert exit_record["reason"] == "preempted by the provider"
+    assert records(root).observe(records(root).list(), time.time()).phase == Phase.PREEMPTED
+
+
 def test_a_failing_worker_fails_the_job_with_its_code(tmp_path, agents):
     root = str(tmp_path / "root")
     gate = tmp_path / "gate"

@@ -55,11 +55,15 @@ class MetadataServer:
     def preempted(self) -> bool:
         return self._preempted
 
-    def preempt(self) -> None:
-        """The provider's notice: ``instance/preempted`` turns TRUE, waiters are answered."""
+    def preempt(self, *, answer_waiters: bool = True) -> None:
+        """The provider's notice: ``instance/preempted`` turns TRUE, waiters are answered.
+
+        ``answer_waiters=False`` leaves a long-poll in flight unanswered (until its timeout),
+        as when the VM's SIGTERM reaches the agent before the watcher hears of the change."""
         with self._changed:
             self._preempted = True
-            self._changed.notify_all()
+            if answer_waiters:
+                self._changed.notify_all()
 
     def start(self) -> MetadataServer:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
