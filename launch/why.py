@@ -142,4 +142,15 @@ def _explain(client: Client, info, name: str, quota_file: str | None) -> str:
     saved = store.read_usage()
     ledger = UsageLedger.from_json(saved) if saved else UsageLedger(half_life, now, {})
     ledger = ledger.advance([r for r in requests if r.phase != "PENDING"], now)
-    return explain(config, requests, ledger.by_user, now, name)
+    return explain(config, requests, ledger.by_user, now, name) + _where(info)
+
+
+def _where(info) -> str:
+    """Where an admitted job's attempt stands, as its runner last said (waiting for cloud
+    capacity or quota, provisioning, which workers are late): the policy admitted it, so the
+    rest of its wait is the runner's, and that is what a user asking "why" needs to read."""
+    state = info.state
+    if state is None or state.status.value == "PENDING" or not info.reason:
+        return ""
+    workers = f" ({info.worker_summary})" if info.worker_summary else ""
+    return f"\n  now: {info.status}{workers}: {info.reason}"

@@ -28,6 +28,7 @@ from bastion.runners.tpu import TpuRunner
 from bastion.service import build_daemon
 from bastion.store import Store
 from launch.api import Client, new_jobspec
+from launch.why import explain_job
 from tests.standins.tpu import TpuServer
 from tests.test_cloud_runners import FAST, ZA, ZB, Guests, P
 
@@ -296,6 +297,9 @@ def test_quota_error_waits_with_a_readable_reason_without_a_hot_loop(cloud: Clou
     assert "quota TPUV2sPreemptiblePodPerProjectPerRegionForTPUAPI exhausted" in info.reason
     assert "us-central2" in info.reason and "europe-west4" in info.reason
     assert len(cloud.creates()) == 2  # one per region over 8 cycles, then blocked
+    why = explain_job(cloud.client, "quota").splitlines()
+    assert why[0].startswith("job quota: KEEP")  # the policy admitted it: the cloud holds it
+    assert why[-1].startswith("  now: ") and "TPUV2sPreemptiblePodPerProject" in why[-1]
     cloud.server.lift_quota()
     cloud.drive(daemon, lambda: cloud.finished("quota"), "quota to finish after the lift")
     info = cloud.info("quota")
