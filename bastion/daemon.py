@@ -54,6 +54,7 @@ from bastion.runners.base import (
     RunnerError,
     Runners,
     attempt_name,
+    attempt_number,
 )
 from bastion.scheduling import job_request
 from bastion.specwatch import Look, SpecWatch
@@ -420,14 +421,16 @@ class Daemon:
         job.state.reason = reason
         self._note(job, event, reason)
 
-    def _note(self, job: Job, event: str, text: str) -> None:
-        """A history line that leaves the job's reason as it is (where its attempt runs)."""
+    def _note(self, job: Job, event: str, text: str, attempt: int | None = None) -> None:
+        """A history line that leaves the job's reason as it is (where its attempt runs);
+        ``attempt``: the attempt it is about, when not the current one (an old node deleted
+        after the job was requeued)."""
         job.state.add_event(
             {
                 "time": time.time(),
                 "event": event,
                 "status": job.state.status.value,
-                "attempt": job.state.attempt,
+                "attempt": attempt or job.state.attempt,
                 "reason": text,
             }
         )
@@ -910,7 +913,7 @@ class Daemon:
             owner = self._deletes_of.pop(name, None)
             job = self.jobs.get(owner[0]) if owner else None
             if job is not None and (what := self._describe(kind, handle)):
-                self._note(job, "DELETED", f"deleted {what}")
+                self._note(job, "DELETED", f"deleted {what}", attempt_number(name))
         now = time.time()
         for job_name, event in done:
             job = self.jobs.get(job_name)

@@ -362,7 +362,7 @@ def test_spot_preemption_requeues_on_a_new_node(cloud: Cloud) -> None:
     told = [(e["event"], e["attempt"], e["reason"]) for e in cloud.client.history("spot")]
     placed = [(a, r.split()[5]) for e, a, r in told if e == "PLACED"]  # (attempt, node)
     assert placed == [(1, first), (2, second)]
-    assert ("DELETED", 2, f"deleted TPU node {first} (4 workers) in {ZA}") in told
+    assert ("DELETED", 1, f"deleted TPU node {first} (4 workers) in {ZA}") in told  # its attempt
     log = cloud.log("spot")
     assert "attempt 1 was preempted by the provider" in log
     assert_attempt_output_has_no_gap(log, 1)

@@ -348,7 +348,7 @@ def test_gce_spot_preemption_requeues_on_a_new_vm_without_failing_the_job(
     events = [e for e, _, _ in history]
     assert "PROVIDER_PREEMPTED" in events and "FAILED" not in events and "LOST" not in events
     assert (
-        "DELETED", 2, f"deleted VM {first} (1 workers) in {ZA}") in history  # fmt: skip
+        "DELETED", 1, f"deleted VM {first} (1 workers) in {ZA}") in history  # fmt: skip
     deletes = [p for m, p, _ in gce.server.answers if m == "DELETE" and p.endswith("/" + first)]
     assert len(deletes) == (1 if action == "STOP" else 0)  # the TERMINATED one: by the daemon
     log = gce.log("spot")

@@ -184,6 +184,15 @@ def attempt_name(root_url: str, job: str, submission: str, attempt: int, purpose
     return f"{head}{slug.rstrip('-') or 'job'}{suffix}"
 
 
+def attempt_number(name: str) -> int | None:
+    """N of an attempt name (``...-a<N>`` or ``...-a<N>c``); None for any other name."""
+    match = _ATTEMPT_SUFFIX.search(name)
+    return int(match.group(1)) if match else None
+
+
+_ATTEMPT_SUFFIX = re.compile(r"-a(\d+)c?$")
+
+
 def name_prefix(root_url: str) -> str:
     """Every attempt name of this root starts with it (for runners that list by name)."""
     return f"bst-{root_tag(root_url)}-"
