@@ -14,9 +14,9 @@ from typing import Any
 from bastion.jobspec import SpecError
 
 # AXLearn's instance types: tpu-<version>-<cores> (with --num_replicas slices) and
-# gpu-<Compute Engine machine type>; the GPU count is the machine type's "-<N>g" suffix.
+# gpu-<Compute Engine machine type or AXLearn GPU name>: whatever the gce runner maps to a GPU
+# machine type (bastion.runners.gce.gpu_machine), which also says how many GPUs it has.
 _TPU = re.compile(r"tpu-(v\d+[a-z]*(?:litepod)?)-(\d+)")
-_GPU = re.compile(r"gpu-([a-z0-9]+-[a-z]+gpu-(\d+)g(?:-[a-z0-9]+)?)")
 
 
 def instance_type_runner(
@@ -32,9 +32,10 @@ def instance_type_runner(
         if num_replicas > 1:  # multislice exists only as queued resources
             runner = {**runner, "kind": "tpu-qr", "num_replicas": num_replicas}
         resources = {version: cores * num_replicas}  # AXLearn's: tpu-v5litepod-16 is v5litepod
-    elif match := _GPU.fullmatch(instance_type):
-        runner = {"kind": "gce", "machine_type": match.group(1)}
-        resources = {"gpu": int(match.group(2)) * num_replicas}
+    elif gpu := _gpu_machine(instance_type):
+        machine, gpus = gpu
+        runner = {"kind": "gce", "machine_type": machine}
+        resources = {"gpu": gpus * num_replicas}
         if num_replicas > 1:
             raise SpecError(
                 f"--instance_type={instance_type}: GPU VMs run one replica; drop --num_replicas"
@@ -42,11 +43,22 @@ def instance_type_runner(
     else:
         raise SpecError(
             f"--instance_type={instance_type!r} is not an instance type; use tpu-<version>-<cores> "
-            "(e.g. tpu-v4-32, tpu-v5litepod-16) or gpu-<machine type> (e.g. gpu-a3-highgpu-8g)"
+            "(e.g. tpu-v4-32, tpu-v5litepod-16) or gpu-<machine type> (e.g. gpu-a3-highgpu-8g, "
+            "gpu-g2-standard-8, or AXLearn's gpu-h100-80gb-8)"
         )
     if spot:
         runner["spot"] = True
     return runner, resources
+
+
+def _gpu_machine(instance_type: str) -> tuple[str, int] | None:
+    """(machine type, GPUs) as the gce runner maps the name; imported only for a GPU name
+    (the runner brings the Google API client with it)."""
+    if not instance_type.startswith("gpu-"):
+        return None
+    from bastion.runners.gce import gpu_machine
+
+    return gpu_machine(instance_type)
 
 
 def make_bundle(

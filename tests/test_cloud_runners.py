@@ -702,3 +702,223 @@ def test_a_stale_daemon_does_not_create_after_a_newer_lease_term(root, tpu_serve
     assert creates(tpu_server) == []
     current = dataclasses.replace(stale, fence=5)
     assert tpu.start(current)["name"] == stale.name and len(creates(tpu_server)) == 1
+
+
+# -- operation errors while creating: preemption, a bad request, backoff ----------------------
+
+
+@pytest.mark.parametrize(
+    ("message", "phase", "retryable"),
+    [
+        ("Cloud TPU received a bad request. update is not supported while in state PREEMPTED",
+         Phase.PREEMPTED, True),
+        ("The node was preempted while it was being created.", Phase.PREEMPTED, True),
+        ("Cloud TPU received a bad request. Runtime version 'tpu-nope' is not supported.",
+         Phase.FAILED, False),
+    ],
+)  # fmt: skip
+def test_tpu_create_op_code_3_is_a_preemption_only_when_its_message_says_so(
+    root, tpu_server, tpu, message, phase, retryable
+):
+    tpu_server.fail_creates(3, message, zone=ZA, times=1)
+    handle = tpu.start(attempt(root, "true", 1, **V4))
+    tpu_server.tick()  # the create operation ends with code 3 INVALID_ARGUMENT
+    seen = tpu.poll(handle)
+    assert (seen.phase, seen.retryable, seen.exit_code) == (phase, retryable, None)
+    assert seen.reason.endswith(message) and ZA in seen.reason
+    assert tpu.poll(handle) == seen  # polled again: the same, and counted once
+    nxt = tpu.start(attempt(root, "true", 2, **V4))
+    # a preemption while creating backs its zone off; a bad request says nothing of the zone
+    assert nxt["zone"] == (ZB if retryable else ZA)
+    if retryable:
+        assert tpu.blocks.failures(ZA) == 1
+        assert f"(1 failed create in {ZA}: backing off 30 s)" in tpu.blocks.reason(ZA)
+    else:
+        assert tpu.blocks.reason(ZA) is None and tpu.blocks.failures(ZA) == 0
+
+
+def test_tpu_preempted_while_creating_backs_the_zone_off(root, tpu_server, tpu):
+    handle = tpu.start(attempt(root, "true", 1, **V4))
+    tpu_server.preempt(handle["name"])  # the stand-in's own: code 3 "... in state PREEMPTED"
+    tpu_server.tick(2)  # the PREEMPTED node is kept until deleted
+    assert tpu.delete(handle) is False
+    tpu_server.tick()
+    seen = tpu.poll(handle)
+    assert (seen.phase, seen.retryable) == (Phase.PREEMPTED, True)
+    assert seen.reason.startswith(f"preempted while creating in {ZA}: ")
+    assert tpu.start(attempt(root, "true", 2, **V4))["zone"] == ZB
+
+
+def test_a_create_cut_short_by_our_own_stop_does_not_back_the_zone_off(root, tpu_server, tpu):
+    handle = tpu.start(attempt(root, "true", 1, **V4))
+    tpu.stop(handle, time.time() + 30)  # cancelled while CREATING: the create op fails (10)
+    tpu_server.tick()
+    seen = tpu.poll(handle)
+    assert (seen.phase, seen.retryable) == (Phase.FAILED, True)
+    assert "error code 10: " in seen.reason
+    assert tpu.blocks.reason(ZA) is None and tpu.blocks.failures(ZA) == 0
+    assert tpu.start(attempt(root, "true", 2, **V4))["zone"] == ZA
+
+
+def test_gce_spot_vm_preempted_while_provisioning_is_preempted_and_backs_off(
+    root, gce_server, gce
+):
+    h1 = gce.start(attempt(root, "true", 1, **A3))
+    assert gce_server.instances[(P, ZA, h1["name"])]["status"] == "PROVISIONING"
+    gce_server.preempt(h1["name"])  # insert op: UNSUPPORTED_OPERATION; the spot VM is deleted
+    ops = [o for o in gce_server.ops.values() if o["operationType"] == "insert"]
+    assert ops[0]["error"]["errors"][0]["code"] == "UNSUPPORTED_OPERATION"
+    seen = gce.poll(h1)
+    assert (seen.phase, seen.retryable, seen.exit_code) == (Phase.PREEMPTED, True, None)
+    assert seen.reason.startswith(f"preempted while creating in {ZA}: ")
+    assert "was preempted during creation" in seen.reason
+    assert gce.delete(h1) is True  # gone already
+    assert gce.start(attempt(root, "true", 2, **A3))["zone"] == ZB
+
+
+# -- GCE: the dead man's switch ------------------------------------------------------------------
+
+
+def test_gce_insert_carries_a_seven_day_dead_mans_switch_by_default(root, gce_server):
+    default = no_sleep(GceRunner(settings(root, gce_server.endpoint)))
+    off = no_sleep(GceRunner(settings(root, gce_server.endpoint, max_run_seconds=0)))
+    try:
+        default.start(attempt(root, "true", 1, instance_type="gpu-a3-highgpu-8g"))
+        off.start(attempt(root, "true", 2, instance_type="gpu-a3-highgpu-8g"))
+        on_demand, unlimited = (r[3]["scheduling"] for r in inserts(gce_server))
+        assert on_demand == {
+            "onHostMaintenance": "TERMINATE",
+            "automaticRestart": False,
+            "instanceTerminationAction": "DELETE",
+            "maxRunDuration": {"seconds": "604800"},
+        }
+        assert unlimited == {"onHostMaintenance": "TERMINATE", "automaticRestart": False}
+    finally:
+        default.close()
+        off.close()
+
+
+def test_gce_vm_ended_by_its_dead_mans_switch_fails_the_job_naming_max_run_seconds(
+    root, gce_server, guests
+):
+    runner = no_sleep(GceRunner(settings(root, gce_server.endpoint, max_run_seconds=2)))
+    try:
+        a = attempt(root, "echo started; sleep 120", instance_type="gpu-a3-highgpu-8g")
+        handle = runner.start(a)
+        gce_server.tick(2)  # RUNNING: the agent starts
+        deadline = time.monotonic() + 30
+        while runner.poll(handle).reason != "1 of 1 workers running":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(max(0.0, handle["created"] + 2.1 - time.time()))
+        gce_server.tick()  # maxRunDuration passed: the service deletes the VM (DELETE action)
+        assert (P, ZA, a.name) not in gce_server.instances
+        guests.shutdown(a.name)  # its power-off: the agent gets SIGTERM and flushes
+        ended = {Phase.FAILED, Phase.LOST, Phase.PREEMPTED, Phase.SUCCEEDED}
+        seen = poll_until(runner, handle, gce_server, ended)
+        assert (seen.phase, seen.retryable, seen.exit_code) == (Phase.FAILED, False, None)
+        assert "reached max_run_seconds (2 s)" in seen.reason
+        assert "dead man's switch" in seen.reason and a.name in seen.reason
+        assert Store(root).read_run_record("train", a.name, 0, "exit") is not None  # flushed
+        assert runner.read_output(handle, 0, 100) == b"started\n"
+        assert runner.delete(handle) is True
+    finally:
+        runner.close()
+
+
+def test_gce_vm_gone_before_its_max_run_is_lost_not_the_switch(root, gce_server, gce):
+    a = attempt(root, "true", **A3)
+    handle = gce.start(a)
+    gce_server.tick(2)  # RUNNING, its insert operation DONE
+    with gce_server.lock:  # gone without a preemption, well within max_run_seconds (1 day)
+        del gce_server.instances[(P, ZA, a.name)]
+    seen = gce.poll(handle)
+    assert (seen.phase, seen.retryable) == (Phase.LOST, True)
+
+
+# -- TPU maintenance: the startup script runs again, the command does not -----------------------
+
+
+def test_tpu_maintenance_reruns_the_startup_script_but_never_the_command(
+    root, tpu_server, tpu, guests, tmp_path
+):
+    marks, go = tmp_path / "runs", tmp_path / "go"
+    marks.mkdir()
+    command = (
+        f"echo run >> {marks}/$BASTION_WORKER; "
+        f'while [ ! -e {go} ]; do sleep 0.1; done; echo "w$BASTION_WORKER done"'
+    )
+    a = attempt(root, command, **V4)
+    handle = tpu.start(a)
+    poll_until(tpu, handle, tpu_server, {Phase.RUNNING})
+    deadline = time.monotonic() + 30
+    while tpu.poll(handle).reason != "4 of 4 workers running":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    tpu_server.maintenance(a.name)  # REPAIRING, health UNHEALTHY_MAINTENANCE
+    seen = tpu.poll(handle)
+    assert seen.phase is Phase.RUNNING and seen.workers == ("running",) * 4
+    assert seen.reason == (f"4 of 4 workers running; TPU node REPAIRING "
+                           f"(UNHEALTHY_MAINTENANCE) in {ZA}")  # fmt: skip
+    tpu_server.tick()  # READY again: every worker's startup script runs again
+    node = tpu_server.nodes[f"projects/{P}/locations/{ZA}/nodes/{a.name}"]
+    assert (node["state"], node["health"]) == ("READY", "HEALTHY")
+    assert len(guests.workers[a.name]) == 8
+    for proc, _ in guests.workers[a.name][4:]:  # the second agents: claimed already, exit 0
+        assert proc.wait(60) == 0
+    go.touch()
+    seen = poll_until(tpu, handle, tpu_server, {Phase.SUCCEEDED, Phase.FAILED, Phase.LOST})
+    assert seen.phase is Phase.SUCCEEDED and seen.workers == ("exit 0",) * 4
+    assert {p.name: p.read_text() for p in marks.iterdir()} == {
+        str(w): "run\n" for w in range(4)
+    }  # each worker's command ran once
+    assert tpu.read_output(handle, 0, 100) == b"w0 done\n"
+
+
+def test_tpu_repairing_before_any_agent_started_is_provisioning(root, tpu_server, tpu):
+    handle = tpu.start(attempt(root, "true", **V4))
+    with tpu_server.lock:  # READY without agents (the stand-in's hook is not run here)
+        node = tpu_server.nodes[f"projects/{P}/locations/{ZA}/nodes/{handle['name']}"]
+        node.update(state="REPAIRING", health="UNHEALTHY_MAINTENANCE", _left=5)
+    seen = tpu.poll(handle)
+    assert seen == Observation(
+        Phase.PROVISIONING, f"TPU node REPAIRING (UNHEALTHY_MAINTENANCE) in {ZA}"
+    )
+
+
+# -- deleting what is already gone; listings of more than one page -----------------------------
+
+
+def test_delete_of_an_already_gone_tpu_node_or_queued_resource_is_success(
+    root, tpu_server, tpu, qr
+):
+    node_handle = tpu.start(attempt(root, "true", 1, **V4))
+    qr_handle = qr.start(attempt(root, "true", 2, **V4))
+    tpu.client.nodes().delete(name=f"projects/{P}/locations/{ZA}/nodes/{node_handle['name']}") \
+        .execute()  # fmt: skip
+    tpu.client.queuedResources().delete(
+        name=f"projects/{P}/locations/{ZA}/queuedResources/{qr_handle['name']}", force=True
+    ).execute()
+    tpu_server.tick()  # both gone by others' hands
+    assert not tpu_server.nodes and not tpu_server.qrs
+    before = len(tpu_server.requests)
+    assert tpu.delete(node_handle) is True
+    assert qr.delete(qr_handle) is True
+    asked = [(m, p.rsplit("/", 2)[-2]) for m, p, _, _ in tpu_server.requests[before:]]
+    assert asked == [("GET", "nodes"), ("GET", "queuedResources")]  # one 404 each, no DELETE
+
+
+def test_gce_listing_pages_through_the_runner(root, gce_server):
+    runner = no_sleep(GceRunner(settings(root, gce_server.endpoint, page_size=2, listing_ttl=5)))
+    try:
+        handles = [runner.start(attempt(root, "true", n, job=f"j{n}", **A3)) for n in range(5)]
+        assert {h["zone"] for h in handles} == {ZA}
+        before = len(gce_server.requests)
+        assert all(runner.poll(h).phase is Phase.PROVISIONING for h in handles)
+        asked = gce_server.requests[before:]  # one listing for the 5 polls: 3 pages of 2
+        assert [(m, p.rsplit("/", 1)[-1]) for m, p, _, _ in asked] == [("GET", "instances")] * 3
+        assert [q.get("pageToken") for _, _, q, _ in asked] == [None, "2", "4"]
+        assert all(q["maxResults"] == "2" for _, _, q, _ in asked)
+        assert sorted(o.name for o in runner.list_owned()) == sorted(h["name"] for h in handles)
+    finally:
+        runner.close()

@@ -119,6 +119,13 @@ def test_an_unknown_bundler_is_a_one_line_error(local_bastion, tmp_path):
         ("tpu-v5litepod-16", 1, {"kind": "tpu", "accelerator_type": "v5litepod-16"},
          {"v5litepod": 16}),
         ("gpu-a3-highgpu-8g", 1, {"kind": "gce", "machine_type": "a3-highgpu-8g"}, {"gpu": 8}),
+        # AXLearn's GPU names, as the gce runner maps them, and the G2 (L4) machine types
+        ("gpu-h100-80gb-8", 1, {"kind": "gce", "machine_type": "a3-highgpu-8g"}, {"gpu": 8}),
+        ("gpu-a100-40gb-1", 1, {"kind": "gce", "machine_type": "a2-highgpu-1g"}, {"gpu": 1}),
+        ("gpu-h200-141gb-8", 1, {"kind": "gce", "machine_type": "a3-ultragpu-8g"}, {"gpu": 8}),
+        ("gpu-g2-standard-8", 1, {"kind": "gce", "machine_type": "g2-standard-8"}, {"gpu": 1}),
+        ("gpu-g2-standard-48", 1, {"kind": "gce", "machine_type": "g2-standard-48"}, {"gpu": 4}),
+        ("gpu-a2-megagpu-16g", 1, {"kind": "gce", "machine_type": "a2-megagpu-16g"}, {"gpu": 16}),
     ],
 )
 def test_instance_types_imply_the_runner_and_the_resources(
@@ -130,6 +137,21 @@ def test_instance_types_imply_the_runner_and_the_resources(
 def test_an_unknown_instance_type_names_the_forms():
     with pytest.raises(SpecError, match="tpu-<version>-<cores>"):
         instance_type_runner("v4-32")
+
+
+@pytest.mark.parametrize("instance_type", ["gpu-n1-standard-8", "gpu-g2-standard-5", "gpu-h100"])
+def test_a_gpu_instance_type_without_known_gpus_is_refused_naming_the_forms(instance_type):
+    with pytest.raises(SpecError, match=r"gpu-g2-standard-8, or AXLearn's gpu-h100-80gb-8"):
+        instance_type_runner(instance_type)
+
+
+def test_every_axlearn_gpu_name_the_gce_runner_maps_is_an_instance_type():
+    from bastion.runners.gce import _AXLEARN, machine_type
+
+    for name, machine in _AXLEARN.items():
+        runner, resources = instance_type_runner(f"gpu-{name}")
+        assert runner["machine_type"] == machine == machine_type({"instance_type": f"gpu-{name}"})
+        assert resources["gpu"] == int(name.rsplit("-", 1)[1])
 
 
 def test_history_and_list_json_show_the_bundle_record(local_bastion, tmp_path):

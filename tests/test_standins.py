@@ -168,6 +168,52 @@ def test_tpu_preemption(tpu_server, tpu):
     assert op["done"] and op["error"]["code"] == 3
 
 
+def test_tpu_fail_creates_ends_the_create_op_with_that_status(tpu_server, tpu):
+    tpu_server.fail_creates(13, "Internal error encountered in {zone}.", zone=Z, times=1)
+    op = create_node(tpu, "bad")
+    assert op["done"] is False and get(tpu, "nodes", "bad")["state"] == "CREATING"
+    tpu_server.tick()
+    op = tpu.operations().get(name=op["name"]).execute()
+    assert op["done"] and "response" not in op
+    assert op["error"] == {"code": 13, "message": f"Internal error encountered in {Z}."}
+    assert http_error(tpu.nodes().get(name=f"{PARENT}/nodes/bad")).status_code == 404
+    op = create_node(tpu, "good")  # times=1: the next create is not failed
+    tpu_server.tick(2)
+    assert "response" in tpu.operations().get(name=op["name"]).execute()
+    tpu_server.fail_creates(3, "Cloud TPU received a bad request.")  # every zone, every time
+    ops = [create_node(tpu, f"n{i}") for i in range(2)]
+    tpu_server.tick()
+    assert [tpu.operations().get(name=o["name"]).execute()["error"]["code"] for o in ops] == [3, 3]
+    tpu_server.fail_creates(None, "")
+    op = create_node(tpu, "n9")
+    tpu_server.tick(2)
+    assert get(tpu, "nodes", "n9")["state"] == "READY"
+
+
+def test_tpu_maintenance_repairs_then_reruns_every_workers_startup_script(tpu_server, tpu):
+    create_node(tpu, "m")
+    tpu_server.tick(2)
+    assert len(tpu_server.ready_calls) == 4
+    create_node(tpu, "young")
+    with pytest.raises(ValueError):
+        tpu_server.maintenance("young")  # CREATING: not READY
+    tpu.nodes().delete(name=f"{PARENT}/nodes/young").execute()
+    with pytest.raises(KeyError):
+        tpu_server.maintenance("nope")
+    tpu_server.maintenance("m")
+    node = get(tpu, "nodes", "m")
+    assert (node["state"], node["health"]) == ("REPAIRING", "UNHEALTHY_MAINTENANCE")
+    assert len(tpu_server.ready_calls) == 4
+    tpu_server.tick()
+    node = get(tpu, "nodes", "m")
+    assert (node["state"], node["health"]) == ("READY", "HEALTHY")
+    again = tpu_server.ready_calls[4:]
+    assert [(n, i) for n, i, _ in again] == [(f"{PARENT}/nodes/m", i) for i in range(4)]
+    assert again[1][2]["startup-script"] == V4["metadata"]["startup-script"]
+    tpu_server.tick(3)
+    assert len(tpu_server.ready_calls) == 8  # once per worker per boot
+
+
 def test_tpu_delete_while_creating_fails_the_create_op(tpu_server, tpu):
     op = create_node(tpu, "x")
     tpu.nodes().delete(name=f"{PARENT}/nodes/x").execute()
@@ -270,6 +316,17 @@ def test_qr_expiry_fails_with_failed_data(tpu_server, tpu):
     state = qr_state(tpu)
     assert state["state"] == "FAILED" and state["failedData"]["error"]["code"] == 8
     tpu.queuedResources().delete(name=f"{PARENT}/queuedResources/q").execute()  # no force needed
+
+
+def test_qr_fail_creates_turns_it_failed_with_failed_data(tpu_server, tpu):
+    tpu_server.fail_creates(13, "Internal error encountered.")
+    tpu.queuedResources().create(parent=PARENT, queuedResourceId="q", body=QR_BODY).execute()
+    tpu_server.tick(2)
+    assert qr_state(tpu)["state"] == "WAITING_FOR_RESOURCES"
+    tpu_server.tick()
+    assert qr_state(tpu) == {"state": "FAILED", "stateInitiator": "SERVICE", "failedData": {
+        "error": {"code": 13, "message": "Internal error encountered."}}}  # fmt: skip
+    assert tpu_server.nodes == {}
 
 
 def test_qr_preempt_suspends_and_stuck_freezes(tpu_server, tpu):
@@ -442,6 +499,44 @@ def test_gce_preemption_stop_and_delete(gce_server, gce):
     ops = gce.zoneOperations().list(project=P, zone=CZ, filter='operationType="insert"')
     [early] = [o for o in ops.execute()["items"] if o["targetLink"].endswith("/early")]
     assert early["error"]["errors"][0]["code"] == "UNSUPPORTED_OPERATION"
+
+
+def test_gce_fail_creates_ends_the_insert_op_with_that_error(gce_server, gce):
+    gce_server.fail_creates("INTERNAL_ERROR", "Internal error. Please try again.", zone=CZ)
+    op = insert(gce, vm("vm-1"))
+    gce_server.tick()
+    op = op_get(gce, op)
+    assert op["status"] == "DONE"
+    assert op["error"]["errors"] == [
+        {"code": "INTERNAL_ERROR", "message": "Internal error. Please try again."}
+    ]
+    assert http_error(gce.instances().get(project=P, zone=CZ, instance="vm-1")).status_code == 404
+    other = {**vm("vm-2"), "machineType": "zones/us-east1-b/machineTypes/a2-highgpu-1g"}
+    insert(gce, other, zone="us-east1-b")  # another zone: not failed
+    gce_server.tick(2)
+    assert inst(gce, "vm-2", "us-east1-b")["status"] == "RUNNING"
+
+
+def test_gce_max_run_duration_ends_the_vm_as_its_termination_action_says(gce_server, gce):
+    limit = {"maxRunDuration": {"seconds": "90"}}
+    insert(gce, vm("del", spot=False))
+    insert(gce, vm("stop", spot=False))
+    insert(gce, vm("free", spot=False))
+    for name, action in (("del", "DELETE"), ("stop", "STOP")):
+        key = (P, CZ, name)
+        gce_server.instances[key]["scheduling"].update(limit, instanceTerminationAction=action)
+    gce_server.tick(2)  # RUNNING at virtual 120 s
+    assert {i["name"]: i["status"] for i in
+            gce.instances().list(project=P, zone=CZ).execute()["items"]} == {
+        "del": "RUNNING", "stop": "RUNNING", "free": "RUNNING"}  # fmt: skip
+    gce_server.tick()  # 60 s later: within 90 s
+    assert inst(gce, "del")["status"] == "RUNNING"
+    gce_server.tick()  # 120 s: past it
+    assert http_error(gce.instances().get(project=P, zone=CZ, instance="del")).status_code == 404
+    assert inst(gce, "stop")["status"] == "TERMINATED"
+    assert inst(gce, "free")["status"] == "RUNNING"
+    flt = 'operationType="compute.instances.preempted"'
+    assert gce.zoneOperations().list(project=P, zone=CZ, filter=flt).execute()["items"] == []
 
 
 def test_gce_delete_then_404(gce_server, gce):

@@ -8,6 +8,12 @@ Settings (``from_settings`` of either runner; keys both understand):
 - ``project``: the cloud project (required).
 - ``zones``: zones to try, in order (required). A zone stocked out is skipped for
   ``zone_block_seconds`` (default 600); a region whose quota is exhausted likewise.
+- ``backoff_seconds`` (default 30), ``backoff_max_seconds`` (default 1800): a create that
+  failed in a zone for any other reason (an operation error such as code 13 INTERNAL, a node or
+  VM preempted while it was being created, a queued resource failed or past its deadline)
+  blocks that zone for ``backoff_seconds * 2**k`` up to ``backoff_max_seconds``, ``k`` being
+  the zone's failed creates in a row before this one; a create there that comes up (READY,
+  RUNNING, ACTIVE) resets ``k``.
 - ``network``, ``subnetwork``, ``service_account``: where the VMs live and who they act as.
 - ``spot``: default for jobs whose options do not say (a job's ``options["spot"]`` wins).
 - ``tiers``: capacity per quota tier the job was admitted on, e.g. ``{0 = "reserved",
@@ -43,9 +49,13 @@ Why the pieces are here:
   the create call and its own state write finds the zone (and the create operation) of the
   attempt again on restart, and ``start`` adopts by name; a 409 on create is adoption too
   (even a phantom one), so nothing is ever created twice.
-- *Blocks*: a stockout blocks its zone, a quota error its region, in memory with an expiry, so
-  the next attempt tries elsewhere and a blocked ``start`` raises :class:`TryAgain` naming the
-  quota and zone without calling the API (no hot loop of creates).
+- *Blocks*: a stockout blocks its zone, a quota error its region, any other failed create its
+  zone with exponential backoff (:meth:`CloudRunner.create_failed`), in memory with an expiry,
+  so the next attempt (the daemon requeues a failed create as a new one) tries elsewhere and a
+  ``start`` with every zone blocked raises :class:`TryAgain` naming each reason and until when,
+  without calling the API: no hot loop of creates, whatever the error. (A create call that
+  fails synchronously with 429/5xx past its retries is not a block: the same attempt tries the
+  same zone again next cycle, since its create may have happened after all.)
 """
 
 from __future__ import annotations
@@ -129,27 +139,65 @@ def region_of(zone: str) -> str:
     return zone.rsplit("-", 1)[0]
 
 
-class Blocks:
-    """Zones and regions not to create in until an expiry, with the reason to show."""
+def _brief(text: str, limit: int = 200) -> str:
+    """One line of at most ``limit`` characters (an API's message can be long)."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.clock = clock
+
+class Blocks:
+    """Zones and regions not to create in until an expiry, with the reason to show; and each
+    zone's failed creates in a row, which make its next backoff longer."""
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.clock = clock  # expiries
+        self.wall = wall  # "until when", for people
         self._until: dict[str, tuple[float, str]] = {}
+        self._failures: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def block(self, key: str, reason: str, seconds: float) -> None:
+    def block(self, key: str, reason: str, seconds: float) -> str:
+        """Block ``key`` (``zone:Z``, ``region:R``, ``backoff:Z``) for ``seconds``; the reason as
+        shown, with the time (UTC) the block ends."""
+        stamp = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(self.wall() + seconds))
+        shown = f"{reason}; blocked until {stamp}"
         with self._lock:
-            self._until[key] = (self.clock() + seconds, reason)
+            self._until[key] = (self.clock() + seconds, shown)
+        return shown
+
+    def back_off(self, zone: str, reason: str, base: float, cap: float) -> str:
+        """A create failed in ``zone``: block it for ``base * 2**k`` seconds (at most ``cap``),
+        ``k`` being its failures in a row before this one."""
+        with self._lock:
+            k = self._failures.get(zone, 0)
+            self._failures[zone] = k + 1
+        seconds = min(base * 2 ** min(k, 40), cap)
+        n = "1 failed create" if k == 0 else f"{k + 1} failed creates in a row"
+        return self.block(f"backoff:{zone}", f"{reason} ({n} in {zone}: backing off "
+                          f"{seconds:.0f} s)", seconds)  # fmt: skip
+
+    def succeeded(self, zone: str) -> None:
+        """A create in ``zone`` came up: its next failure backs off from the start again."""
+        with self._lock:
+            self._failures.pop(zone, None)
+
+    def failures(self, zone: str) -> int:
+        with self._lock:
+            return self._failures.get(zone, 0)
 
     def reason(self, zone: str) -> str | None:
-        """Why ``zone`` is blocked (its own block or its region's), or None."""
+        """Why ``zone`` is blocked (its own block, its region's or its backoff; the one that
+        lasts longest), or None."""
         now = self.clock()
+        keys = (f"zone:{zone}", f"region:{region_of(zone)}", f"backoff:{zone}")
         with self._lock:
-            for key in (f"zone:{zone}", f"region:{region_of(zone)}"):
-                until, why = self._until.get(key, (0.0, ""))
-                if until > now:
-                    return why
-        return None
+            found = [self._until.get(key, (0.0, "")) for key in keys]
+        live = [(until, why) for until, why in found if until > now]
+        return max(live)[1] if live else None
 
 
 class CloudRunner(Runner):
@@ -170,6 +218,8 @@ class CloudRunner(Runner):
         self.spot = bool(settings.get("spot", False))
         self.heartbeat_timeout = float(settings.get("heartbeat_timeout", 120))
         self.zone_block_seconds = float(settings.get("zone_block_seconds", 600))
+        self.backoff_seconds = float(settings.get("backoff_seconds", 30))
+        self.backoff_max_seconds = float(settings.get("backoff_max_seconds", 1800))
         self.num_retries = int(settings.get("num_retries", 5))
         self.listing_ttl = float(settings.get("listing_ttl", LISTING_TTL))
         self.flush_seconds = float(settings.get("flush_seconds", 45))
@@ -187,7 +237,10 @@ class CloudRunner(Runner):
         self._per_cycle = False  # set once a daemon drives the cycles (begin_cycle)
         self._lock = threading.Lock()
         self._local = threading.local()
-        self._preempted_at: dict[str, float] = {}
+        self._ended_at: dict[str, float] = {}  # attempt -> when its end was first seen
+        self._stopped: set[str] = set()  # attempts we asked to stop (their end is ours)
+        self._failed_creates: set[str] = set()  # attempts whose failed create was counted
+        self._created: dict[str, float | None] = {}  # attempt -> its provisioning record's time
         self._package_url: str | None = None
 
     # -- subclass hooks ----------------------------------------------------------------------
@@ -275,22 +328,25 @@ class CloudRunner(Runner):
             zones.remove(record["zone"])
             zones.insert(0, record["zone"])
         if (found := self.find(attempt.name, zones)) is not None:
-            return self._handle(attempt.job, attempt.name, found[0], workers, record.get("op"))
+            handle = self._handle(attempt.job, attempt.name, found[0], workers, record.get("op"))
+            return self._created_at(handle, record.get("time"))
         reasons = []
         for zone in zones:
             if (why := self.blocks.reason(zone)) is not None:
                 reasons.append(why)
                 continue
+            created = time.time()
             self.store.write_provision(attempt.job, attempt.name, {
                 "kind": self.kind, "name": attempt.name, "zone": zone, "workers": workers,
-                "root_tag": self.tag, "time": time.time()})  # fmt: skip
+                "root_tag": self.tag, "time": created})  # fmt: skip
             self._check_term(attempt)
             try:
                 op = self._create_with_retries(attempt, zone, workers)
             except HttpError as e:
                 if e.status_code == 409:  # ours already (a lost answer, a phantom 409): adopt
                     self.invalidate(zone)
-                    return self._handle(attempt.job, attempt.name, zone, workers, None)
+                    handle = self._handle(attempt.job, attempt.name, zone, workers, None)
+                    return self._created_at(handle, created)
                 if (quota := self._quota_reason(e)) is not None:
                     why = f"quota {quota} exhausted in region {region_of(zone)} (zone {zone})"
                     self.blocks.block(f"region:{region_of(zone)}", why, self.zone_block_seconds)
@@ -302,9 +358,34 @@ class CloudRunner(Runner):
             self.invalidate(zone)
             self.store.write_provision(attempt.job, attempt.name, {
                 "kind": self.kind, "name": attempt.name, "zone": zone, "workers": workers,
-                "root_tag": self.tag, "time": time.time(), "op": op})  # fmt: skip
-            return self._handle(attempt.job, attempt.name, zone, workers, op)
+                "root_tag": self.tag, "time": created, "op": op})  # fmt: skip
+            handle = self._handle(attempt.job, attempt.name, zone, workers, op)
+            return self._created_at(handle, created)
         raise TryAgain("waiting for capacity: " + "; ".join(dict.fromkeys(reasons)))
+
+    @staticmethod
+    def _created_at(handle: Handle, created: float | None) -> Handle:
+        """The handle carries when its create was issued (wall clock, the daemon's): the
+        deadlines of :mod:`bastion.runners.queued` and :mod:`bastion.runners.gce` count
+        from it without a request per poll."""
+        if created is not None:
+            handle["created"] = created
+        return handle
+
+    def created(self, handle: Handle) -> float | None:
+        """When the attempt's create was issued: the handle's ``created``, else (a handle
+        from before it had one) its provisioning record's time, read once."""
+        if handle.get("created") is not None:
+            return float(handle["created"])
+        name = handle["name"]
+        with self._lock:
+            if name in self._created:
+                return self._created[name]
+        record = self.store.read_provision(handle["job"], name) or {}
+        found = float(record["time"]) if record.get("time") is not None else None
+        with self._lock:
+            self._created[name] = found
+        return found
 
     def _check_term(self, attempt: Attempt) -> None:
         """The cloud APIs take no fencing token, so the lease itself is read just before a
@@ -397,22 +478,28 @@ class CloudRunner(Runner):
         return Observation(Phase.LOST, why, retryable=True)
 
     def preempted(self, handle: Handle, why: str) -> Observation:
-        """Preempted: not the job's failure, unless every worker had already succeeded.
+        """Preempted: not the job's failure, unless every worker had already succeeded."""
+        return self.ended(handle, Observation(Phase.PREEMPTED, why, retryable=True))
+
+    def ended(self, handle: Handle, outcome: Observation) -> Observation:
+        """The cloud ended the machines (a preemption, a dead man's switch): ``outcome``,
+        unless every worker had already succeeded.
 
         The agents flush their last output and exit records within the spot window, after
-        the cloud already says PREEMPTED; the daemon reads the log to its end once an attempt
-        is finished and never again, so the attempt is reported finished only once every
-        started worker has its exit record, or ``flush_seconds`` after the preemption."""
+        the cloud already says so; the daemon reads the log to its end once an attempt is
+        finished and never again, so the attempt is reported finished only once every
+        started worker has its exit record, or ``flush_seconds`` after the end was seen."""
         name = handle["name"]
         seen = self.agents(handle)
         if seen is not None and seen.phase is Phase.SUCCEEDED:
             return seen
         if seen is not None and not self._flushed(handle):
-            first = self._preempted_at.setdefault(name, time.monotonic())
+            first = self._ended_at.setdefault(name, time.monotonic())
             if time.monotonic() - first < self.flush_seconds:
-                return Observation(Phase.RUNNING, f"{why}; the agents are flushing")
-        self._preempted_at.pop(name, None)
-        return Observation(Phase.PREEMPTED, why, retryable=True)
+                return Observation(Phase.RUNNING, f"{outcome.reason}; the agents are flushing",
+                                   workers=seen.workers)  # fmt: skip
+        self._ended_at.pop(name, None)
+        return outcome
 
     def _flushed(self, handle: Handle) -> bool:
         listing = self._attempt_records(handle)
@@ -425,6 +512,38 @@ class CloudRunner(Runner):
         self.blocks.block(f"zone:{zone}", f"stockout in {zone}", self.zone_block_seconds)
         return Observation(Phase.FAILED, f"stockout in {zone}: {message}", retryable=True)
 
+    def create_failed(self, handle: Handle, why: str, phase: Phase = Phase.FAILED) -> Observation:
+        """The attempt's create failed in its zone for a reason that may pass (neither a
+        stockout nor a quota): ``phase`` (FAILED, or PREEMPTED while creating), retryable, and
+        the zone backs off exponentially (:meth:`Blocks.back_off`), so that the daemon's new
+        attempt tries the next zone and, once every zone is blocked, waits instead of making
+        create calls in a loop. Counted once per attempt, however often it is polled; not at
+        all when we stopped the attempt ourselves (a create cut short by our own delete)."""
+        zone, name = handle["zone"], handle["name"]
+        with self._lock:
+            count = name not in self._failed_creates and name not in self._stopped
+            self._failed_creates.add(name)
+        if count:
+            self.blocks.back_off(zone, _brief(why), self.backoff_seconds,
+                                 self.backoff_max_seconds)  # fmt: skip
+        return Observation(phase, why, retryable=True)
+
+    def came_up(self, handle: Handle) -> None:
+        """The attempt's machines are up (READY, RUNNING, ACTIVE): creates work in its zone."""
+        self.blocks.succeeded(handle["zone"])
+
+    def transient(self, handle: Handle, state: str, detail: str = "") -> Observation:
+        """A state between create and delete other than up (a TPU node REPAIRING after a
+        maintenance event, RESTARTING, ...): the agents' word once any started (a worker that
+        stays silent is lost after ``heartbeat_timeout``), else PROVISIONING."""
+        what = f"{self.resource_noun} {state}{f' ({detail})' if detail else ''} in {handle['zone']}"
+        seen = self.agents(handle)
+        if seen is None:
+            return Observation(Phase.PROVISIONING, what)
+        if seen.finished:
+            return seen
+        return Observation(Phase.RUNNING, f"{seen.reason}; {what}", workers=seen.workers)
+
     def read_output(self, handle: Handle, offset: int, limit: int) -> bytes:
         """Worker 0's output (the job's log), from the cycle's listing of the records."""
         return self.records(handle).read_output(
@@ -435,6 +554,17 @@ class CloudRunner(Runner):
         zone = handle.get("zone")
         where = f" in {zone}" if zone else ""
         return f"{self.resource_noun} {handle['name']} ({handle.get('workers', 1)} workers){where}"
+
+    def stop(self, handle: Handle, deadline: float) -> None:
+        """Delete the resource: the VMs' shutdown gives every agent SIGTERM, and it flushes.
+        The attempt's end is ours from now on (no backoff, no dead man's switch)."""
+        with self._lock:
+            self._stopped.add(handle["name"])
+        self._stop(handle)
+
+    @abc.abstractmethod
+    def _stop(self, handle: Handle) -> None:
+        """Ask for the resource's deletion unless it is already going."""
 
     def delete(self, handle: Handle) -> bool:
         """Delete the resource; once it is verified gone, its agents' records too (their
@@ -500,6 +630,10 @@ class CloudRunner(Runner):
     def forget(self, name: str) -> None:
         with self._lock:
             self._records.pop(name, None)
+            self._stopped.discard(name)
+            self._failed_creates.discard(name)
+            self._created.pop(name, None)
+            self._ended_at.pop(name, None)
 
     def close(self) -> None:
         with self._lock:

@@ -7,26 +7,39 @@ server instead of creating a second VM or failing on the name.
 
 Settings: those of :mod:`bastion.runners.cloud`, plus ``image`` (the boot disk's source image,
 default a Deep Learning VM CUDA image family), ``disk_gb`` (default 200), ``max_run_seconds``
-(``scheduling.maxRunDuration``, a dead man's switch: the VM deletes itself even if every daemon
-is gone), and ``api_endpoint`` defaulting to ``$BASTION_COMPUTE_API_ENDPOINT`` (its form ends in
+and ``api_endpoint`` defaulting to ``$BASTION_COMPUTE_API_ENDPOINT`` (its form ends in
 ``/compute/v1/``). Per-job options: ``machine_type`` (``a3-highgpu-8g``) or ``instance_type``
-(``gpu-a3-highgpu-8g``, or AXLearn's ``gpu-h100-80gb-8``), ``accelerator`` + ``accelerator_count``
-(N1 only: the other GPU families have their GPUs built in, cloud.md 2.2), ``spot``.
+(``gpu-a3-highgpu-8g``, ``gpu-g2-standard-8``, or AXLearn's ``gpu-h100-80gb-8``: see
+:func:`gpu_machine`), ``accelerator`` + ``accelerator_count`` (N1 only: the other GPU families
+have their GPUs built in, cloud.md 2.2), ``spot``.
+
+``max_run_seconds`` (default 604800, 7 days; 0: none) is a dead man's switch on every VM:
+``scheduling.maxRunDuration`` with ``instanceTerminationAction: DELETE``, so the VM deletes
+itself at that age even if every daemon is gone and nothing is left billing. A VM that the
+switch ended (gone, or TERMINATED, at least that old, with no ``compute.instances.preempted``
+operation, and not stopped by us) fails its job, not retryable, with a reason naming
+``max_run_seconds``: a new attempt would run into the same limit. Jobs that run longer need a
+higher setting.
 
 Spot VMs use ``provisioningModel: SPOT`` with ``instanceTerminationAction: DELETE`` (a preempted
 VM is never reused, so nothing is left billing), ``onHostMaintenance: TERMINATE`` and no
 automatic restart (GPU VMs cannot live-migrate).
 
-Poll, from the zone's listing: PROVISIONING/STAGING/REPAIRING/PENDING: PROVISIONING; RUNNING:
-the agents' records; absent, STOPPING or TERMINATED: a ``compute.instances.preempted`` operation
-for the instance means PREEMPTED; absent with a failed insert operation means a stockout
-(ZONE_RESOURCE_POOL_EXHAUSTED: FAILED retryable, zone blocked) or a quota (region blocked);
-otherwise what the agents reported, or LOST (requeued).
+Poll, from the zone's listing: PROVISIONING/STAGING/PENDING: PROVISIONING; REPAIRING: the
+agents' records once any started, else PROVISIONING; RUNNING: the agents' records; absent with
+a failed insert operation: a stockout (ZONE_RESOURCE_POOL_EXHAUSTED: FAILED retryable, zone
+blocked), a quota (region blocked), UNSUPPORTED_OPERATION (a spot VM preempted while it was
+being created: PREEMPTED, retryable) or any other error (FAILED retryable), the last two
+backing the zone off exponentially (:meth:`bastion.runners.cloud.CloudRunner.create_failed`);
+absent, STOPPING or TERMINATED: a ``compute.instances.preempted`` operation for the instance
+means PREEMPTED; past ``max_run_seconds``, the dead man's switch (FAILED); otherwise what the
+agents reported, or LOST (requeued).
 """
 
 from __future__ import annotations
 
 import re
+import time
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -43,12 +56,36 @@ _AXLEARN = {"a100-40gb-1": "a2-highgpu-1g", "a100-40gb-8": "a2-highgpu-8g",
             "h200-141gb-8": "a3-ultragpu-8g"}  # fmt: skip
 _STOCKOUT = frozenset({"ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
                        "insufficientCapacity", "RESOURCE_NOT_READY"})  # fmt: skip
-_PROVISIONING = frozenset({"PROVISIONING", "STAGING", "REPAIRING", "PENDING"})
+_PROVISIONING = frozenset({"PROVISIONING", "STAGING", "PENDING"})
+MAX_RUN_SECONDS = 7 * 24 * 3600  # the default dead man's switch
+# GPUs of the G2 machine types (one to eight L4s, cloud.md 2.2)
+_G2_GPUS = {4: 1, 8: 1, 12: 1, 16: 1, 32: 1, 24: 2, 48: 4, 96: 8}
 _GONE = frozenset({"STOPPING", "TERMINATED", "SUSPENDING", "SUSPENDED", "DEPROVISIONING"})
 
 
 def from_settings(settings: Mapping[str, Any]) -> GceRunner:
     return GceRunner(settings)
+
+
+def gpus_of(machine: str) -> int | None:
+    """The GPUs a GPU machine type has built in (``a3-highgpu-8g``: 8, ``g2-standard-24``:
+    2), or None for a type without (N1 takes ``accelerator``) or one not known."""
+    if m := re.fullmatch(r"a\d+-[a-z]+gpu-(\d+)g(?:-[a-z0-9]+)?", machine):
+        return int(m.group(1))
+    if m := re.fullmatch(r"g2-standard-(\d+)", machine):
+        return _G2_GPUS.get(int(m.group(1)))
+    return None
+
+
+def gpu_machine(instance_type: str) -> tuple[str, int] | None:
+    """AXLearn's GPU instance type (``gpu-a3-highgpu-8g``, ``gpu-h100-80gb-8``,
+    ``gpu-g2-standard-8``) as (machine type, GPUs), or None when it names no GPU machine."""
+    if not instance_type.startswith("gpu-"):
+        return None
+    machine = instance_type.removeprefix("gpu-")
+    machine = _AXLEARN.get(machine, machine)
+    count = gpus_of(machine)
+    return None if count is None else (machine, count)
 
 
 def machine_type(options: Mapping[str, Any]) -> str:
@@ -70,13 +107,31 @@ class GceRunner(CloudRunner):
     resource_noun = "VM"
     api_env = "BASTION_COMPUTE_API_ENDPOINT"
 
+    def __init__(self, settings: Mapping[str, Any], client: Any = None) -> None:
+        super().__init__(settings, client)
+        self.max_run_seconds = int(settings.get("max_run_seconds", MAX_RUN_SECONDS) or 0)
+        self._collections: dict[str, Any] = {}
+
     def _build(self, credentials: str | None) -> Any:
         return build_client("compute", "v1", self.endpoint, credentials)
+
+    # googleapiclient builds a collection's every method from the discovery document on each
+    # ``client.instances()`` (some 35 ms of CPU for Compute's): build each collection once.
+    # Requests made from it carry no connection (``execute`` passes the thread's own).
+    def instances(self) -> Any:
+        if self._collections.get("instances") is None:
+            self._collections["instances"] = self.client.instances()
+        return self._collections["instances"]
+
+    def zone_operations(self) -> Any:
+        if self._collections.get("zoneOperations") is None:
+            self._collections["zoneOperations"] = self.client.zoneOperations()
+        return self._collections["zoneOperations"]
 
     def _list_zone(self, zone: str) -> list[dict]:
         items, token = [], None
         while True:
-            request = self.client.instances().list(
+            request = self.instances().list(
                 project=self.project, zone=zone, filter=f'labels.bastion-root="{self.tag}"',
                 maxResults=self.page_size, pageToken=token)  # fmt: skip
             page = self.execute(request)
@@ -93,11 +148,9 @@ class GceRunner(CloudRunner):
         kind, reservation = self.capacity(attempt)
         if kind == "spot":
             scheduling.update(provisioningModel="SPOT", instanceTerminationAction="DELETE")
-        if self.settings.get("max_run_seconds"):
-            seconds = str(int(self.settings["max_run_seconds"]))
-            scheduling.update(
-                instanceTerminationAction="DELETE", maxRunDuration={"seconds": seconds}
-            )
+        if self.max_run_seconds > 0:
+            scheduling.update(instanceTerminationAction="DELETE",
+                              maxRunDuration={"seconds": str(self.max_run_seconds)})  # fmt: skip
         nic: dict[str, Any] = {"accessConfigs": [{"type": "ONE_TO_ONE_NAT"}]}
         for key in ("network", "subnetwork"):
             if self.settings.get(key):
@@ -146,7 +199,7 @@ class GceRunner(CloudRunner):
                     "scopes": ["https://www.googleapis.com/auth/cloud-platform"],
                 }
             ]
-        request = self.client.instances().insert(
+        request = self.instances().insert(
             project=self.project,
             zone=zone,
             body=body,
@@ -176,20 +229,44 @@ class GceRunner(CloudRunner):
         inst = self.listing(handle["zone"]).get(handle["name"])
         status = inst.get("status", "") if inst else "ABSENT"
         if status == "RUNNING":
+            self.came_up(handle)
             return self.agents(handle) or Observation(Phase.RUNNING, "waiting for the agent")
         if status in _PROVISIONING:
             return Observation(Phase.PROVISIONING, f"instance {status} in {handle['zone']}")
+        if status == "REPAIRING":
+            return self.transient(handle, status)
+        # absent: a failed insert first (a spot VM preempted while being created has a
+        # preempted operation too, but it never ran: its zone backs off)
+        if inst is None and (failed := self._insert_failed(handle)) is not None:
+            return failed
         if self._was_preempted(handle):
             return self.preempted(handle, f"instance {handle['name']} preempted in "
                                   f"{handle['zone']}")  # fmt: skip
-        if inst is None and (failed := self._insert_failed(handle)) is not None:
-            return failed
+        if (switched := self._switched_off(handle, status)) is not None:
+            return switched
         return self.gone(handle, f"instance {handle['name']} {status.lower()}")
+
+    def _switched_off(self, handle: Handle, status: str) -> Observation | None:
+        """The dead man's switch ended the VM: gone or stopped, not preempted, not by us, at
+        least ``max_run_seconds`` after its insert was issued (the VM's own run began later,
+        so a VM younger than that by this count cannot have reached its limit)."""
+        if self.max_run_seconds <= 0 or status not in ("ABSENT", "STOPPING", "TERMINATED"):
+            return None
+        with self._lock:
+            if handle["name"] in self._stopped:
+                return None
+        created = self.created(handle)
+        if created is None or time.time() - created < self.max_run_seconds:
+            return None
+        why = (f"VM {handle['name']} in {handle['zone']} reached max_run_seconds "
+               f"({self.max_run_seconds} s), its dead man's switch (scheduling.maxRunDuration): "
+               "raise the gce runner's max_run_seconds setting for longer jobs")  # fmt: skip
+        return self.ended(handle, Observation(Phase.FAILED, why))
 
     def _was_preempted(self, handle: Handle) -> bool:
         """A ``compute.instances.preempted`` op for this instance (asked only once the
         instance is stopping or gone, so it costs nothing in the steady state)."""
-        request = self.client.zoneOperations().list(
+        request = self.zone_operations().list(
             project=self.project, zone=handle["zone"],
             filter=(f'operationType="compute.instances.preempted" AND '
                     f'targetLink="{self._instance_link(handle)}"'))  # fmt: skip
@@ -203,7 +280,7 @@ class GceRunner(CloudRunner):
             return None
         try:
             op = self.execute(
-                self.client.zoneOperations().get(
+                self.zone_operations().get(
                     project=self.project, zone=handle["zone"], operation=op_name
                 )
             )
@@ -224,14 +301,15 @@ class GceRunner(CloudRunner):
             why = f"quota exceeded in region {region}: {message}"
             self.blocks.block(f"region:{region}", why, self.zone_block_seconds)
             return Observation(Phase.FAILED, why, retryable=True)
-        if code == "UNSUPPORTED_OPERATION":
-            return Observation(Phase.PREEMPTED, f"preempted while creating: {message}",
-                               retryable=True)  # fmt: skip
-        return Observation(Phase.FAILED, f"insert failed: {code}: {message}", retryable=True)
+        if code == "UNSUPPORTED_OPERATION":  # observed when a spot VM is preempted while created
+            return self.create_failed(handle, f"preempted while creating in {handle['zone']}: "
+                                      f"{message}", Phase.PREEMPTED)  # fmt: skip
+        return self.create_failed(
+            handle, f"insert failed in {handle['zone']}: error code {code}: {message}"
+        )
 
     # -- stop, delete, list ------------------------------------------------------------------
-    def stop(self, handle: Handle, deadline: float) -> None:
-        """Delete the VM: its shutdown gives the agent SIGTERM, and it flushes."""
+    def _stop(self, handle: Handle) -> None:
         inst = self.listing(handle["zone"]).get(handle["name"])
         if inst is not None and inst.get("status") != "STOPPING":
             self._delete_instance(handle)
@@ -239,7 +317,7 @@ class GceRunner(CloudRunner):
     def _delete_instance(self, handle: Handle) -> None:
         try:
             self.execute(
-                self.client.instances().delete(
+                self.instances().delete(
                     project=self.project, zone=handle["zone"], instance=handle["name"]
                 )
             )
@@ -252,7 +330,7 @@ class GceRunner(CloudRunner):
         """Delete the VM; True only once ``get`` answers 404."""
         try:
             inst = self.execute(
-                self.client.instances().get(
+                self.instances().get(
                     project=self.project, zone=handle["zone"], instance=handle["name"]
                 )
             )

@@ -16,10 +16,16 @@ create is deduplicated by its ``requestId`` (same operation) or answers 409 (ado
 
 Poll, from the zone's listing of queued resources (one call per zone per cycle):
 
-- CREATING / ACCEPTED / WAITING_FOR_RESOURCES: QUEUED, "waiting for capacity in ZONE";
+- CREATING / ACCEPTED / WAITING_FOR_RESOURCES: QUEUED, "waiting for capacity in ZONE"; past
+  a client-side deadline, ``queue_seconds`` + ``queue_margin_seconds`` (setting, default 300)
+  after the create was issued (the handle's ``created``), FAILED, retryable, "queued resource
+  waited past its deadline of N s in ZONE": a service that never expires the request (or
+  forgets it in ACCEPTED) cannot hold the job forever;
 - PROVISIONING: PROVISIONING; ACTIVE: the agents' records (all slices' workers);
 - FAILED (e.g. past its validUntil): FAILED, retryable, with ``failedData.error``'s message;
-  a capacity failure (code 8/9) blocks the zone like a stockout, so the next attempt (the
+  a capacity failure (code 8/9) blocks the zone like a stockout; any other failure, and the
+  client-side deadline, back the zone off exponentially
+  (:meth:`bastion.runners.cloud.CloudRunner.create_failed`); either way the next attempt (the
   daemon requeues it) tries the next zone, and waits when every zone is blocked;
 - SUSPENDING / SUSPENDED by the SERVICE: PREEMPTED (after the agents' last flush); by the
   USER, or DELETING, or absent: what the agents reported, or LOST.
@@ -31,6 +37,7 @@ True once ``get`` answers 404.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -61,6 +68,10 @@ def from_settings(settings: Mapping[str, Any]) -> QueuedRunner:
 class QueuedRunner(TpuRunner):
     kind = "tpu-qr"
     resource_noun = "queued resource"
+
+    def __init__(self, settings: Mapping[str, Any], client: Any = None) -> None:
+        super().__init__(settings, client)
+        self.queue_margin = float(settings.get("queue_margin_seconds", 300))
 
     def _list_zone(self, zone: str) -> list[dict]:
         found, token = [], None
@@ -127,6 +138,13 @@ class QueuedRunner(TpuRunner):
         )
         return self.execute(request, retries=0).get("name")
 
+    def start(self, attempt: Attempt) -> Handle:
+        """As the TPU runner's; the handle also carries the request's ``queue_seconds``, for
+        the client-side deadline (:meth:`poll`)."""
+        handle = super().start(attempt)
+        handle["queue_seconds"] = int(self._option(attempt, "queue_seconds", 3600))
+        return handle
+
     # -- poll --------------------------------------------------------------------------------
     def poll(self, handle: Handle) -> Observation:
         zone, name = handle["zone"], handle["name"]
@@ -136,17 +154,25 @@ class QueuedRunner(TpuRunner):
         st = qr.get("state") or {}
         state = st.get("state", "STATE_UNSPECIFIED")
         if state in _WAITING:
+            queue_seconds = int(handle.get("queue_seconds")
+                                or self.settings.get("queue_seconds", 3600))  # fmt: skip
+            created = self.created(handle)
+            if created is not None and time.time() > created + queue_seconds + self.queue_margin:
+                return self.create_failed(handle, f"queued resource waited past its deadline "
+                                          f"of {queue_seconds} s in {zone}")  # fmt: skip
             return Observation(Phase.QUEUED, f"waiting for capacity in {zone}")
         if state == "PROVISIONING":
             return Observation(Phase.PROVISIONING, f"provisioning in {zone}")
         if state == "ACTIVE":
+            self.came_up(handle)
             return self.agents(handle) or Observation(Phase.RUNNING, "waiting for the agents")
         if state == "FAILED":
             error = (st.get("failedData") or {}).get("error") or {}
             message = str(error.get("message") or "queued resource failed")
             if error.get("code") in _CAPACITY_CODES:
                 return self.stockout(handle, message)
-            return Observation(Phase.FAILED, f"queued resource failed: {message}", retryable=True)
+            return self.create_failed(handle, f"queued resource failed in {zone}: "
+                                      f"error code {error.get('code')}: {message}")  # fmt: skip
         if state in ("SUSPENDING", "SUSPENDED") and st.get("stateInitiator") == "SERVICE":
             return self.preempted(handle, f"queued resource {name} {state} by the service")
         return self.gone(handle, f"queued resource {name} {state}")
@@ -164,7 +190,7 @@ class QueuedRunner(TpuRunner):
                 raise
         self.invalidate(handle["zone"])
 
-    def stop(self, handle: Handle, deadline: float) -> None:
+    def _stop(self, handle: Handle) -> None:
         """Delete the request and its nodes: the VMs' shutdown makes every agent flush."""
         qr = self.listing(handle["zone"]).get(handle["name"])
         if qr is not None and (qr.get("state") or {}).get("state") != "DELETING":

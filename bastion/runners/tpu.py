@@ -13,11 +13,20 @@ Per-job options: ``accelerator_type`` (``v4-32``) or ``instance_type`` (AXLearn'
 
 Poll, from the zone's listing (one call per zone per cycle for all attempts):
 
-- node absent: the create operation says why (code 8/9 = stockout: FAILED retryable, zone
-  blocked; code 3 = preempted while creating: PREEMPTED); still running: PROVISIONING; else
-  the node went away: what the agents reported, or LOST;
-- CREATING/STARTING/RESTARTING/REPAIRING (and other transient states): PROVISIONING;
+- node absent: the create operation says why: code 8/9 = stockout (FAILED retryable, zone
+  blocked); code 3 whose message speaks of a preemption = preempted while creating
+  (PREEMPTED, retryable); any other code 3 (INVALID_ARGUMENT: the request itself is wrong) =
+  FAILED, not retryable, with the API's message; any other error (e.g. 13 INTERNAL) = FAILED
+  retryable. A failed create other than a stockout backs its zone off exponentially
+  (:meth:`bastion.runners.cloud.CloudRunner.create_failed`), so requeued attempts move to the
+  next zone and then wait instead of recreating at once. Operation still running:
+  PROVISIONING; else the node went away: what the agents reported, or LOST;
+- CREATING: PROVISIONING;
 - READY: the agents' records (none yet: RUNNING, "waiting for the agent");
+- REPAIRING (a maintenance event: ``health`` UNHEALTHY_MAINTENANCE; the workers' startup
+  script runs again once it is READY, and the agent never starts the command twice),
+  RESTARTING, STARTING and other transient states: the agents' records once any worker
+  started (RUNNING, the state named in the reason), else PROVISIONING;
 - PREEMPTED/TERMINATED: PREEMPTED, retryable (a preempted node is deleted, never reused);
 - DELETING: the node is going (we stopped it): the agents' records, or LOST.
 """
@@ -35,9 +44,6 @@ from bastion.runners.cloud import CloudRunner, build_client, labels_for
 
 _TYPE = re.compile(r"(v2|v3|v4|v5p|v5litepod|v6e)-(\d+)")
 _RUNTIME = {"v5p": "v2-alpha-tpuv5", "v5litepod": "v2-alpha-tpuv5-lite", "v6e": "v2-alpha-tpuv6e"}
-_PROVISIONING = frozenset({"CREATING", "STARTING", "RESTARTING", "REPAIRING", "REIMAGING",
-                           "STOPPING", "STOPPED", "HIDING", "HIDDEN", "UNHIDING", "UNKNOWN",
-                           "STATE_UNSPECIFIED"})  # fmt: skip
 _STOCKOUT_CODES = frozenset({8, 9})  # RESOURCE_EXHAUSTED, FAILED_PRECONDITION (reservation)
 
 
@@ -148,15 +154,17 @@ class TpuRunner(CloudRunner):
             return self._absent(handle)
         state = node.get("state", "STATE_UNSPECIFIED")
         if state == "READY":
+            self.came_up(handle)
             seen = self.agents(handle)
             return seen or Observation(Phase.RUNNING, "waiting for the agent")
         if state in ("PREEMPTED", "TERMINATED"):
             return self.preempted(handle, f"node {handle['name']} {state} in {handle['zone']}")
         if state == "DELETING":
             return self.gone(handle, f"node {handle['name']} is being deleted")
-        if state in _PROVISIONING:
+        if state == "CREATING":
             return Observation(Phase.PROVISIONING, f"node {state} in {handle['zone']}")
-        return Observation(Phase.PROVISIONING, f"node state {state}")
+        health = node.get("health", "")
+        return self.transient(handle, state, "" if health in ("", "HEALTHY") else health)
 
     def _absent(self, handle: Handle) -> Observation:
         op_name = handle.get("op")
@@ -173,19 +181,27 @@ class TpuRunner(CloudRunner):
             if not op.get("done"):
                 return Observation(Phase.PROVISIONING, f"creating in {handle['zone']}")
             error = op.get("error")
-            if error and error.get("code") in _STOCKOUT_CODES:
-                return self.stockout(handle, str(error.get("message", "")))
-            if error and error.get("code") == 3:
-                return Observation(Phase.PREEMPTED, f"preempted while creating: "
-                                   f"{error.get('message', '')}", retryable=True)  # fmt: skip
             if error:
-                return Observation(Phase.FAILED, f"creating the node failed: "
-                                   f"{error.get('message', '')}", retryable=True)  # fmt: skip
+                return self._create_error(handle, error)
         return self.gone(handle, f"node {handle['name']} is gone from {handle['zone']}")
 
+    def _create_error(self, handle: Handle, error: dict) -> Observation:
+        """What a failed create operation (a ``google.rpc.Status``) means for the attempt."""
+        code, message = error.get("code"), str(error.get("message", ""))
+        zone = handle["zone"]
+        if code in _STOCKOUT_CODES:
+            return self.stockout(handle, message)
+        if code == 3 and "preempt" in message.lower():  # SkyPilot's "preempted while creating"
+            return self.create_failed(handle, f"preempted while creating in {zone}: {message}",
+                                      Phase.PREEMPTED)  # fmt: skip
+        if code == 3:  # INVALID_ARGUMENT: the request is wrong; a new attempt would be too
+            return Observation(Phase.FAILED, f"the TPU API refused to create node "
+                               f"{handle['name']} in {zone}: {message}")  # fmt: skip
+        return self.create_failed(handle, f"creating the node failed in {zone}: "
+                                  f"error code {code}: {message}")  # fmt: skip
+
     # -- stop, delete, list ------------------------------------------------------------------
-    def stop(self, handle: Handle, deadline: float) -> None:
-        """Delete the node: the VMs' shutdown gives every agent SIGTERM, and it flushes."""
+    def _stop(self, handle: Handle) -> None:
         node = self.listing(handle["zone"]).get(handle["name"])
         if node is not None and node.get("state") != "DELETING":
             self._delete_node(handle)

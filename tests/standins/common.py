@@ -177,6 +177,29 @@ class CapacityInjections:
         with self.lock:  # type: ignore[attr-defined]
             self._quota.discard(zone)  # type: ignore[attr-defined]
 
+    def fail_creates(self, code, message: str, zone: str | None = None,
+                     times: int | None = None) -> None:
+        """Creates accepted from now on (in ``zone``, or anywhere; the next ``times`` of them,
+        or all) fail asynchronously: their operation ends with this error (``code`` as the
+        API writes it: a ``google.rpc.Code`` number for TPU, a string for Compute) and
+        nothing is left. ``fail_creates(None, "")`` clears every such injection."""
+        with self.lock:  # type: ignore[attr-defined]
+            if code is None:
+                self._failing.clear()  # type: ignore[attr-defined]
+            else:
+                self._failing.append([zone, code, message, times])  # type: ignore[attr-defined]
+
+    def _create_failure(self, zone: str) -> tuple | None:
+        """(code, message) for a create in ``zone`` that an injection fails, counted; or None.
+        Called under the lock by the server's ``_step``."""
+        for item in self._failing:  # type: ignore[attr-defined]
+            where, code, message, left = item
+            if where in (None, zone) and (left is None or left > 0):
+                if left is not None:
+                    item[3] -= 1
+                return code, message.replace("{zone}", zone)
+        return None
+
 
 class StandinServer:
     """Base class: routing, injected 429/5xx, the virtual clock, the ``on_ready`` hook.

@@ -9,8 +9,15 @@ Virtual time (see common.py): an inserted instance is PROVISIONING with its op P
 moves it one step: STAGING (op RUNNING) -> RUNNING (op DONE, ``on_ready(instance, 0, metadata)``).
 A deleted instance is STOPPING until the next tick, then gone (op DONE). ``preempt`` acts at once.
 
+A RUNNING instance whose ``scheduling.maxRunDuration`` has passed (virtual time since its
+``lastStartTimestamp``) is ended by the service as its ``instanceTerminationAction`` says:
+gone (DELETE) or TERMINATED (STOP, the default), with no ``compute.instances.preempted``
+operation.
+
 Injections: ``stockout(zone)``/``restock(zone)``, ``quota(zone)``/``lift_quota(zone)``,
-``preempt(name)``, and (common) ``rate_limit(n)``, ``transient_5xx(n)``.
+``fail_creates(code, message, zone, times)`` (the insert operation ends DONE with
+``error.errors[{code, message}]`` at the next tick and no VM is left, e.g. code
+``INTERNAL_ERROR``), ``preempt(name)``, and (common) ``rate_limit(n)``, ``transient_5xx(n)``.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from .common import (
     paginate,
     parse_filter,
     public,
+    virtual_seconds,
 )
 
 LINK = "https://www.googleapis.com/compute/v1/"  # selfLink/targetLink base, as the real API
@@ -61,6 +69,7 @@ class ComputeServer(CapacityInjections, StandinServer):
         self._requests: dict[str, tuple[str, str, str]] = {}  # requestId -> op key
         self._stocked_out: set[str] = set()
         self._quota: set[str | None] = set()
+        self._failing: list[list] = []  # fail_creates: [zone, code, message, times left]
 
     @property
     def endpoint(self) -> str:
@@ -272,6 +281,11 @@ class ComputeServer(CapacityInjections, StandinServer):
         return 200, out
 
     # --- virtual time -----------------------------------------------------------------------
+    def _past_max_run(self, inst: dict) -> bool:
+        limit = ((inst.get("scheduling") or {}).get("maxRunDuration") or {}).get("seconds")
+        started = inst.get("lastStartTimestamp")
+        return bool(limit and started) and self.clock - virtual_seconds(started) >= int(limit)
+
     def _step(self):
         for key, inst in list(self.instances.items()):
             status = inst["status"]
@@ -283,6 +297,10 @@ class ComputeServer(CapacityInjections, StandinServer):
                         "resources available to fulfill the request.  Try a different zone, or "
                         "try again later.")))
                     continue
+                if (failure := self._create_failure(key[1])) is not None:
+                    del self.instances[key]
+                    self._finish(inst["_op"], error=failure)
+                    continue
                 inst["status"] = "STAGING"
                 self.ops[inst["_op"]].update(status="RUNNING", progress=50)
             elif status == "STAGING":
@@ -291,6 +309,12 @@ class ComputeServer(CapacityInjections, StandinServer):
                 md = {i["key"]: i.get("value", "") for i in
                       (inst.get("metadata") or {}).get("items", [])}
                 self._ready(inst, 0, {**md, "instance-id": inst["id"], "hostname": key[2]})
+            elif status == "RUNNING" and self._past_max_run(inst):
+                if (inst.get("scheduling") or {}).get("instanceTerminationAction") == "DELETE":
+                    del self.instances[key]
+                else:
+                    inst.update(status="TERMINATED", lastStopTimestamp=self.now(),
+                                statusMessage="Instance reached its maxRunDuration.")
             elif status == "STOPPING" and inst.get("_del_op"):
                 del self.instances[key]
                 if self.ops[inst["_op"]]["status"] != "DONE":  # deleted while being created

@@ -12,8 +12,13 @@ while its zone is stocked out; FAILED once ``validUntil*`` has passed) -> PROVIS
 appear CREATING) -> ACTIVE (nodes READY); SUSPENDING -> SUSPENDED; DELETING -> gone.
 
 Injections: ``stockout(zone)``/``restock(zone)``, ``quota(zone)``/``lift_quota(zone)``,
-``preempt(name)``, ``phantom_409()``, ``stuck(qr)``, and (common) ``rate_limit(n)``,
-``transient_5xx(n)``.
+``fail_creates(code, message, zone, times)`` (a node's create operation ends with that
+``google.rpc.Status`` at the next tick, e.g. code 13 INTERNAL or 3 INVALID_ARGUMENT; a queued
+resource turns FAILED with it in ``failedData.error`` once it would get capacity),
+``preempt(name)``, ``maintenance(name)`` (READY -> REPAIRING with ``health``
+UNHEALTHY_MAINTENANCE for ``repair_ticks``, then READY again, every worker's startup script
+run again: ``on_ready`` once more per worker, as after the hosts' reboot), ``phantom_409()``,
+``stuck(qr)``, and (common) ``rate_limit(n)``, ``transient_5xx(n)``.
 """
 
 from __future__ import annotations
@@ -85,15 +90,18 @@ class TpuServer(CapacityInjections, StandinServer):
         ("DELETE", r"/v2/(projects/[^/]+/locations/[^/]+/queuedResources/[^/:]+)", "_delete_qr"),
     ]
 
-    def __init__(self, provision_ticks: int = 2, delete_ticks: int = 1, **kw):
+    def __init__(self, provision_ticks: int = 2, delete_ticks: int = 1, repair_ticks: int = 1,
+                 **kw):
         super().__init__(**kw)
         self.provision_ticks, self.delete_ticks = provision_ticks, delete_ticks
+        self.repair_ticks = repair_ticks
         self.nodes: dict[str, dict] = {}
         self.qrs: dict[str, dict] = {}
         self.ops: dict[str, dict] = {}
         self._qr_requests: dict[str, str] = {}  # requestId -> operation name
         self._stocked_out: set[str] = set()
         self._quota: set[str | None] = set()
+        self._failing: list[list] = []  # fail_creates: [zone, code, message, times left]
         self._phantom = 0
 
     # --- injections -------------------------------------------------------------------------
@@ -121,6 +129,19 @@ class TpuServer(CapacityInjections, StandinServer):
                     "Cloud TPU received a bad request. update is not supported while in state "
                     "PREEMPTED")})
             node["state"] = "PREEMPTED"
+
+    def maintenance(self, name: str):
+        """A maintenance event on a READY node: REPAIRING, ``health`` UNHEALTHY_MAINTENANCE,
+        for ``repair_ticks``; then READY and HEALTHY again, and every worker's startup script
+        runs again (``on_ready`` per worker), as after the reboot that maintenance is."""
+        with self.lock:
+            node = self._find(self.nodes, name)
+            if node is None:
+                raise KeyError(name)
+            if node["state"] != "READY":
+                raise ValueError(f"{name} is {node['state']}, not READY")
+            node.update(state="REPAIRING", health="UNHEALTHY_MAINTENANCE",
+                        _left=self.repair_ticks)
 
     def stuck(self, name: str, frozen: bool = True):
         """Freeze a queued resource in its current state (no advance, no expiry)."""
@@ -348,9 +369,17 @@ class TpuServer(CapacityInjections, StandinServer):
                         "zone where Cloud TPU Nodes are offered (see "
                         "https://cloud.google.com/tpu/docs/regions) [EID: 0x1b5e2c2d]")})
                     continue
+                if (failure := self._create_failure(zone)) is not None:
+                    del self.nodes[name]
+                    self._finish(node["_op"], error={"code": failure[0], "message": failure[1]})
+                    continue
                 node["_left"] -= 1
                 if node["_left"] <= 0:
                     self._make_ready(node)
+            elif node["state"] == "REPAIRING":
+                node["_left"] -= 1
+                if node["_left"] <= 0:
+                    self._make_ready(node)  # the hosts rebooted: startup scripts run again
             elif node["state"] == "DELETING":
                 node["_left"] -= 1
                 if node["_left"] <= 0:
@@ -376,7 +405,12 @@ class TpuServer(CapacityInjections, StandinServer):
                     f'There is no more capacity in the zone "{zone}"; the queued resource '
                     "could not be provisioned before its validUntil time.")}}}
         elif state == "WAITING_FOR_RESOURCES":
-            if zone not in self._stocked_out:
+            if zone in self._stocked_out:
+                return
+            if (failure := self._create_failure(zone)) is not None:
+                qr["state"] = {"state": "FAILED", "stateInitiator": "SERVICE", "failedData": {
+                    "error": {"code": failure[0], "message": failure[1]}}}
+            else:
                 qr["state"] = {"state": "PROVISIONING"}
                 spot = "spot" in qr
                 for parent, node_id, body in qr["_plan"]:
