@@ -427,6 +427,11 @@ def _observed(result: Result, event: Observed, now: float, has_cleanup: bool) ->
             f"requeued as attempt {state.attempt + 1}",
             event="PROVISIONING_FAILED",
         )
+    elif obs.exit_code is None and obs.reason:
+        # No status to report: the runner says what ended it (a request the cloud refused, a
+        # VM its dead man's switch deleted); "the command was killed" would mislead.
+        _finish_run(result, Outcome.FAILED, f"attempt {state.attempt} failed: {obs.reason}",
+                    now, has_cleanup)  # fmt: skip
     else:
         how = f"exited with status {obs.exit_code}" if obs.exit_code is not None else "was killed"
         said = obs.reason if obs.reason and obs.reason != how else ""  # e.g. which worker

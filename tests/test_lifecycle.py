@@ -358,6 +358,14 @@ def test_active_failed_exit_3_completes_failed():
     assert new.display_status == "FAILED"
 
 
+def test_active_failed_without_a_status_says_what_the_runner_said_not_killed():
+    why = "VM ended by its dead man's switch (max_run_seconds = 604800)"
+    new = step(active(), observed(Phase.FAILED, why), T0 + 9).state
+    assert (new.outcome, new.exit_code) == (Outcome.FAILED, None)
+    assert new.reason == f"attempt 1 failed: {why}"
+    assert "killed" not in new.reason
+
+
 # -- CANCELLING, CLEANING, Tick ------------------------------------------------------------
 
 
