@@ -200,6 +200,7 @@ class Daemon:
         self._done: list[tuple[str, lifecycle.Event | None]] = []
         self._done_lock = threading.Lock()
         self._deleting: dict[str, tuple[str, dict[str, Any] | None]] = {}  # name -> kind, handle
+        self._deletes_in_pool: set[str] = set()  # handed to the pool, results not taken in
         # attempt name -> (its job, since when): the job is finalized once it is gone
         self._deletes_of: dict[str, tuple[str, float]] = {}
         self._deleted: list[tuple[str, str, dict[str, Any] | None]] = []  # verified gone
@@ -280,6 +281,7 @@ class Daemon:
             log.info("not acting on %s; forgetting in-memory state", self.store.root_url)
         self.jobs.clear()
         self._deleting.clear()
+        self._deletes_in_pool.clear()
         self._deletes_of.clear()
         with self._done_lock:
             self._done.clear()
@@ -553,7 +555,8 @@ class Daemon:
                 log.error("could not list the attempts of runner %s: %s", kind, e)
                 continue
             for item in owned:
-                if item.name not in live and item.name not in self._deleting:
+                busy = item.name in self._deleting or item.name in self._deletes_in_pool
+                if item.name not in live and not busy:
                     log.warning("deleting attempt %s: no job of this root names it", item.name)
                     self._deleting[item.name] = (kind, item.handle)
 
@@ -802,6 +805,7 @@ class Daemon:
             batch.append(functools.partial(self._effects_of, job.name, effects, records, attempt))
         for name, (kind, handle) in deletes:
             self._deleting.pop(name, None)
+            self._deletes_in_pool.add(name)  # the sweep must not take it for an orphan
             batch.append(functools.partial(self._delete_attempt, name, kind, handle))
         # A few tasks of many effects each: a thousand separate submissions make the decision
         # loop fight the pool's threads (busy forking processes) for the executor's locks.
@@ -891,8 +895,8 @@ class Daemon:
             self._may_act()
             # An attempt that never started has nothing to delete (its kind may be unknown).
             gone = handle is None or self.runners.get(kind).delete(handle)
-        except NotHolding:
-            return
+        except NotHolding:  # tried again once we act (or dropped if we let go)
+            gone = False
         except Exception as e:
             log.error("could not delete attempt %s (will retry): %s", name, e)
             gone = False
@@ -908,8 +912,10 @@ class Daemon:
             undeleted, self._undeleted = self._undeleted, []
             deleted, self._deleted = self._deleted, []
         for name, kind, handle in undeleted:  # retried next cycle until verified gone
+            self._deletes_in_pool.discard(name)
             self._deleting.setdefault(name, (kind, handle))
         for name, kind, handle in deleted:
+            self._deletes_in_pool.discard(name)
             owner = self._deletes_of.pop(name, None)
             job = self.jobs.get(owner[0]) if owner else None
             if job is not None and (what := self._describe(kind, handle)):

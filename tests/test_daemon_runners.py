@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from bastion.daemon import Daemon
+from bastion.daemon import SWEEP_EVERY_CYCLES, Daemon
 from bastion.runners.base import Attempt, name_prefix
 from bastion.runners.fake import FakeRunner
 from bastion.service import build_daemon
@@ -486,3 +487,38 @@ def test_a_recorded_attempt_that_the_runner_made_is_adopted_not_started_again(ri
     assert owned_names(rig, daemon) == [] or owned_names(rig, daemon) == [state["runner"]["name"]]
     record = json.loads((rig.root / "jobs" / "complete" / "made").read_text())
     assert record["state"]["outcome"] == "SUCCEEDED" and record["state"]["attempt"] == 1
+
+
+def test_the_sweep_leaves_alone_an_attempt_whose_delete_is_under_way(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A finished attempt's delete runs in the pool; a sweep meanwhile must not take the
+    attempt, still listed, for an orphan (a warning and a second delete)."""
+    rig.submit("fake-done", "true")
+    daemon = rig.daemon()
+    fake = rig.fake(daemon)
+    gate, deletes = threading.Event(), []
+    delete = fake.delete
+
+    def held_delete(handle):  # the cloud takes its time to delete a node
+        deletes.append(handle["name"])
+        gate.wait(30)
+        return delete(handle)
+
+    fake.delete = held_delete
+    try:
+        deadline = time.monotonic() + 20
+        while not deletes and time.monotonic() < deadline:
+            daemon.cycle(time.time())
+            time.sleep(0.02)
+        assert deletes, "the finished attempt's delete never started"
+        with caplog.at_level(logging.WARNING, logger="bastion.daemon"):
+            for _ in range(SWEEP_EVERY_CYCLES + 1):
+                daemon.cycle(time.time())
+        assert "no job of this root names it" not in caplog.text
+    finally:
+        gate.set()
+    daemon.settle()
+    rig.drive(daemon, lambda: rig.client.get("fake-done").finished, what="fake-done to finish")
+    assert len(deletes) == 1
+    assert owned_names(rig, daemon) == []
