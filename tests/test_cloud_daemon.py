@@ -521,3 +521,110 @@ def test_worker_logs_of_a_one_process_job_are_its_log(cloud: Cloud) -> None:
     assert zero.returncode == 0 and "alone\n" in zero.stdout
     one = _cli(cloud, "logs", "solo", "--worker=1")
     assert one.returncode == 1 and "a one-process job has only worker 0" in one.stderr
+
+
+# -- queued resources through the daemon: a spot QR suspended by the service ----------------
+
+
+def qr_names(cloud: Cloud) -> list[str]:
+    return sorted(n.rsplit("/", 1)[1] for n in cloud.server.qrs)
+
+
+def test_spot_queued_resource_suspended_by_the_service_requeues_on_a_new_one(
+    cloud: Cloud,
+) -> None:
+    cloud.submit("qrspot", f'if [ "$BASTION_ATTEMPT" = 1 ]; then {LOOP}; fi; echo second run',
+                 kind="tpu-qr", spot=True)  # fmt: skip
+    daemon = cloud.daemon()
+    cloud.drive(daemon, lambda: "line 5\n" in cloud.log("qrspot"), "output of attempt 1")
+    first = cloud.runner_record("qrspot")["name"]
+    assert qr_names(cloud) == [first]
+    (post,) = [r for r in cloud.server.requests
+               if r[0] == "POST" and r[1].endswith("/queuedResources")]  # fmt: skip
+    assert post[2]["queuedResourceId"] == first and post[3]["spot"] == {}
+    cloud.guests.preempt(first)  # the metadata notice ...
+    cloud.server.preempt(first)  # ... QR SUSPENDING (then SUSPENDED) by the SERVICE
+    cloud.drive(daemon, lambda: cloud.info("qrspot").state.attempt == 2, "attempt 2")
+    info = cloud.info("qrspot")
+    assert info.status != "FAILED" and info.state.provider_preemptions == 1
+    cloud.drive(daemon, lambda: cloud.finished("qrspot") and first not in qr_names(cloud),
+                "attempt 2 to finish and the old queued resource to be deleted")  # fmt: skip
+    info = cloud.info("qrspot")
+    assert (info.status, info.state.attempt, info.state.exit_code) == ("SUCCEEDED", 2, 0)
+    told = [(e["event"], e["attempt"], e["reason"]) for e in cloud.client.history("qrspot")]
+    placed = [(a, r.split()[5]) for e, a, r in told if e == "PLACED"]  # (attempt, QR)
+    second = placed[-1][1]
+    assert placed == [(1, first), (2, second)]
+    assert second != first and first.endswith("-a1") and second.endswith("-a2")
+    assert ("PROVIDER_PREEMPTED", 1) in [(e, a) for e, a, _ in told]
+    deleted = [(a, r) for e, a, r in told if e == "DELETED"]
+    assert (1, f"deleted queued resource {first} (4 workers) in {ZA}") in deleted
+    qr_posts = [r[2]["queuedResourceId"] for r in cloud.server.requests
+                if r[0] == "POST" and r[1].endswith("/queuedResources")]  # fmt: skip
+    assert qr_posts == [first, second]
+    log = cloud.log("qrspot")
+    assert "attempt 1 was preempted by the provider" in log
+    assert_attempt_output_has_no_gap(log, 1)
+    assert attempt_section(log, 2) == "second run\n"
+    cloud.drive(daemon, lambda: not cloud.server.qrs and not cloud.server.nodes,
+                "every queued resource and node deleted", timeout=20)  # fmt: skip
+
+
+# -- what users see of a queued resource waiting for capacity --------------------------------
+
+
+def test_list_shows_queued_for_a_queued_resource_waiting_for_capacity(cloud: Cloud) -> None:
+    cloud.server.stockout(ZA)  # the request waits in ZA's queue (WAITING_FOR_RESOURCES)
+    cloud.submit("waits", "echo got capacity", kind="tpu-qr")
+    daemon = cloud.daemon(queue_seconds=3600)
+
+    def waiting() -> bool:
+        qrs = list(cloud.server.qrs.values())
+        return (
+            len(qrs) == 1
+            and qrs[0]["state"]["state"] == "WAITING_FOR_RESOURCES"
+            and cloud.runner_record("waits").get("phase") == "QUEUED"
+        )
+
+    cloud.drive(daemon, waiting, "the queued resource waiting for resources")
+    cloud.step(daemon)  # one more cycle: it stays queued, in ZA, without a new request
+    listed = _cli(cloud, "list")
+    assert listed.returncode == 0, listed.stderr
+    header, row = listed.stdout.splitlines()[:2]
+    assert header.split()[:2] == ["NAME", "STATE"]
+    assert row.split()[:2] == ["waits", "QUEUED"], listed.stdout
+    assert f"waiting for capacity in {ZA}" in row, listed.stdout
+    assert "waiting for capacity in" in cloud.info("waits").reason
+    qr_posts = [r for r in cloud.server.requests
+                if r[0] == "POST" and r[1].endswith("/queuedResources")]  # fmt: skip
+    assert [r[1].split("/")[5] for r in qr_posts] == [ZA]
+    assert not cloud.server.nodes
+    cloud.server.restock(ZA)
+    cloud.drive(daemon, lambda: cloud.finished("waits"), "waits to finish after the restock")
+    info = cloud.info("waits")
+    assert (info.status, info.state.attempt) == ("SUCCEEDED", 1)
+    assert _cli(cloud, "list", "--all").stdout.splitlines()[1].split()[:2] == [
+        "waits", "SUCCEEDED"]  # fmt: skip
+
+
+# -- the endpoint from the environment, as the README documents ------------------------------
+
+
+def test_tpu_endpoint_from_the_environment_variable(
+    cloud: Cloud, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    del cloud.tpu_settings["api_endpoint"]
+    monkeypatch.setenv("BASTION_TPU_API_ENDPOINT", cloud.server.endpoint)
+    cloud.submit("envpoint", 'echo "via env on $BASTION_WORKER"', acc="v4-8")
+    daemon = cloud.daemon()
+    assert "api_endpoint" not in daemon.runners.get("tpu").settings
+    assert cloud.runner(daemon).endpoint == cloud.server.endpoint
+    cloud.drive(daemon, lambda: cloud.finished("envpoint"), "envpoint to finish")
+    info = cloud.info("envpoint")
+    assert (info.status, info.state.attempt, info.state.exit_code) == ("SUCCEEDED", 1, 0)
+    ((_, path, query, body),) = cloud.creates()
+    assert path == f"/v2/projects/{P}/locations/{ZA}/nodes"
+    assert body["labels"]["bastion-job"] == "envpoint"
+    placed = [e["reason"] for e in cloud.client.history("envpoint") if e["event"] == "PLACED"]
+    assert placed == [f"attempt 1 on TPU node {query['nodeId']} (1 workers) in {ZA}"]
+    assert attempt_section(cloud.log("envpoint"), 1) == "via env on 0\n"
