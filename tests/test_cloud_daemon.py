@@ -626,5 +626,5 @@ def test_tpu_endpoint_from_the_environment_variable(
     assert path == f"/v2/projects/{P}/locations/{ZA}/nodes"
     assert body["labels"]["bastion-job"] == "envpoint"
     placed = [e["reason"] for e in cloud.client.history("envpoint") if e["event"] == "PLACED"]
-    assert placed == [f"attempt 1 on TPU node {query['nodeId']} (1 workers) in {ZA}"]
+    assert placed == [f"attempt 1 on TPU node {query['nodeId']} (1 worker) in {ZA}"]
     assert attempt_section(cloud.log("envpoint"), 1) == "via env on 0\n"

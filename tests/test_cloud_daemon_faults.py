@@ -253,8 +253,8 @@ def test_gce_job_succeeds_and_its_vm_is_deleted_before_the_job_is_recorded_finis
     assert gce.answered("get")[-1] == 404
     history = gce.history("gpu")
     events = [e for e, _, _ in history]
-    assert ("PLACED", 1, f"attempt 1 on VM {name} (1 workers) in {ZA}") in history
-    assert ("DELETED", 1, f"deleted VM {name} (1 workers) in {ZA}") in history
+    assert ("PLACED", 1, f"attempt 1 on VM {name} (1 worker) in {ZA}") in history
+    assert ("DELETED", 1, f"deleted VM {name} (1 worker) in {ZA}") in history
     assert events.index("PLACED") < events.index("SUCCEEDED") < events.index("DELETED")
     assert gce.sleeps == []  # no fault, no backoff
 
@@ -348,7 +348,7 @@ def test_gce_spot_preemption_requeues_on_a_new_vm_without_failing_the_job(
     events = [e for e, _, _ in history]
     assert "PROVIDER_PREEMPTED" in events and "FAILED" not in events and "LOST" not in events
     assert (
-        "DELETED", 1, f"deleted VM {first} (1 workers) in {ZA}") in history  # fmt: skip
+        "DELETED", 1, f"deleted VM {first} (1 worker) in {ZA}") in history  # fmt: skip
     deletes = [p for m, p, _ in gce.server.answers if m == "DELETE" and p.endswith("/" + first)]
     assert len(deletes) == (1 if action == "STOP" else 0)  # the TERMINATED one: by the daemon
     log = gce.log("spot")

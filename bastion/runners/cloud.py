@@ -553,7 +553,8 @@ class CloudRunner(Runner):
     def describe(self, handle: Handle) -> str | None:
         zone = handle.get("zone")
         where = f" in {zone}" if zone else ""
-        return f"{self.resource_noun} {handle['name']} ({handle.get('workers', 1)} workers){where}"
+        n = int(handle.get("workers", 1))
+        return f"{self.resource_noun} {handle['name']} ({n} worker{'' if n == 1 else 's'}){where}"
 
     def stop(self, handle: Handle, deadline: float) -> None:
         """Delete the resource: the VMs' shutdown gives every agent SIGTERM, and it flushes.
