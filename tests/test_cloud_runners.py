@@ -408,7 +408,7 @@ def test_gce_happy_path(root, gce_server, gce, guests):
     assert body["labels"]["bastion-root"] == gce.tag
     assert gce.poll(handle).phase is Phase.PROVISIONING
     seen = poll_until(gce, handle, gce_server, {Phase.SUCCEEDED, Phase.FAILED})
-    assert seen == Observation(Phase.SUCCEEDED, "all 1 workers exited 0", 0, workers=("exit 0",))
+    assert seen == Observation(Phase.SUCCEEDED, "its worker exited 0", 0, workers=("exit 0",))
     assert gce.read_output(handle, 0, 1 << 20) == b"gpu 0/1: it's a 'test'\n"
     assert [o.name for o in gce.list_owned()] == [a.name]
     assert gce.delete(handle) is False

@@ -107,7 +107,11 @@ class RemoteRecords:
             return Observation(Phase.FAILED, reason, code, workers=workers)
         if len(exits) == self.num_workers:
             return Observation(
-                Phase.SUCCEEDED, f"all {self.num_workers} workers exited 0", 0, workers=workers
+                Phase.SUCCEEDED,
+                "its worker exited 0" if self.num_workers == 1
+                else f"all {self.num_workers} workers exited 0",
+                0,
+                workers=workers,
             )
         for w, seconds in sorted(silent.items()):
             if seconds > self.heartbeat_timeout:
