@@ -10,7 +10,7 @@ starting with ``_`` is never a job name), so the one listing a cycle already mad
 
 It is an inbox, not a log. The daemon reads the spec each marker names, with the listing token
 of the bytes it read (``Store.read_spec_with_token``, one request), takes it in as a listed
-spec would be, and at the end of the cycle deletes the markers it consumed (in the I/O pool,
+spec would be, and at the end of the cycle deletes the markers it consumed (in the effects pool,
 one batch request per 100 on GCS). So the prefix holds only what is not yet taken in, its
 listing costs O(new) whatever came before, and no client's clock is trusted: the time in the
 name only sorts markers for a human listing the bucket, and a unique part keeps a second write
@@ -136,7 +136,7 @@ class SpecWatch:
         self._consumed.extend(look.malformed)
 
     def hand_off(self) -> list[str]:
-        """The consumed markers, to delete (``delete``, in the I/O pool) once the cycle's own
+        """The consumed markers, to delete (``delete``, in the effects pool) once the cycle's own
         requests are sent: deleting is no one's hurry, and a busy cycle's pool and bucket
         should serve its starts first. Until the delete ends they are not listed again."""
         markers, self._consumed = self._consumed, []
@@ -145,7 +145,7 @@ class SpecWatch:
         return markers
 
     def delete(self, markers: list[str]) -> None:
-        """In the I/O pool, all in one call (a batch request per 100 on GCS). A marker whose
+        """In the effects pool, all in one call (a batch request per 100 on GCS). A marker whose
         delete failed is listed, and its spec read, again: nothing changes for it."""
         try:
             self.store.delete_markers(markers)

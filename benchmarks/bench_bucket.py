@@ -360,12 +360,13 @@ def run_one(n: int, args: argparse.Namespace, tmp: Path, model: Path) -> dict[st
         report, stats = step(daemon, proxy)
         result["after_burst_s"] = report.seconds
         print(
-            f"  next cycle: {report.seconds:.2f}s, {stats['total']} requests ({fmt_routes(stats)})"
+            f"  next cycle: {report.seconds:.2f}s, {stats['total']} requests ({fmt_routes(stats)});"
+            f" phases: {fmt_phases(report)}"
         )
         report, stats = step(daemon, proxy)
         print(
             f"  steady again: {report.seconds:.2f}s, {stats['total']} requests "
-            f"({fmt_routes(stats)})"
+            f"({fmt_routes(stats)}); phases: {fmt_phases(report)}"
         )
 
         latencies = probe_latency(daemon, users, args, tmp)

@@ -522,3 +522,39 @@ def test_the_sweep_leaves_alone_an_attempt_whose_delete_is_under_way(
     rig.drive(daemon, lambda: rig.client.get("fake-done").finished, what="fake-done to finish")
     assert len(deletes) == 1
     assert owned_names(rig, daemon) == []
+
+
+def test_a_cycle_does_not_wait_for_the_starts_the_last_one_handed_off(rig: Rig) -> None:
+    """Effects have a pool of their own: with every effect thread stuck in a slow start (a
+    burst of cloud creates), the next cycle still reads, watches and cancels."""
+    rig.submit("watched", "sleep 60")
+    daemon = rig.daemon()
+    fake = rig.fake(daemon)
+    rig.drive(daemon, lambda: rig.client.get("watched").status == "ACTIVE", what="watched")
+    gate, held = threading.Event(), []
+    start = fake.start
+
+    def slow_start(attempt: Attempt):
+        if attempt.job.startswith("held-"):
+            held.append(attempt.job)
+            gate.wait(60)
+        return start(attempt)
+
+    fake.start = slow_start
+    try:
+        for i in range(daemon._workers):  # one start per effect thread, all of them stuck
+            rig.submit(f"held-{i}", "sleep 60")
+        deadline = time.monotonic() + 20
+        while len(held) < daemon._workers and time.monotonic() < deadline:
+            daemon.cycle(time.time())
+            time.sleep(0.02)
+        assert len(held) == daemon._workers
+        rig.client.cancel("watched")
+        cycle = threading.Thread(target=daemon.cycle, args=(time.time(),), daemon=True)
+        cycle.start()
+        cycle.join(15)
+        assert not cycle.is_alive(), "the cycle waited for the starts in flight"
+        assert rig.state("watched")["status"] in ("CANCELLING", "CLEANING", "COMPLETED")
+    finally:
+        gate.set()
+    daemon.settle()
