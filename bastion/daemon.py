@@ -165,7 +165,8 @@ def _started_pool(workers: int, name: str) -> concurrent.futures.ThreadPoolExecu
     """A pool whose threads all exist already. An executor starts a thread per submission
     while it has fewer than ``workers``, and each start waits for the new thread to get the
     GIL: handing a burst's starts to a fresh pool, whose first threads were already forking
-    processes, took 0.5 s of the admitting cycle (48 thread starts behind busy threads)."""
+    processes, took 0.5 s of the admitting cycle (48 thread starts behind busy threads). Made
+    while nothing of its own runs yet, the threads start in a few milliseconds."""
     pool = concurrent.futures.ThreadPoolExecutor(workers, name)
     gate = threading.Barrier(workers + 1)
     for _ in range(workers):  # each blocks a thread until all are made: none is reused
@@ -212,7 +213,7 @@ class Daemon:
         # behind the effects handed off by the last cycle (a burst's 1,000 starts kept the next
         # cycle's watches waiting 2 s), and effects must not wait for a cycle's requests.
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers, "bastion-io")
-        self._effects_pool = _started_pool(max_workers, "bastion-effects")
+        self._effects_pool: concurrent.futures.ThreadPoolExecutor | None = None  # at first use
         self._workers = max_workers
         # Effect results to take in: an event, or None (the batch is done).
         self._done: list[tuple[str, lifecycle.Event | None]] = []
@@ -269,7 +270,8 @@ class Daemon:
         if self.lease is not None:
             self.lease.release()
         self.settle()
-        self._effects_pool.shutdown(wait=True)
+        if self._effects_pool is not None:
+            self._effects_pool.shutdown(wait=True)
         self._pool.shutdown(wait=True)
         self.runners.close()
 
@@ -833,6 +835,8 @@ class Daemon:
             self._submit(_run_all, batch[i : i + size])
 
     def _submit(self, call: Callable[..., None], *args: Any) -> None:
+        if self._effects_pool is None:  # made at first use: a standby daemon needs none
+            self._effects_pool = _started_pool(self._workers, "bastion-effects")
         future = self._effects_pool.submit(call, *args)
         self._futures.add(future)
         future.add_done_callback(self._futures.discard)
