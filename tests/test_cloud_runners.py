@@ -904,8 +904,8 @@ def test_delete_of_an_already_gone_tpu_node_or_queued_resource_is_success(
     before = len(tpu_server.requests)
     assert tpu.delete(node_handle) is True
     assert qr.delete(qr_handle) is True
-    asked = [(m, p.rsplit("/", 2)[-2]) for m, p, _, _ in tpu_server.requests[before:]]
-    assert asked == [("GET", "nodes"), ("GET", "queuedResources")]  # one 404 each, no DELETE
+    asked = [(m, p.rsplit("/", 1)[-1]) for m, p, _, _ in tpu_server.requests[before:]]
+    assert asked == [("GET", "nodes"), ("GET", "queuedResources")]  # a listing each, no DELETE
 
 
 def test_gce_listing_pages_through_the_runner(root, gce_server):

@@ -308,6 +308,20 @@ class CloudRunner(Runner):
     def invalidate(self, zone: str) -> None:
         self._listings.pop(zone, None)
 
+    def current(self, handle: Handle) -> dict | None:
+        """The attempt's resource as its zone's listing shows it, None once gone. A daemon's
+        deletes read the cycle's listing (a listing made after the last cycle's delete calls
+        had come back, so absent means deleted): a thousand jobs ending cost a thousand delete
+        calls and no ``get`` each. Without a daemon driving cycles, a fresh listing."""
+        return self.listing(handle["zone"], fresh=not self._per_cycle).get(handle["name"])
+
+    def deleted(self, zone: str) -> None:
+        """A delete call was made in ``zone``: without a daemon the next look lists afresh;
+        with one, the next cycle's listing shows it (re-listing the zone after each of a
+        thousand deletes would be a listing per job)."""
+        if not self._per_cycle:
+            self.invalidate(zone)
+
     def _ours(self, resource: dict) -> bool:
         return (resource.get("labels") or {}).get("bastion-root") == self.tag
 

@@ -324,19 +324,12 @@ class GceRunner(CloudRunner):
         except HttpError as e:
             if e.status_code != 404:
                 raise
-        self.invalidate(handle["zone"])
+        self.deleted(handle["zone"])
 
     def _delete_resource(self, handle: Handle) -> bool:
-        """Delete the VM; True only once ``get`` answers 404."""
-        try:
-            inst = self.execute(
-                self.instances().get(
-                    project=self.project, zone=handle["zone"], instance=handle["name"]
-                )
-            )
-        except HttpError as e:
-            if e.status_code != 404:
-                raise
+        """Delete the VM; True only once the zone's listing no longer has it."""
+        inst = self.current(handle)
+        if inst is None:
             self.forget(handle["name"])
             return True
         if inst.get("status") != "STOPPING":

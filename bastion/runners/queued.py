@@ -188,7 +188,7 @@ class QueuedRunner(TpuRunner):
         except HttpError as e:
             if e.status_code != 404:
                 raise
-        self.invalidate(handle["zone"])
+        self.deleted(handle["zone"])
 
     def _stop(self, handle: Handle) -> None:
         """Delete the request and its nodes: the VMs' shutdown makes every agent flush."""
@@ -197,11 +197,9 @@ class QueuedRunner(TpuRunner):
             self._delete_qr(handle)
 
     def _delete_resource(self, handle: Handle) -> bool:
-        try:
-            qr = self.execute(self.client.queuedResources().get(name=self._qr_name(handle)))
-        except HttpError as e:
-            if e.status_code != 404:
-                raise
+        """Delete the request (and its nodes); True once the zone's listing no longer has it."""
+        qr = self.current(handle)
+        if qr is None:
             self.forget(handle["name"])
             return True
         if (qr.get("state") or {}).get("state") != "DELETING":

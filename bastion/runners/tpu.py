@@ -213,16 +213,12 @@ class TpuRunner(CloudRunner):
         except HttpError as e:
             if e.status_code != 404:
                 raise
-        self.invalidate(handle["zone"])
+        self.deleted(handle["zone"])
 
     def _delete_resource(self, handle: Handle) -> bool:
-        """Delete the node; True only once ``get`` answers 404."""
-        name = f"{self._parent(handle['zone'])}/nodes/{handle['name']}"
-        try:
-            node = self.execute(self.client.nodes().get(name=name))
-        except HttpError as e:
-            if e.status_code != 404:
-                raise
+        """Delete the node; True only once the zone's listing no longer has it."""
+        node = self.current(handle)
+        if node is None:
             self.forget(handle["name"])
             return True
         if node.get("state") != "DELETING":
