@@ -575,24 +575,31 @@ class CloudRunner(Runner):
         The attempt's end is ours from now on (no backoff, no dead man's switch)."""
         with self._lock:
             self._stopped.add(handle["name"])
-        self._stop(handle)
-
-    @abc.abstractmethod
-    def _stop(self, handle: Handle) -> None:
-        """Ask for the resource's deletion unless it is already going."""
+        resource = self.listing(handle["zone"]).get(handle["name"])
+        if resource is not None and not self._going(resource):
+            self._request_delete(handle)
 
     def delete(self, handle: Handle) -> bool:
-        """Delete the resource; once it is verified gone, its agents' records too (their
-        output stays). A handle without a zone stands for records alone (see list_owned)."""
-        if handle.get("zone") and not self._delete_resource(handle):
-            return False
+        """Delete the resource; once it is verified gone (absent from the zone's listing, see
+        :meth:`current`), its agents' records too (their output stays). A handle without a
+        zone stands for records alone (see list_owned)."""
+        if handle.get("zone"):
+            resource = self.current(handle)
+            if resource is not None:
+                if not self._going(resource):
+                    self._request_delete(handle)
+                return False
         self.store.delete_agent_records(handle["job"], handle["name"])
         self.forget(handle["name"])
         return True
 
     @abc.abstractmethod
-    def _delete_resource(self, handle: Handle) -> bool:
-        """Ask for the resource's deletion; True only once the API says it is gone (404)."""
+    def _going(self, resource: dict) -> bool:
+        """The listed resource is being deleted already (no second delete call)."""
+
+    @abc.abstractmethod
+    def _request_delete(self, handle: Handle) -> None:
+        """One delete call (a 404 is fine), then :meth:`deleted`."""
 
     def list_owned(self) -> list[Owned]:
         """The resources in every zone, plus attempts whose agents' records outlived their

@@ -309,12 +309,10 @@ class GceRunner(CloudRunner):
         )
 
     # -- stop, delete, list ------------------------------------------------------------------
-    def _stop(self, handle: Handle) -> None:
-        inst = self.listing(handle["zone"]).get(handle["name"])
-        if inst is not None and inst.get("status") != "STOPPING":
-            self._delete_instance(handle)
+    def _going(self, resource: dict) -> bool:
+        return resource.get("status") == "STOPPING"  # a VM being deleted stops first
 
-    def _delete_instance(self, handle: Handle) -> None:
+    def _request_delete(self, handle: Handle) -> None:
         try:
             self.execute(
                 self.instances().delete(
@@ -325,16 +323,6 @@ class GceRunner(CloudRunner):
             if e.status_code != 404:
                 raise
         self.deleted(handle["zone"])
-
-    def _delete_resource(self, handle: Handle) -> bool:
-        """Delete the VM; True only once the zone's listing no longer has it."""
-        inst = self.current(handle)
-        if inst is None:
-            self.forget(handle["name"])
-            return True
-        if inst.get("status") != "STOPPING":
-            self._delete_instance(handle)
-        return False
 
     def _list_resources(self) -> list[Owned]:
         return [

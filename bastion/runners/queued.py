@@ -181,7 +181,10 @@ class QueuedRunner(TpuRunner):
     def _qr_name(self, handle: Handle) -> str:
         return f"{self._parent(handle['zone'])}/queuedResources/{handle['name']}"
 
-    def _delete_qr(self, handle: Handle) -> None:
+    def _going(self, resource: dict) -> bool:
+        return (resource.get("state") or {}).get("state") == "DELETING"
+
+    def _request_delete(self, handle: Handle) -> None:
         try:
             self.execute(self.client.queuedResources().delete(name=self._qr_name(handle),
                                                               force=True))  # fmt: skip
@@ -189,22 +192,6 @@ class QueuedRunner(TpuRunner):
             if e.status_code != 404:
                 raise
         self.deleted(handle["zone"])
-
-    def _stop(self, handle: Handle) -> None:
-        """Delete the request and its nodes: the VMs' shutdown makes every agent flush."""
-        qr = self.listing(handle["zone"]).get(handle["name"])
-        if qr is not None and (qr.get("state") or {}).get("state") != "DELETING":
-            self._delete_qr(handle)
-
-    def _delete_resource(self, handle: Handle) -> bool:
-        """Delete the request (and its nodes); True once the zone's listing no longer has it."""
-        qr = self.current(handle)
-        if qr is None:
-            self.forget(handle["name"])
-            return True
-        if (qr.get("state") or {}).get("state") != "DELETING":
-            self._delete_qr(handle)
-        return False
 
     def _list_resources(self) -> list[Owned]:
         owned = []

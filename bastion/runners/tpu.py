@@ -201,12 +201,10 @@ class TpuRunner(CloudRunner):
                                   f"error code {code}: {message}")  # fmt: skip
 
     # -- stop, delete, list ------------------------------------------------------------------
-    def _stop(self, handle: Handle) -> None:
-        node = self.listing(handle["zone"]).get(handle["name"])
-        if node is not None and node.get("state") != "DELETING":
-            self._delete_node(handle)
+    def _going(self, resource: dict) -> bool:
+        return resource.get("state") == "DELETING"
 
-    def _delete_node(self, handle: Handle) -> None:
+    def _request_delete(self, handle: Handle) -> None:
         name = f"{self._parent(handle['zone'])}/nodes/{handle['name']}"
         try:
             self.execute(self.client.nodes().delete(name=name))
@@ -214,16 +212,6 @@ class TpuRunner(CloudRunner):
             if e.status_code != 404:
                 raise
         self.deleted(handle["zone"])
-
-    def _delete_resource(self, handle: Handle) -> bool:
-        """Delete the node; True only once the zone's listing no longer has it."""
-        node = self.current(handle)
-        if node is None:
-            self.forget(handle["name"])
-            return True
-        if node.get("state") != "DELETING":
-            self._delete_node(handle)
-        return False
 
     def _list_resources(self) -> list[Owned]:
         owned = []
