@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import errno
 import fcntl
-import importlib
 import json
 import logging
 import os
@@ -34,6 +33,9 @@ from typing import Any
 from fsspec import AbstractFileSystem
 from fsspec.asyn import sync
 from fsspec.implementations.local import LocalFileSystem
+
+from bastion.registry import Registry
+from bundlers.base import format_size
 
 log = logging.getLogger(__name__)
 
@@ -54,17 +56,6 @@ class UnacceptableObject(ValueError):
             path = f"{path[:100]}…({len(path)} characters)"
         super().__init__(f"{path} {what}; {rule}")
         self.path, self.what, self.rule = path, what, rule
-
-
-def format_size(size: int) -> str:
-    """1536 -> "1.5 KiB": sizes in messages, in binary units as the limits are."""
-    if size < 1024:
-        return f"{size} bytes"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        size /= 1024
-        if size < 1024 or unit == "TiB":
-            return f"{size:.1f}".removesuffix(".0") + f" {unit}"
-    raise AssertionError("unreachable")
 
 
 _KINDS = (
@@ -779,35 +770,57 @@ class GcsObjects(Objects):
                 raise error
 
 
-# protocol -> class, or "module:Class" imported on first use (as fsspec's own registry does)
-_REGISTRY: dict[str, type[Objects] | str] = {
-    "gs": GcsObjects,
-    "gcs": GcsObjects,
-    "s3": "bastion.objects_s3:S3Objects",
-    "s3a": "bastion.objects_s3:S3Objects",
-}
+class UnknownBucket(ValueError):
+    """A root whose protocol has no backend: its conditional writes and appends would not be
+    atomic, so two writers could overwrite each other without either noticing."""
 
 
-def register(protocol: str, objects: type[Objects] | str) -> None:
-    _REGISTRY[protocol] = objects
+# protocol -> class, or "module:Class" imported on first use (as fsspec's own registry does);
+# plugins: entry point group ``bastion.buckets``
+BUCKETS: Registry[type[Objects]] = Registry(
+    "bucket protocol",
+    group="bastion.buckets",
+    builtins={
+        "gs": GcsObjects,
+        "gcs": GcsObjects,
+        "s3": "bastion.objects_s3:S3Objects",
+        "s3a": "bastion.objects_s3:S3Objects",
+        # in-process only (one daemon and its users in one Python): the generic backend's
+        # read-modify-write is then safe enough for tests and notebooks
+        "memory": Objects,
+    },
+    error=UnknownBucket,
+    hints={"s3": "pip install 'bastion[s3]'", "s3a": "pip install 'bastion[s3]'"},
+)
 
 
-def objects_for(fs: AbstractFileSystem, root: str | None = None) -> Objects:
-    """``root``: on a local filesystem, the directory within which no link is followed."""
-    objects = _objects_for(fs)
+def register(protocol: str, objects: type[Objects] | str, clobber: bool = False) -> None:
+    BUCKETS.register(protocol, objects, clobber=clobber)
+
+
+def objects_for(
+    fs: AbstractFileSystem, root: str | None = None, reads_only: bool = False
+) -> Objects:
+    """The backend of ``fs``. ``root``: on a local filesystem, the directory within which no
+    link is followed. ``reads_only``: the caller only reads (a quota file in another place),
+    so a protocol without a backend gets the generic one instead of an error."""
+    objects = _objects_for(fs, reads_only)
     objects.root = root.rstrip("/") if root else None
     return objects
 
 
-def _objects_for(fs: AbstractFileSystem) -> Objects:
+def _objects_for(fs: AbstractFileSystem, reads_only: bool) -> Objects:
     if isinstance(fs, LocalFileSystem):
         return LocalObjects(fs)
     protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
     for protocol in protocols:
-        entry = _REGISTRY.get(protocol)
-        if isinstance(entry, str):
-            module, _, name = entry.partition(":")
-            entry = _REGISTRY[protocol] = getattr(importlib.import_module(module), name)
+        entry = BUCKETS.find(protocol)
         if entry is not None:
             return entry(fs)
-    return Objects(fs)
+    if reads_only:
+        return Objects(fs)
+    raise UnknownBucket(
+        f"{protocols[0]}:// has no Bastion bucket backend, so writes to it could not be made "
+        f"atomic; use one of {', '.join(f'{p}://' for p in BUCKETS.names())} or a local path, "
+        "or register a backend (entry point group bastion.buckets)"
+    )

@@ -448,7 +448,7 @@ class Store:
         local = isinstance(fs, type(self.fs)) and isinstance(self.objects, LocalObjects)
         if local and path.startswith(self.root + "/"):
             return self.objects, path
-        return objects_for(fs), path
+        return objects_for(fs, reads_only=True), path
 
     def url_token(self, url: str) -> str | None:
         """Change token of any object (the quota file may live in another bucket)."""

@@ -1,8 +1,8 @@
 """Bundlers: the user's code, made into an immutable record a job can fetch and verify.
 
-CLI: ``bundler_for(kind).bundle(source_dir, store, options)`` -> :class:`Bundle`, stored in the
-spec (``Bundle.to_json``). Runners: ``fetch(Bundle.from_json(...), store, dest_dir)`` for tar
-bundles; image bundles are pulled by digest (``Bundle.uri``).
+CLI: ``launch.bundling.bundler_for(kind).bundle(source_dir, store, options)`` -> :class:`Bundle`,
+stored in the spec (``Bundle.to_json``). Runners: ``fetch(Bundle.from_json(...), store,
+dest_dir)`` for tar bundles; image bundles are pulled by digest (``Bundle.uri``).
 """
 
 from __future__ import annotations
@@ -13,10 +13,7 @@ from bundlers.base import (
     Bundle,
     BundleError,
     Bundler,
-    bundler_for,
-    known_kinds,
     parse_spec_options,
-    register,
     with_excludes,
 )
 
@@ -24,11 +21,8 @@ __all__ = [
     "Bundle",
     "BundleError",
     "Bundler",
-    "bundler_for",
     "fetch",
-    "known_kinds",
     "parse_spec_options",
-    "register",
     "with_excludes",
 ]
 

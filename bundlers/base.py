@@ -3,17 +3,17 @@
 A job must run the code the user launched, byte for byte, on every attempt (a retry after a
 preemption included), so a spec stores a :class:`Bundle` record naming content by digest, never a
 mutable name (AXLearn's ``:<job>`` tags and overwritten tarballs are the gap this closes; see
-cloud.md 4.7). Bundlers are found by kind in a registry with lazy imports, as runners are, so
-the Docker SDK or googleapiclient cost nothing until a launch asks for that bundler.
+cloud.md 4.7). The client finds bundlers by kind in its registry
+(``launch.bundling.BUNDLERS``) with lazy imports, as the daemon finds runners, so the Docker SDK
+or googleapiclient cost nothing until a launch asks for that bundler.
 """
 
 from __future__ import annotations
 
 import abc
-import importlib
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -90,36 +90,13 @@ def with_excludes(options: Mapping[str, Any], excludes: Iterable[str]) -> dict[s
     return merged
 
 
-# -- registry --------------------------------------------------------------------------------
-
-BundlerFactory = Callable[[], Bundler]
-_REGISTRY: dict[str, BundlerFactory | str] = {
-    "tar": "bundlers.tar:TarBundler",
-    "docker": "bundlers.docker:DockerBundler",
-    "cloudbuild": "bundlers.cloudbuild:CloudBuildBundler",
-}
-
-
-def register(kind: str, factory: BundlerFactory | str) -> None:
-    """A factory, or ``"module:attribute"`` imported on first use."""
-    _REGISTRY[kind] = factory
-
-
-def known_kinds() -> list[str]:
-    return sorted(_REGISTRY)
-
-
-def bundler_for(kind: str) -> Bundler:
-    """The bundler of ``kind``; BundleError naming the known kinds, or the missing module."""
-    factory = _REGISTRY.get(kind)
-    if factory is None:
-        raise BundleError(
-            f"--bundler={kind} is not a bundler; known: {', '.join(known_kinds())}, or none"
-        )
-    if isinstance(factory, str):
-        module, _, attribute = factory.partition(":")
-        try:
-            factory = getattr(importlib.import_module(module), attribute)
-        except ImportError as e:
-            raise BundleError(f"--bundler={kind} is unavailable here: {e}") from e
-    return factory()
+def format_size(size: int) -> str:
+    """1536 -> "1.5 KiB": sizes in messages (bundle and object limits), in binary units as the
+    limits are."""
+    if size < 1024:
+        return f"{size} bytes"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        size /= 1024
+        if size < 1024 or unit == "TiB":
+            return f"{size:.1f}".removesuffix(".0") + f" {unit}"
+    raise AssertionError("unreachable")

@@ -28,8 +28,7 @@ from typing import Any, NamedTuple
 
 from pathspec import GitIgnoreSpec
 
-from bastion.objects import format_size
-from bundlers.base import Bundle, BundleError, Bundler
+from bundlers.base import Bundle, BundleError, Bundler, format_size
 
 # AXLearn's BUNDLE_EXCLUDE (venv .venv .git .idea .cache .pytest_cache __pycache__ .ruff_cache
 # .DS_Store), plus other caches nobody means to ship; matched by name at any depth.

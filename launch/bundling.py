@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from bastion.jobspec import SpecError
+from bastion.registry import Registry
+from bundlers.base import BundleError, Bundler
 
 # AXLearn's instance types: tpu-<version>-<cores> (with --num_replicas slices) and
 # gpu-<Compute Engine machine type or AXLearn GPU name>: whatever the gce runner maps to a GPU
@@ -73,7 +75,7 @@ def make_bundle(
     if kind == "none":
         return None
     from bastion.store import Store
-    from bundlers import BundleError, bundler_for, parse_spec_options, with_excludes
+    from bundlers import parse_spec_options, with_excludes
 
     if not os.path.isdir(source_dir):
         raise SpecError(f"--source_dir={source_dir}: not a directory")
@@ -84,3 +86,27 @@ def make_bundle(
     except BundleError as e:
         raise SpecError(f"bundle ({kind}): {e}") from None
     return record.to_json()
+
+
+# -- which bundler a launch uses ---------------------------------------------------------------
+
+BUNDLERS: Registry[Callable[[], Bundler]] = Registry(
+    "bundler",
+    group="bastion.bundlers",
+    builtins={
+        "tar": "bundlers.tar:TarBundler",
+        "docker": "bundlers.docker:DockerBundler",
+        "cloudbuild": "bundlers.cloudbuild:CloudBuildBundler",
+    },
+    error=BundleError,
+)
+
+
+def bundler_for(kind: str) -> Bundler:
+    """The bundler of ``kind``; BundleError naming the flag and the known kinds, or the missing
+    module."""
+    if kind not in BUNDLERS:
+        raise BundleError(
+            f"--bundler={kind} is not a bundler; known: {', '.join(BUNDLERS.names())}, or none"
+        )
+    return BUNDLERS.get(kind)()

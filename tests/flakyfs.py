@@ -28,6 +28,9 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.spec import AbstractFileSystem
 
+from bastion.objects import Objects
+from bastion.objects import register as register_bucket
+
 PROTOCOL = "flaky"
 READS = frozenset({"ls", "info", "size", "cat_file"})
 WRITES = frozenset({"pipe_file", "rm_file"})
@@ -211,3 +214,6 @@ class FlakyFileSystem(AbstractFileSystem):
 
 
 fsspec.register_implementation(PROTOCOL, FlakyFileSystem, clobber=True)
+# The daemon refuses a protocol without a bucket backend; flaky:// runs on the generic one
+# (plain writes, read-modify-write appends), the weakest backend a root can have.
+register_bucket(PROTOCOL, Objects, clobber=True)

@@ -365,7 +365,7 @@ def test_metadata_stand_in_behaves_like_the_server(metadata):
 
 
 def _tar_bundle(root: str, tmp_path) -> dict:
-    from bundlers import bundler_for
+    from launch.bundling import bundler_for
 
     project = tmp_path / "project"
     project.mkdir()

@@ -15,7 +15,8 @@ import pytest
 
 import bundlers
 from bastion.store import Store
-from bundlers import Bundle, BundleError, bundler_for, parse_spec_options, with_excludes
+from bundlers import Bundle, BundleError, parse_spec_options, with_excludes
+from launch.bundling import bundler_for
 from tests.conftest import BUCKET
 
 TAR = bundler_for("tar")

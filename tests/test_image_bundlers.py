@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from bastion.store import Store
-from bundlers import BundleError, bundler_for
+from bundlers import BundleError
 from bundlers.cloudbuild import CloudBuildBundler
+from launch.bundling import bundler_for
 from tests.conftest import BUCKET
 from tests.standins.cloudbuild import CloudBuildServer, DockerExecutor
 

@@ -31,11 +31,12 @@ from __future__ import annotations
 import abc
 import enum
 import hashlib
-import importlib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from bastion.registry import Registry
 
 Handle = dict[str, Any]  # JSON-able; opaque to the daemon
 
@@ -202,46 +203,33 @@ def name_prefix(root_url: str) -> str:
 
 RunnerFactory = Callable[[Mapping[str, Any]], Runner]
 
-# kind -> "module:factory"; imported on first use, so a missing SDK costs nothing until then.
-_KNOWN: dict[str, str] = {
-    "local": "bastion.runners.local:from_settings",
-    "docker": "bastion.runners.docker:from_settings",
-    "fake": "bastion.runners.fake:from_settings",
-    "tpu": "bastion.runners.tpu:from_settings",
-    "tpu-qr": "bastion.runners.queued:from_settings",
-    "gce": "bastion.runners.gce:from_settings",
-}
-_registered: dict[str, RunnerFactory] = {}
+RUNNERS: Registry[RunnerFactory] = Registry(
+    "runner kind",
+    group="bastion.runners",
+    builtins={
+        "local": "bastion.runners.local:from_settings",
+        "docker": "bastion.runners.docker:from_settings",
+        "fake": "bastion.runners.fake:from_settings",
+        "tpu": "bastion.runners.tpu:from_settings",
+        "tpu-qr": "bastion.runners.queued:from_settings",
+        "gce": "bastion.runners.gce:from_settings",
+    },
+    error=RunnerError,
+)
 
 
-def register(kind: str, factory: RunnerFactory | str) -> None:
-    """Add a runner kind: a factory, or ``"module:function"`` to import on first use."""
-    if isinstance(factory, str):
-        _KNOWN[kind] = factory
-        _registered.pop(kind, None)
-    else:
-        _registered[kind] = factory
+def register(kind: str, factory: RunnerFactory | str, clobber: bool = False) -> None:
+    """Add a runner kind: a factory, or ``"module:function"`` to import on first use (a
+    package can instead name it under the ``bastion.runners`` entry point group)."""
+    RUNNERS.register(kind, factory, clobber=clobber)
 
 
 def known_kinds() -> list[str]:
-    return sorted(set(_KNOWN) | set(_registered))
+    return RUNNERS.names()
 
 
 def factory_for(kind: str) -> RunnerFactory:
-    if kind in _registered:
-        return _registered[kind]
-    target = _KNOWN.get(kind)
-    if target is None:
-        raise RunnerError(
-            f"runner kind {kind!r} is not known; use one of {', '.join(known_kinds())}"
-        )
-    module, _, function = target.partition(":")
-    try:
-        factory = getattr(importlib.import_module(module), function)
-    except ImportError as e:
-        raise RunnerError(f"runner {kind!r} cannot load: {e} (is its package installed?)") from e
-    _registered[kind] = factory
-    return factory
+    return RUNNERS.get(kind)
 
 
 class Runners:
