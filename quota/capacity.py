@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from operator import methodcaller
 
+EPS = 1e-6  # resource amounts are fractions of a pool: equal within this is equal
+
 Res = Mapping[str, int]
 
 

@@ -85,12 +85,12 @@ import gc
 import heapq
 from collections.abc import Callable, Mapping, Sequence
 
-from quota.capacity import Capacity, add, fmt_ratio, fmt_units, least_need, shortfall
+from quota.capacity import EPS, Capacity, add, fmt_ratio, fmt_units, least_need, shortfall
 from quota.config import QuotaConfig
 from quota.model import Decision, Decisions, JobRequest, Phase, Plan, Verdict
 from quota.reasons import behind_reason, full_reason, stable_wait, wait_reason
 from quota.reclaim import REPEATED, Reclaim
-from quota.within import EPS, Within, within
+from quota.within import Within, within
 
 __all__ = ["EPS", "invalid_reason", "run"]
 

@@ -16,13 +16,12 @@ import bisect
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from quota.capacity import add, fmt_ratio, fmt_units
+from quota.capacity import EPS, add, fmt_ratio, fmt_units
 from quota.model import JobRequest
 
 if TYPE_CHECKING:
     from quota.engine import _Pass
 
-EPS = 1e-6
 
 
 REPEATED = 2  # jobs preempted this often already are chosen last, never run as backfill

@@ -32,7 +32,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-EPS = 1e-6
+from quota.capacity import EPS
+
 WAIT_COUNTED_AFTER = 60.0
 _BY = re.compile(r"preempted by (?:higher-priority )?(\S+)")
 

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from quota.capacity import add
+from quota.capacity import EPS, add
 from quota.config import QuotaConfig
 from quota.engine import invalid_reason
 from quota.model import JobRequest, Phase, Verdict
@@ -43,7 +43,6 @@ from quota.usage import UsageLedger
 
 __all__ = ["SimulationResult", "TraceError", "TraceJob", "parse_trace", "simulate"]
 
-EPS = 1e-6
 
 
 @dataclass(frozen=True)

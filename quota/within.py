@@ -15,14 +15,13 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from quota.capacity import add, least_need, shortfall
+from quota.capacity import EPS, add, least_need, shortfall
 from quota.model import JobRequest, Verdict
 from quota.reclaim import REPEATED
 
 if TYPE_CHECKING:
     from quota.engine import _Pass
 
-EPS = 1e-6
 
 
 def within(used: Mapping[str, float], need: Mapping[str, int], q: Mapping[str, float]) -> bool:
