@@ -253,7 +253,7 @@ def test_refused_quota_file_is_shown_by_list_why_and_quota_check(local_bastion):
     assert proc.returncode == 1
     assert "runs on the last good version" in proc.stdout
     assert "project_resources.research" in proc.stdout and "research" in proc.stdout
-    b.cli("cancel", "q1")
+    b.cli("cancel", "q1", "--user_id=alice")
     b.once()
 
 
