@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bastion import lifecycle
-from bastion.jobspec import JobSpec, SpecError, name_problem
+from bastion.jobspec import JobSpec, SpecError, name_problem, requester, spec_changes
 from bastion.jobstate import JobState, Status
 from bastion.lease import Lease
 from bastion.lifecycle import CLEANUP, RUN
@@ -675,17 +675,20 @@ class Daemon:
             return
         if state.job_identity != spec.identity:
             log.warning("%s: a new submission replaced job %s", name, state.job_identity)
-        job.spec = spec
+        old, job.spec = job.spec, spec
         if spec.digest() == state.spec_digest:
             return
+        changes = spec_changes(old, spec) if old is not None else []
+        owner = (old or spec).metadata.user_id
+        what = lifecycle.attributed("spec updated", spec.metadata.updated_by, owner)
+        what += f": {', '.join(changes)} changed" if changes else ""
         if state.status is Status.PENDING:
             state.spec_digest = spec.digest()
             state.job_identity = spec.identity
-            self._event(job, "UPDATED", "spec updated while pending")
+            self._event(job, "UPDATED", f"{what} (while pending)")
         elif state.status is Status.ACTIVE and state.runner:
-            self._apply(
-                job, lifecycle.Update("spec updated; restarting with it", self.grace_seconds), now
-            )
+            update = lifecycle.Update(f"{what}; restarting with it", self.grace_seconds)
+            self._apply(job, update, now)
 
     def _parse_spec(self, name: str, raw: bytes) -> tuple[JobSpec | None, str]:
         problem = name_problem(name)
@@ -742,8 +745,8 @@ class Daemon:
                 status[:80],
             )
         else:
-            who = str(request.get("user_id") or "a user")[:80]
-            self._apply(job, lifecycle.Cancel(f"cancelled by {who}", self.grace_seconds), now)
+            why = lifecycle.attributed("cancelled", requester(request), job.spec.metadata.user_id)
+            self._apply(job, lifecycle.Cancel(why, self.grace_seconds), now)
         self.store.delete_request(name)
 
     # -- watching attempts -------------------------------------------------------------------

@@ -195,6 +195,10 @@ class JobMetadata:
     priority: int = DEFAULT_PRIORITY
     job_id: str | None = None
     version: int | None = None
+    # Who wrote this version with `bastion update` (None: the submitter, or a client that does
+    # not say). Written only when set, so specs without it (AXLearn's, older clients') keep
+    # their bytes and digest; AXLearn's reader drops it as an unknown metadata key.
+    updated_by: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # fields we do not interpret, kept
 
     def to_json(self) -> dict[str, Any]:
@@ -206,6 +210,7 @@ class JobMetadata:
             "priority": self.priority,
             "job_id": self.job_id,
             "version": self.version,
+            **({"updated_by": self.updated_by} if self.updated_by is not None else {}),
             **self.extra,
         }
 
@@ -229,6 +234,7 @@ class JobMetadata:
             "priority",
             "job_id",
             "version",
+            "updated_by",
         }
         version = _optional(data, "version", int, p)
         if version is not None and not 0 <= version <= MAX_COUNT:
@@ -241,6 +247,7 @@ class JobMetadata:
             priority=priority,
             job_id=_optional(data, "job_id", str, p),
             version=version,
+            updated_by=_optional(data, "updated_by", str, p),
             extra={k: v for k, v in data.items() if k not in known},
         )
 
@@ -461,3 +468,61 @@ def new_jobspec(
         ),
     )
     return spec.validate()
+
+
+# -- who asked: requests and updates ---------------------------------------------------------
+#
+# A cancel request (``ROOT/jobs/user_states/<name>``) is AXLearn's user state (only
+# ``"status": "CANCELLING"`` matters) plus fields AXLearn ignores: ``job_identity``
+# (the submission it targets), ``requested_by`` (who asked), ``user_id`` (the same, for daemons
+# that predate ``requested_by``) and ``time``. An update says who made it in the spec itself
+# (``metadata.updated_by``). Nothing in the bucket is authenticated: these name who a client
+# said it was, for the history; the ownership check is the client's (launch/api.py).
+
+UNKNOWN_USER = "unknown"
+MAX_USER_SHOWN = 64
+
+
+def user_label(value: Any) -> str:
+    """A user id from the bucket as one short printable word for a history line: a writer of
+    the bucket must not be able to forge history lines with a newline in their name."""
+    if not isinstance(value, str) or not value.strip():
+        return UNKNOWN_USER
+    text = "".join(c if c.isprintable() else "?" for c in value.strip())
+    return shorten(text, MAX_USER_SHOWN)
+
+
+def requester(request: Mapping[str, Any]) -> str:
+    """Who asked for a request: ``requested_by``, else ``user_id`` (what clients wrote before
+    ``requested_by``), else ``unknown`` (AXLearn's requests say nobody)."""
+    return user_label(request.get("requested_by") or request.get("user_id"))
+
+
+def cancel_request(job_identity: str, requested_by: str, now: float) -> dict[str, Any]:
+    """The cancel request a client writes (see above); AXLearn's daemon honours it too."""
+    return {
+        "status": "CANCELLING",
+        "job_identity": job_identity,
+        "requested_by": requested_by,
+        "user_id": requested_by,
+        "time": now,
+    }
+
+
+_NOT_CHANGES = {"version", "updated_by"}  # bookkeeping of an update, not what it changed
+
+
+def spec_changes(old: JobSpec, new: JobSpec) -> list[str]:
+    """The fields that differ between two versions of a spec (``command``, ``env_vars``,
+    ``metadata.resources``, ...), for the history's "spec updated by ...: command changed"."""
+    before, after = old.to_json(), new.to_json()
+    changed = [
+        key for key in dict.fromkeys([*before, *after])
+        if key != "metadata" and before.get(key) != after.get(key)
+    ]  # fmt: skip
+    meta_before, meta_after = before["metadata"], after["metadata"]
+    changed += [
+        f"metadata.{key}" for key in dict.fromkeys([*meta_before, *meta_after])
+        if key not in _NOT_CHANGES and meta_before.get(key) != meta_after.get(key)
+    ]  # fmt: skip
+    return [shorten(str(key), 40) for key in changed]

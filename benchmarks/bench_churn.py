@@ -531,7 +531,7 @@ def singles(run: Run, args: argparse.Namespace) -> dict[str, Any]:
 
 def cancel_one(run: Run, poll: float) -> None:
     name = running(run.daemon)[0]
-    run.users.cancel(name)
+    run.users.cancel(name, user_id="bench")
     print(f"  one job cancelled ({name}), each cycle until it is gone and the next:")
     for i in range(6):
         time.sleep(poll)

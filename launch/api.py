@@ -41,6 +41,7 @@ __all__ = [
     "JobInfo",
     "NoDaemon",
     "NoDaemonWarning",
+    "NotOwner",
     "SpecError",
     "UnknownJob",
     "default_user",
@@ -59,6 +60,27 @@ class UnknownJob(LookupError):
 
 class JobExists(FileExistsError):
     """A job of that name is still active; names are keys."""
+
+
+class NotOwner(PermissionError):
+    """An update or cancel of another user's job without ``force``; nothing was written.
+
+    The message says how to do it anyway in the API's words (``force=True``);
+    ``message(flag)`` in the CLI's (``--force``)."""
+
+    def __init__(self, verb: str, name: str, owner: str, requester: str, source: str) -> None:
+        self.verb, self.name, self.owner = verb, name, owner
+        self.requester, self.source = requester, source
+        super().__init__(self.message("force=True", "user_id="))
+
+    def message(self, force: str, user: str) -> str:
+        source = user.rstrip("=") if self.source == "given" else self.source
+        return (
+            f"{self.verb} {self.name}: the job belongs to {self.owner!r} and you are "
+            f"{self.requester!r} (from {source}); nothing was changed. Pass {force} to "
+            f"{self.verb} another user's job anyway (its history will name you and the owner), "
+            f"or {user}{self.owner} if you are {self.owner!r}"
+        )
 
 
 def default_user() -> str:
@@ -194,9 +216,18 @@ class Client:
         except Exception as e:
             return DaemonStatus(None, f"could not read the lease: {_brief(e)}")
 
-    def update(self, name: str, command: str) -> JobSpec:
-        """Give an active job a new command; a running attempt restarts with it."""
+    def update(
+        self, name: str, command: str, user_id: str | None = None, force: bool = False
+    ) -> JobSpec:
+        """Give an active job a new command; a running attempt restarts with it.
+
+        ``user_id``: who asks (default: $BASTION_USER, else the login name, as for a launch).
+        Another user's job raises NotOwner and writes nothing, unless ``force``. The job keeps
+        its owner: it goes on running, metered and with $BASTION_USER_ID, as the owner's; the
+        spec records who wrote this version (``metadata.updated_by``) and the history names
+        both ("spec updated by bob (owner alice): command changed")."""
         spec = self._active_spec(name)
+        spec.metadata.updated_by = self._check_owner("update", spec, user_id, force)
         spec.command = command
         spec.metadata.version = (spec.metadata.version or 0) + 1
         self.store.replace_spec(name, spec.validate().dumps())
@@ -217,17 +248,30 @@ class Client:
                 stacklevel=3,
             )
 
-    def cancel(self, name: str, user_id: str | None = None) -> None:
+    def cancel(self, name: str, user_id: str | None = None, force: bool = False) -> None:
+        """Ask the daemon to stop an active job (its history: "cancelled by bob (owner alice)").
+
+        ``user_id``: who asks (default: $BASTION_USER, else the login name, as for a launch).
+        Another user's job raises NotOwner and writes nothing, unless ``force``."""
         spec = self._active_spec(name)
-        request = {
-            "status": "CANCELLING",
-            "job_identity": spec.identity,
-            # who asked: the caller's Bastion identity, else the job's own user (never the
-            # OS login of whoever runs the CLI)
-            "user_id": user_id or os.environ.get("BASTION_USER") or spec.metadata.user_id,
-            "time": time.time(),
-        }
+        who = self._check_owner("cancel", spec, user_id, force)
+        request = _jobspec.cancel_request(spec.identity, who, time.time())
         self.store.write_request(name, json.dumps(request).encode())
+
+    @staticmethod
+    def _check_owner(verb: str, spec: JobSpec, user_id: str | None, force: bool) -> str:
+        """Who asks; NotOwner when that is not the job's owner and ``force`` is not given.
+
+        A guard against changing someone else's job by accident, not a security boundary:
+        whoever can write the bucket can write any object in it (README, "Who may change a
+        job")."""
+        who = user_id or default_user()
+        if who != spec.metadata.user_id and not force:
+            source = "given" if user_id else (
+                "$BASTION_USER" if os.environ.get("BASTION_USER") else "the login name"
+            )
+            raise NotOwner(verb, spec.name, spec.metadata.user_id, who, source)
+        return who
 
     def _active_spec(self, name: str) -> JobSpec:
         check_name(name)

@@ -3,8 +3,8 @@
     bastion start [--poll_seconds=S] [--once]
     bastion launch --name=N --project_id=P [--resources=v4=8,cpu=4] [--priority=3] -- CMD...
     bastion list [--all] [--json]        bastion logs NAME [--follow] [--exit_status]
-    bastion cancel NAME                  bastion history NAME
-    bastion update NAME -- CMD...        bastion why NAME
+    bastion cancel NAME [--force]        bastion history NAME
+    bastion update NAME [--force] -- CMD...  bastion why NAME
     bastion quota check FILE             bastion simulate --quota_file=F --trace=T [--json]
 
 Every verb takes --root (else $BASTION_ROOT, else a local directory).
@@ -30,6 +30,7 @@ from launch.api import (
     JobExists,
     JobInfo,
     NoDaemon,
+    NotOwner,
     UnknownJob,
     age_seconds,
     default_job_name,
@@ -55,6 +56,9 @@ flags.DEFINE_string(
 flags.DEFINE_string("name", None, "Job name (default: $USER-<6 hex>).")
 flags.DEFINE_string("project_id", "default", "Project the job is charged to.")
 flags.DEFINE_string("user_id", None, "User id (default: $BASTION_USER, else the login name).")
+flags.DEFINE_bool(
+    "force", False, "cancel/update: act on another user's job (the history names you both)."
+)
 flags.DEFINE_string(
     "resources", "", "Resources the job needs, all at once: TYPE=N,... (e.g. v4=8,cpu=4)."
 )
@@ -443,7 +447,7 @@ def _follow(client: Client, name: str, exit_status: bool) -> int:
 
 def cmd_cancel(args: Sequence[str]) -> int:
     name = _one_name(args, "cancel")
-    _client(name=name).cancel(name, FLAGS.user_id)
+    _client(name=name).cancel(name, FLAGS.user_id, force=FLAGS.force)
     print(f"cancel requested for {name}; the daemon stops it on its next cycle")
     return 0
 
@@ -471,7 +475,7 @@ def cmd_update(args: Sequence[str]) -> int:
     if not args:
         raise UsageError("update: bastion update NAME -- NEW COMMAND")
     name, command = args[0], _command(args[1:], "update")
-    spec = _client(name=name).update(name, command)
+    spec = _client(name=name).update(name, command, FLAGS.user_id, force=FLAGS.force)
     print(
         f"updated {name} (version {spec.metadata.version}); a running attempt restarts with "
         "the new command"
@@ -640,9 +644,10 @@ USAGE: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     ),
     "cancel": (
         "bastion cancel NAME",
-        "Stop a job: SIGTERM to its process group, SIGKILL after the daemon's --grace_seconds.",
+        "Stop a job: SIGTERM to its process group, SIGKILL after the daemon's --grace_seconds. "
+        "Another user's job needs --force.",
         "bastion cancel hello",
-        ("user_id",),
+        ("user_id", "force"),
     ),
     "history": (
         "bastion history NAME",
@@ -652,9 +657,10 @@ USAGE: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     ),
     "update": (
         "bastion update NAME -- NEW COMMAND...",
-        "Give an active job a new command; a running attempt restarts with it.",
+        "Give an active job a new command; a running attempt restarts with it. The job "
+        "keeps its owner's identity; another user's job needs --force.",
         "bastion update train -- python train.py --resume",
-        (),
+        ("user_id", "force"),
     ),
     "why": (
         "bastion why NAME",
@@ -758,6 +764,9 @@ def main(argv: Sequence[str]) -> int:
         return VERBS[verb](argv[2:])
     except UsageError as e:
         print(f"bastion: {e}", file=sys.stderr)
+        return 2
+    except NotOwner as e:  # refused before writing anything, as a usage error is
+        print(f"bastion: error: {e.message('--force', '--user_id=')}", file=sys.stderr)
         return 2
     except (SpecError, UnknownJob, JobExists, RootProblem, NoDaemon) as e:
         print(f"bastion: error: {e}", file=sys.stderr)

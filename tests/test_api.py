@@ -49,7 +49,7 @@ def test_python_api_cancel_and_errors(bastion):
                               project_id="default"))
     bastion.start()
     wait_for(lambda: client.get("long").status == "ACTIVE", what="long to run")
-    client.cancel("long")
+    client.cancel("long", user_id="u")
     info = client.wait("long", poll_seconds=0.1, timeout=30)
     assert info.status == "CANCELLED"
     with pytest.raises(UnknownJob, match="already finished"):

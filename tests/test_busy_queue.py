@@ -133,7 +133,7 @@ def test_cancelling_a_running_job_among_many_waiting_writes_a_few_objects(
         _step(daemon)
         _step(daemon)
         (first,) = _running(daemon)
-        client.cancel(first)
+        client.cancel(first, user_id="u")
         writes = _writes_until_the_next_start(daemon, {first})
         assert sum(writes) <= 12, writes
     finally:
@@ -177,7 +177,7 @@ def test_a_quiet_cycle_runs_no_policy_pass_and_a_change_runs_one(tmp_path: Path)
             daemon.settle()
         quiet = [daemon.cycle(time.time()) for _ in range(3)]
         assert not any(r.planned for r in quiet)
-        client.cancel("j0005")
+        client.cancel("j0005", user_id="u")
         assert daemon.cycle(time.time()).planned
     finally:
         daemon.close()

@@ -367,7 +367,7 @@ def test_spot_preemption_requeues_on_a_new_node(cloud: Cloud) -> None:
     assert "attempt 1 was preempted by the provider" in log
     assert_attempt_output_has_no_gap(log, 1)
     assert cloud.node_names() == [second]
-    cloud.client.cancel("spot")
+    cloud.client.cancel("spot", user_id="tester")
     cloud.drive(daemon, lambda: cloud.finished("spot"), "the cancel")
     cloud.drive(daemon, lambda: not cloud.node_names(), "every node deleted", timeout=20)
     assert cloud.info("spot").status == "CANCELLED"
@@ -463,7 +463,7 @@ def test_api_calls_per_steady_state_cycle(cloud: Cloud, jobs: int) -> None:
     print(f"API calls per steady cycle with {jobs} running jobs: {counts}; bucket ops {bucket}")
     assert all(c <= 1 for c in counts), counts  # one listing of the one zone in use
     for i in range(jobs):
-        cloud.client.cancel(f"steady{i}")
+        cloud.client.cancel(f"steady{i}", user_id="tester")
     cloud.drive(daemon, lambda: all(cloud.finished(f"steady{i}") for i in range(jobs)), "cancels")
 
 
@@ -506,7 +506,7 @@ def test_list_shows_each_worker_and_logs_reads_any_worker(cloud: Cloud) -> None:
     cloud.drive(daemon, lambda: "w0 says hi" in cloud.log("multi"), "worker 0's line merged")
     assert "w2 says hi" not in cloud.log("multi")  # the job's log is worker 0's alone
 
-    cloud.client.cancel("multi")
+    cloud.client.cancel("multi", user_id="tester")
     cloud.drive(daemon, lambda: cloud.finished("multi"), "the cancel")
     after = _cli(cloud, "logs", "multi", "--worker=1")  # still there once the job is over
     assert after.returncode == 0 and "w1 says hi" in after.stdout

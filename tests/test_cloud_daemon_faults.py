@@ -356,7 +356,7 @@ def test_gce_spot_preemption_requeues_on_a_new_vm_without_failing_the_job(
     assert "attempt 1 was preempted by the provider" in log
     assert_attempt_output_has_no_gap(log, 1)
     assert gce.node_names() == [second]
-    gce.client.cancel("spot")
+    gce.client.cancel("spot", user_id="tester")
     gce.drive(daemon, lambda: gce.finished("spot"), "the cancel")
     assert gce.info("spot").status == "CANCELLED" and gce.node_names() == []
 
@@ -440,7 +440,7 @@ def test_listing_burst_beyond_the_retry_budget_is_watched_again_next_cycle(
                 "output copied again")  # fmt: skip
     assert cloud.runner_record("watch")["name"] == name and cloud.node_names() == [name]
     assert cloud.info("watch").state.attempt == 1
-    cloud.client.cancel("watch")
+    cloud.client.cancel("watch", user_id="tester")
     cloud.drive(daemon, lambda: cloud.finished("watch"), "the cancel")
     assert len(cloud.creates()) == 1 and cloud.node_names() == []
 

@@ -228,7 +228,7 @@ def test_provider_preemption_requeues_as_a_new_attempt(rig: Rig) -> None:
     assert "FAILED" not in events_of(rig, "fake-spot")
     assert "preempted by the provider" in rig.log("fake-spot")
 
-    rig.client.cancel("fake-spot")
+    rig.client.cancel("fake-spot", user_id="tester")
     rig.drive(daemon, lambda: rig.finished("fake-spot"), what="the cancel")
     assert rig.info("fake-spot").status == "CANCELLED"
     assert owned_names(rig, daemon) == []
@@ -244,7 +244,7 @@ def test_lost_attempt_is_requeued(rig: Rig) -> None:
     )
     assert "LOST" in events_of(rig, "fake-lost")
     assert rig.info("fake-lost").status != "FAILED"
-    rig.client.cancel("fake-lost")
+    rig.client.cancel("fake-lost", user_id="tester")
     rig.drive(daemon, lambda: rig.finished("fake-lost"), what="the cancel")
     assert rig.info("fake-lost").status == "CANCELLED"
 
@@ -300,7 +300,7 @@ def test_cancel_of_a_running_fake_job(rig: Rig) -> None:
         lambda: ((rig.state("fake-cancel") or {}).get("runner") or {}).get("phase") == "RUNNING",
         what="fake-cancel to run",
     )
-    rig.client.cancel("fake-cancel", user_id="bob")
+    rig.client.cancel("fake-cancel", user_id="bob", force=True)
     rig.drive(daemon, lambda: rig.finished("fake-cancel"), what="fake-cancel to end")
     info = rig.info("fake-cancel")
     assert info.status == "CANCELLED"
@@ -317,7 +317,7 @@ def test_cancel_of_a_job_that_ignores_term_is_killed_at_the_deadline(rig: Rig) -
         lambda: ((rig.state("fake-stubborn") or {}).get("runner") or {}).get("phase") == "RUNNING",
         what="fake-stubborn to run",
     )
-    rig.client.cancel("fake-stubborn")
+    rig.client.cancel("fake-stubborn", user_id="tester")
     rig.drive(daemon, lambda: rig.finished("fake-stubborn"), what="fake-stubborn to end")
     info = rig.info("fake-stubborn")
     assert info.status == "CANCELLED"
@@ -549,7 +549,7 @@ def test_a_cycle_does_not_wait_for_the_starts_the_last_one_handed_off(rig: Rig) 
             daemon.cycle(time.time())
             time.sleep(0.02)
         assert len(held) == daemon._workers
-        rig.client.cancel("watched")
+        rig.client.cancel("watched", user_id="tester")
         cycle = threading.Thread(target=daemon.cycle, args=(time.time(),), daemon=True)
         cycle.start()
         cycle.join(15)

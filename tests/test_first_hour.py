@@ -253,7 +253,7 @@ def test_refused_quota_file_is_shown_by_list_why_and_quota_check(local_bastion):
     assert proc.returncode == 1
     assert "runs on the last good version" in proc.stdout
     assert "project_resources.research" in proc.stdout and "research" in proc.stdout
-    b.cli("cancel", "q1")
+    b.cli("cancel", "q1", "--user_id=alice")
     b.once()
 
 
@@ -303,17 +303,22 @@ def test_logs_of_a_large_log_stream_in_bounded_memory(local_bastion, tmp_path):
     assert peak_kib < 64 * 1024, f"peak RSS {peak_kib // 1024} MiB"
 
 
-def test_cancel_is_attributed_to_the_jobs_user_not_the_os_login(local_bastion):
+def test_cancel_without_an_identity_asks_as_the_login_name_not_as_the_owner(local_bastion):
+    """Without --user_id and $BASTION_USER the caller is the login name, as for a launch: were
+    it the job's owner, anyone's cancel would pass the ownership check and the history would
+    name the owner for a cancel she never asked for (issue 21)."""
     b = local_bastion
     b.cli("launch", "--name=mine", "--user_id=alice", "--bundler=none", "--", "sleep 30")
     env = {k: v for k, v in b.env.items() if k != "BASTION_USER"}
     proc = subprocess.run([sys.executable, "-m", "launch.cli", "cancel", "mine"], env=env,
                           cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 2 and "the login name" in proc.stderr and "--force" in proc.stderr
+    assert not b.exists("jobs", "user_states", "mine")
+    b.cli("cancel", "mine", "--user_id=alice")
     request = json.loads(b.read("jobs", "user_states", "mine"))
-    assert request["user_id"] == "alice"
-    b.cli("cancel", "mine", "--user_id=bob")
-    assert json.loads(b.read("jobs", "user_states", "mine"))["user_id"] == "bob"
+    assert request["requested_by"] == request["user_id"] == "alice"
+    b.cli("cancel", "mine", "--user_id=bob", "--force")
+    assert json.loads(b.read("jobs", "user_states", "mine"))["requested_by"] == "bob"
 
 
 def test_duplicate_resources_and_empty_command_or_user_are_errors(local_bastion):

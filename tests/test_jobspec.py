@@ -51,6 +51,7 @@ def test_iso_creation_time_is_accepted():
         (("metadata", "priority"), "high", "metadata.priority"),
         (("metadata", "priority"), 9, "out of range"),
         (("metadata", "user_id"), 7, "metadata.user_id"),
+        (("metadata", "updated_by"), ["bob"], "metadata.updated_by"),
         (("metadata", "creation_time"), "yesterday", "metadata.creation_time"),
         (("env_vars",), {"A": 1}, "env_vars.A"),
         (("command",), ["ls"], "field command"),

@@ -137,7 +137,7 @@ def test_an_update_through_the_client_is_taken_in_at_once(rig: Rig) -> None:
     rig.submit("job", "sleep 600")
     rig.step()
     version = rig.daemon.jobs["job"].state.spec_digest
-    rig.client.update("job", "sleep 601")
+    rig.client.update("job", "sleep 601", user_id="u")
     rig.step()
     assert rig.daemon.jobs["job"].spec.command == "sleep 601"
     assert rig.daemon.jobs["job"].state.spec_digest != version or rig.status("job") in (
@@ -174,7 +174,7 @@ def test_a_cancel_for_a_job_not_seen_yet_is_applied_not_dropped(rig: Rig) -> Non
     """A spec copied in by hand and cancelled before the full listing found it: the request
     makes the daemon read the spec, so the job is cancelled and never starts."""
     rig.store.submit_spec("hand", _spec("hand"))
-    rig.client.cancel("hand")
+    rig.client.cancel("hand", user_id="u")
     rig.step()
     record = rig.complete_record("hand")
     assert record is not None and record["state"]["outcome"] == "CANCELLED", record
