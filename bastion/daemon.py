@@ -57,7 +57,7 @@ from bastion.runners.base import (
     attempt_name,
     attempt_number,
 )
-from bastion.scheduling import job_request
+from bastion.scheduling import job_request, policy_requests
 from bastion.specwatch import Look, SpecWatch
 from bastion.store import Store
 from quota.model import JobRequest, Plan
@@ -1073,11 +1073,7 @@ class Daemon:
         self._inputs_changed = False
         self._planned_config = config
         self._replan_at = now + REPLAN_SECONDS
-        requests = [
-            request
-            for job in self.jobs.values()
-            if (request := job_request(job.name, job.spec, job.state, now)) is not None
-        ]
+        requests = policy_requests(((j.name, j.spec, j.state) for j in self.jobs.values()), now)
         if config is None:
             for job in self.jobs.values():
                 if job.state.status is Status.PENDING:

@@ -15,8 +15,8 @@ import psutil
 
 from bastion.store import Store
 from quota.config import QuotaConfig, QuotaError, default_quota, parse_quota
-from quota.policy import JobRequest, Phase
-from quota.usage import UsageLedger
+from quota.policy import JobRequest
+from quota.usage import UsageLedger, usage_now
 
 log = logging.getLogger("bastion.quota")
 
@@ -89,15 +89,12 @@ class QuotaSource:
             return None
 
     def usage_for(self, jobs: Sequence[JobRequest], now: float) -> Mapping[str, float]:
-        """Decayed per-user usage, advanced with the jobs running now."""
+        """Decayed per-user usage, advanced with the jobs running now (quota.usage.usage_now)."""
         assert self.config is not None
         half_life = self.config.scheduling.usage_half_life_seconds
         if self._usage is None:
             self._usage = self._load_usage(half_life, now)
-        if self._usage.half_life_seconds != half_life:
-            self._usage = UsageLedger(half_life, self._usage.as_of, self._usage.by_user)
-        running = [j for j in jobs if j.phase is not Phase.PENDING]
-        self._usage = self._usage.advance(running, now)
+        self._usage = usage_now(self._usage, half_life, jobs, now)
         return self._usage.by_user
 
     def _load_usage(self, half_life: float, now: float) -> UsageLedger:

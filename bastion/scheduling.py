@@ -7,6 +7,7 @@ reads is computed from exactly what the daemon decides on.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable
 
 from bastion.jobspec import JobSpec
 from bastion.jobstate import JobState, Status
@@ -50,3 +51,11 @@ def job_request(name: str, spec: JobSpec | None, state: JobState, now: float) ->
         if phase is Phase.PENDING
         else None,
     )
+
+
+def policy_requests(
+    jobs: Iterable[tuple[str, JobSpec | None, JobState]], now: float
+) -> list[JobRequest]:
+    """The policy's input: every job that holds or wants capacity, as (name, spec, state).
+    The one place both the daemon's pass and ``bastion why`` build it."""
+    return [r for name, spec, state in jobs if (r := job_request(name, spec, state, now))]

@@ -7,17 +7,16 @@ the usage ledger) and runs the same pure policy, so it works from any machine.
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import time
 
 from bastion.jobspec import JobSpec, SpecError, check_name
 from bastion.jobstate import JobState
-from bastion.scheduling import job_request
+from bastion.scheduling import policy_requests
 from launch.api import Client, UnknownJob
 from launch.status import humanize_epochs
 from quota.config import QuotaConfig, QuotaError, default_quota, parse_quota
-from quota.policy import JobRequest, Phase, explain
-from quota.usage import UsageLedger
+from quota.policy import explain
+from quota.usage import UsageLedger, usage_now
 
 
 class QuotaFileMissing(UnknownJob):
@@ -62,15 +61,6 @@ def quota_refusal(client: Client, quota_file: str | None = None) -> str | None:
     else:
         head = f"quota: {url} is invalid and there is no last good version; no job starts:"
     return "\n".join([head, *(f"  {p}" for p in problems)])
-
-
-def _with_backfill(request: JobRequest, state: JobState) -> JobRequest:
-    """A running job started as backfill (the daemon keeps the policy's Decision.backfill_for
-    in the state's metadata): `why` says so and names the waiting jobs that may reclaim it."""
-    marks = (state.metadata or {}).get("backfill_for")
-    if request.phase is Phase.RUNNING and marks and not request.backfill_for:
-        return dataclasses.replace(request, backfill_for=tuple(str(m) for m in marks))
-    return request
 
 
 def load_quota(client: Client, quota_file: str | None) -> QuotaConfig:
@@ -126,7 +116,7 @@ def _explain(client: Client, info, name: str, quota_file: str | None) -> str:
         specs = list(pool.map(store.read_spec, names))
         states = list(pool.map(store.read_state, names))
     now = time.time()
-    requests = []
+    jobs = []
     for job_name, raw_spec, raw_state in zip(names, specs, states, strict=True):
         if raw_spec is None or raw_state is None:
             continue
@@ -134,14 +124,11 @@ def _explain(client: Client, info, name: str, quota_file: str | None) -> str:
             spec = JobSpec.loads(raw_spec)
         except SpecError:
             continue
-        state = JobState.loads(raw_state)
-        request = job_request(job_name, spec, state, now)
-        if request is not None:
-            requests.append(_with_backfill(request, state))
-    half_life = config.scheduling.usage_half_life_seconds
+        jobs.append((job_name, spec, JobState.loads(raw_state)))
+    requests = policy_requests(jobs, now)
     saved = store.read_usage()
-    ledger = UsageLedger.from_json(saved) if saved else UsageLedger(half_life, now, {})
-    ledger = ledger.advance([r for r in requests if r.phase != "PENDING"], now)
+    half_life = config.scheduling.usage_half_life_seconds
+    ledger = usage_now(UsageLedger.from_json(saved) if saved else None, half_life, requests, now)
     return explain(config, requests, ledger.by_user, now, name) + _where(info)
 
 

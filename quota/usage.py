@@ -54,6 +54,19 @@ class UsageLedger:
             raise ValueError(f"malformed usage ledger: {e!r}") from e
 
 
+def usage_now(
+    saved: UsageLedger | None, half_life: float, jobs: Iterable[JobRequest], now: float
+) -> UsageLedger:
+    """The decayed usage a policy pass at ``now`` sees: the saved ledger (none: zero at
+    ``now``) under the quota file's current half-life, advanced with the jobs that hold
+    capacity. The daemon and ``bastion why`` both call this, so a half-life changed in the
+    quota file since the ledger was saved weighs the same in both."""
+    ledger = saved or UsageLedger(half_life, now, {})
+    if ledger.half_life_seconds != half_life:
+        ledger = UsageLedger(half_life, ledger.as_of, ledger.by_user)
+    return ledger.advance([j for j in jobs if j.phase is not Phase.PENDING], now)
+
+
 def _decayed_span(span: float, half_life: float) -> float:
     """Integral over the last `span` seconds of the decay weight 0.5**(age/half_life)."""
     if not (half_life > 0 and math.isfinite(half_life)):
