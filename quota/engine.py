@@ -184,7 +184,7 @@ class _Pass:
                 by = mine.get(j.preempted_by or "") if j.phase is Phase.RELEASING else None
                 if by is not None and by != j.project_id:
                     self.reclaim.lost_to_others.add(j.project_id)
-        first = Within(self, queues)
+        first = Within(self, self.reclaim, queues)
         self.rank_in = first.rank_in
         first.run()
         self._lend(first)

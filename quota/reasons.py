@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from quota.capacity import add, fmt_ratio, fmt_units
 from quota.model import JobRequest
-
-if TYPE_CHECKING:
-    from quota.engine import _Pass
-
+from quota.passview import PassView
 
 _FULL = ("full", None)
 
@@ -19,7 +16,7 @@ def _jobs(n: int) -> str:
     return f"{n} job{'' if n == 1 else 's'}"
 
 
-def wait_reason(ps: _Pass, j: JobRequest, ahead: int, q: Mapping[str, float],
+def wait_reason(ps: PassView, j: JobRequest, ahead: int, q: Mapping[str, float],
                 used: Mapping[str, int]) -> str:
     """`q`, `used`: the project's quota and usage after the pass."""
     p, need = j.project_id, j.resources
@@ -48,7 +45,7 @@ def wait_reason(ps: _Pass, j: JobRequest, ahead: int, q: Mapping[str, float],
     return _protected(ps, within, detail) + tail
 
 
-def behind_reason(ps: _Pass, head: str, p: str) -> str:
+def behind_reason(ps: PassView, head: str, p: str) -> str:
     """Why a job of project p waits behind p's job `head` (one text per head and pass)."""
     text = ps.reason_cache.get(head)
     if text is None:
@@ -58,7 +55,7 @@ def behind_reason(ps: _Pass, head: str, p: str) -> str:
     return text
 
 
-def _protected(ps: _Pass, within: str, detail: Any) -> str:
+def _protected(ps: PassView, within: str, detail: Any) -> str:
     after, qshort, until = detail
     parts = []
     if after:
@@ -71,7 +68,9 @@ def _protected(ps: _Pass, within: str, detail: Any) -> str:
     return f"{within}; {' and '.join(parts)}; {when}"
 
 
-def full_reason(ps: _Pass, j: JobRequest, used: Mapping[str, int], q: Mapping[str, float]) -> str:
+def full_reason(
+    ps: PassView, j: JobRequest, used: Mapping[str, int], q: Mapping[str, float]
+) -> str:
     key = (j.project_id, tuple(j.resources.items()))
     text = ps.reason_cache.get(key)
     if text is None:  # most waiting jobs share a shape: format each shape once per pass
@@ -86,7 +85,7 @@ def full_reason(ps: _Pass, j: JobRequest, used: Mapping[str, int], q: Mapping[st
     return text
 
 
-def stable_wait(ps: _Pass, j: JobRequest) -> str:
+def stable_wait(ps: PassView, j: JobRequest) -> str:
     """The part of a waiting job's reason that is its own: what it needs, and the borrowers it
     is preempting if it reclaims. Nothing that depends on other jobs (free capacity, its
     project's usage, whether stopping jobs release room, which job it waits behind), because

@@ -14,15 +14,10 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from quota.capacity import EPS, add, fmt_ratio, fmt_units
 from quota.model import JobRequest
-
-if TYPE_CHECKING:
-    from quota.engine import _Pass
-
-
+from quota.passview import PassView
 
 REPEATED = 2  # jobs preempted this often already are chosen last, never run as backfill
 
@@ -35,7 +30,7 @@ def _order(j: JobRequest) -> tuple[bool, int, float, str]:
 
 
 class Reclaim:
-    def __init__(self, ps: _Pass, running: list[JobRequest]) -> None:
+    def __init__(self, ps: PassView, running: list[JobRequest]) -> None:
         self.ps = ps
         self.cands = sorted(running, key=_order)
         # job -> (project, request): alike candidates are alike borrowers (see select)

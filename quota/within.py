@@ -13,15 +13,11 @@ import bisect
 import heapq
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from quota.capacity import EPS, add, least_need, shortfall
 from quota.model import JobRequest, Verdict
-from quota.reclaim import REPEATED
-
-if TYPE_CHECKING:
-    from quota.engine import _Pass
-
+from quota.passview import PassView
+from quota.reclaim import REPEATED, Reclaim
 
 
 def within(used: Mapping[str, float], need: Mapping[str, int], q: Mapping[str, float]) -> bool:
@@ -41,8 +37,11 @@ def quota_shortfall(used: Mapping[str, int], need: Mapping[str, int],
 
 
 class Within:
-    def __init__(self, ps: _Pass, queues: dict[str, list[JobRequest]]) -> None:
+    def __init__(
+        self, ps: PassView, reclaim: Reclaim, queues: dict[str, list[JobRequest]]
+    ) -> None:
         self.ps = ps
+        self.reclaim = reclaim
         self.queues = queues
         self.claims: dict[str, dict[str, int]] = {}  # within-quota jobs that wait, per project
         self.claimants: dict[str, str] = {}  # project -> its first within-quota job that waits
@@ -260,7 +259,7 @@ class Within:
             return False
         claim = self.claims.get(p, {})
         mine = self.ps.anchored_usage(j.name, p) if j.name in self.ps.anchored else None
-        if mine and p not in self.ps.reclaim.lost_to_others and not any(
+        if mine and p not in self.reclaim.lost_to_others and not any(
                 n > 0 and claim.get(r, 0) > 0 for r, n in j.resources.items()):
             # (Not while a job of p ahead of it waits for the same resources: what its
             # backfill frees would go to that job, and it would only preempt in vain; nor in
@@ -275,7 +274,7 @@ class Within:
         if self.ps.knobs.preempt_within_project and not any(
                 n > 0 and claim.get(r, 0) > 0 for r, n in j.resources.items()):
             # (A within-quota job of p that waits keeps what it claimed: no such jumps.)
-            lower = self.ps.reclaim.lower_priority_usage(p, j.priority)
+            lower = self.reclaim.lower_priority_usage(p, j.priority)
             if lower:
                 trial = dict(claimed)
                 add(trial, lower, -1)
@@ -314,9 +313,9 @@ class Within:
         if not after:
             self._wait(j, cshort, ("releasing", cshort))
             return
-        victims = ps.reclaim.select(j, after, {})
+        victims = self.reclaim.select(j, after, {})
         if victims is None:
-            self._wait(j, cshort, ("protected", (after, {}, ps.reclaim.blocked_until)))
+            self._wait(j, cshort, ("protected", (after, {}, self.reclaim.blocked_until)))
             return
         self._preempt(j, cshort, victims)
 
@@ -344,7 +343,7 @@ class Within:
         ps = self.ps
         p = j.project_id
         qshort = quota_shortfall(self.claimed(p), j.resources, ps.quota(p))
-        victims = ps.reclaim.select(j, cshort, qshort)
+        victims = self.reclaim.select(j, cshort, qshort)
         if victims is None:
             self.lenders[p].append(j)
             self.unsorted.add(p)
@@ -359,7 +358,7 @@ class Within:
             add(ps.earmark, v.resources)
         self._wait(j, cshort, ("reclaiming", [v.name for v in victims]))
         for v in victims:
-            ps.decide(v, Verdict.PREEMPT, ps.reclaim.reasons[v.name], v.tier, j.name)
+            ps.decide(v, Verdict.PREEMPT, self.reclaim.reasons[v.name], v.tier, j.name)
         for vp in sorted({v.project_id for v in victims}):
             self.reopen(vp)  # (its own project too, when its backfill went)
 
