@@ -120,9 +120,6 @@ class JobState:
             return cls(status=Status(text.upper()))
         return cls.from_json(json.loads(text))
 
-    def copy(self) -> JobState:
-        return JobState.from_json(json.loads(self.dumps()))
-
     @property
     def display_status(self) -> str:
         """What users read: COMPLETED jobs show their outcome."""

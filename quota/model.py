@@ -180,7 +180,3 @@ class Plan:
 
     def rejects(self) -> list[Decision]:
         return self._with(Verdict.REJECT)
-
-    def verdicts(self) -> dict[str, Verdict]:
-        """name -> verdict, handy in tests and logs."""
-        return {n: d.verdict for n, d in self.decisions.items()}
