@@ -396,6 +396,19 @@ def inserts(server, zone: str | None = None) -> list:
     return [r for r in creates(server, "instances") if zone is None or f"/zones/{zone}/" in r[1]]
 
 
+def test_gce_never_owns_the_daemons_own_vm_of_the_same_root(root, gce_server, gce):
+    """bastion/vm.py labels the daemon's VM ``bastion-root`` (and ``bastion-role: daemon``):
+    it is no attempt, so the sweep must never see it as an orphan to delete."""
+    a = attempt(root, "true", **A3)
+    gce.start(a)
+    ((_, _, _, body),) = inserts(gce_server)
+    labels = {"bastion-root": gce.tag, "bastion-role": "daemon"}
+    gce.client.instances().insert(project=P, zone=ZA, body={
+        **body, "name": "bastion-daemon", "labels": labels}).execute()  # fmt: skip
+    gce_server.tick()
+    assert sorted(o.name for o in gce.list_owned()) == [a.name]
+
+
 def test_gce_happy_path(root, gce_server, gce, guests):
     a = attempt(root, 'echo "gpu $BASTION_WORKER/$BASTION_NUM_WORKERS: $GREETING"', **A3)
     handle = gce.start(a)
