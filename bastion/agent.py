@@ -70,11 +70,54 @@ def metadata(path: str, timeout: float = 2.0) -> str | None:
 
 
 def worker_index(flag: int | None) -> int:
-    """--worker, else the TPU VM's ``agent-worker-number`` attribute, else 0 (one host)."""
+    """--worker, else the TPU VM's ``agent-worker-number`` attribute, else 0 (one host).
+    Within one slice: :func:`slice_of` turns it into the attempt's worker number."""
     if flag is not None:
         return flag
     value = metadata("instance/attributes/agent-worker-number")
     return int(value) if value and value.isdigit() else 0
+
+
+MEGASCALE = ("MEGASCALE_SLICE_ID", "MEGASCALE_NUM_SLICES", "MEGASCALE_COORDINATOR_ADDRESS",
+             "MEGASCALE_PORT")  # fmt: skip
+
+
+def parse_tpu_env(text: str) -> dict[str, str]:
+    """The TPU VM's ``tpu-env`` metadata attribute: lines ``KEY: 'value'``."""
+    found = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip().isidentifier():
+            found[key.strip()] = value.strip().strip("'\"")
+    return found
+
+
+def slice_of(num_slices: int, tpu_env: dict[str, str] | None = None) -> tuple[int, dict[str, str]]:
+    """(this worker's slice, the variables its command gets) in an attempt of ``num_slices``.
+
+    One startup script serves every slice of a multislice queued resource, so the slice is
+    learnt on the VM: the TPU runtime's ``tpu-env`` attribute names it (``MEGASCALE_SLICE_ID``,
+    with ``MEGASCALE_NUM_SLICES``, ``MEGASCALE_COORDINATOR_ADDRESS``, ``MEGASCALE_PORT``), and
+    the command gets those (as JAX/libtpu and AXLearn read them) plus ``BASTION_SLICE`` and
+    ``BASTION_NUM_SLICES``. Without a slice id in a multislice attempt the workers of
+    different slices would take the same numbers: ValueError, saying so."""
+    if num_slices <= 1:
+        return 0, {"BASTION_SLICE": "0", "BASTION_NUM_SLICES": "1"}
+    if tpu_env is None:
+        tpu_env = parse_tpu_env(metadata("instance/attributes/tpu-env") or "")
+    said = tpu_env.get("MEGASCALE_SLICE_ID", "")
+    if not said.isdigit() or int(said) >= num_slices:
+        raise ValueError(f"this attempt has {num_slices} slices but the TPU metadata attribute "
+                         f"tpu-env gives no MEGASCALE_SLICE_ID below {num_slices} "
+                         f"(found {said!r}): the VM is not part of a multislice")  # fmt: skip
+    count = tpu_env.get("MEGASCALE_NUM_SLICES", str(num_slices))
+    if count != str(num_slices):
+        raise ValueError(f"this attempt has {num_slices} slices but tpu-env says "
+                         f"MEGASCALE_NUM_SLICES={count}")  # fmt: skip
+    env = {k: tpu_env[k] for k in MEGASCALE if tpu_env.get(k)}
+    env.update(MEGASCALE_NUM_SLICES=str(num_slices), BASTION_SLICE=said,
+               BASTION_NUM_SLICES=str(num_slices))  # fmt: skip
+    return int(said), env
 
 
 # -- the agent ----------------------------------------------------------------------------------
@@ -84,7 +127,9 @@ class Agent:
     def __init__(self, store: Store, job: str, attempt: str, worker: int, num_workers: int,
                  command: str, chunk_seconds: float = 5.0, heartbeat_seconds: float = 10.0,
                  grace_seconds: float = 25.0, spool_dir: str | None = None,
-                 bundle: dict[str, Any] | None = None) -> None:  # fmt: skip
+                 bundle: dict[str, Any] | None = None,
+                 slice_env: dict[str, str] | None = None) -> None:  # fmt: skip
+        self.slice_env = dict(slice_env or {})  # slice_of's variables for the command
         self.bundle = bundle  # the job's code (bundlers.Bundle record), fetched before it runs
         self.store, self.job, self.attempt = store, job, attempt
         self.worker, self.num_workers, self.command = worker, num_workers, command
@@ -196,7 +241,7 @@ class Agent:
                      self.worker, self.attempt)  # fmt: skip
             return 0
         env = dict(os.environ, BASTION_WORKER=str(self.worker),
-                   BASTION_NUM_WORKERS=str(self.num_workers))  # fmt: skip
+                   BASTION_NUM_WORKERS=str(self.num_workers), **self.slice_env)  # fmt: skip
         cwd = None
         if self.bundle:
             try:
@@ -305,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
         "--worker", type=int, default=None, help="default: agent-worker-number, else 0"
     )
     parser.add_argument("--num_workers", type=int, default=1)
+    parser.add_argument("--num_slices", type=int, default=1,
+                        help="slices of a multislice attempt; the worker's slice is tpu-env's")
     parser.add_argument("--chunk_seconds", type=float, default=5.0)
     parser.add_argument("--heartbeat_seconds", type=float, default=10.0)
     parser.add_argument("--grace_seconds", type=float, default=25.0)
@@ -315,10 +362,18 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s bastion-agent %(levelname)s %(message)s"
     )
-    agent = Agent(Store(args.root), args.job, args.attempt, worker_index(args.worker),
+    try:
+        slice_id, slice_env = slice_of(args.num_slices)
+    except ValueError as e:
+        log.error("%s", e)
+        return 2
+    worker = worker_index(args.worker)
+    if args.worker is None:  # agent-worker-number counts within the slice
+        worker += slice_id * (args.num_workers // max(1, args.num_slices))
+    agent = Agent(Store(args.root), args.job, args.attempt, worker,
                   args.num_workers, command, args.chunk_seconds, args.heartbeat_seconds,
                   args.grace_seconds, args.spool_dir,
-                  json.loads(args.bundle) if args.bundle else None)  # fmt: skip
+                  json.loads(args.bundle) if args.bundle else None, slice_env)  # fmt: skip
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(
             sig, lambda signum, _: agent.request_stop(f"stopped by {signal.Signals(signum).name}")

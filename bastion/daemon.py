@@ -30,6 +30,7 @@ import functools
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import threading
@@ -72,6 +73,7 @@ OUTPUT_CHUNK = 8 << 20  # bytes of one attempt's output copied per read
 REPLAN_SECONDS = 30.0  # a quiet queue's pass runs at least this often (decayed usage moves)
 QUEUE_NAMES_KEPT = 1000  # per project in the queue summary: its size stays bounded
 QUEUE_REASONS_KEPT = 50  # full (volatile) wait reasons per project in the queue summary
+_PART_OF_ATTEMPT = re.compile(r"-s?\d+$")  # an attempt name ends -a<N>[c]: never matched
 SWEEP_EVERY_CYCLES = 20  # orphaned attempts are looked for this often (and at recovery)
 # A finished job is recorded once its attempts are verified gone (so its history says so),
 # or after this long: the deletion goes on (and the sweep finds what a restart forgot).
@@ -561,6 +563,13 @@ class Daemon:
         """Attempts a runner holds that no job's state names (their job ended or was deleted
         while we were down, or a daemon died between an attempt's end and its deletion) are
         orphans: delete them. Asks the runners in use and those the settings configure.
+
+        Whose an item is comes from the runner (labels naming the attempt and the runner
+        kind; ``Owned.name`` is the attempt's name), and an item whose attempt is live for
+        any runner is never deleted, whichever runner listed it. Defense in depth: nor is an
+        item named as a part of a live attempt (``<attempt>-<i>``, ``<attempt>-s<i>``: the
+        nodes of a multislice queued resource whose node prefix is its attempt's name),
+        should a runner ever list one as its own.
         """
         live = self._live_attempts()
         kinds = {self.runners.default, *self.runners.configured} | {
@@ -577,6 +586,11 @@ class Daemon:
                 continue
             for item in owned:
                 busy = item.name in self._deleting or item.name in self._deletes_in_pool
+                part = _PART_OF_ATTEMPT.sub("", item.name)
+                if part != item.name and part in live:
+                    log.warning("not deleting %s (listed by runner %s): a part of live attempt "
+                                "%s", item.name, kind, part)  # fmt: skip
+                    continue
                 if item.name not in live and not busy:
                     log.warning("deleting attempt %s: no job of this root names it", item.name)
                     self._deleting[item.name] = (kind, item.handle)

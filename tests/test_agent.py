@@ -393,3 +393,26 @@ def test_a_bundle_that_fails_its_digest_never_runs(tmp_path, agents):
     assert not marker.exists()
     observed = records(root).observe(records(root).list(), time.time())
     assert observed.phase == Phase.FAILED and "does not match its digest" in observed.reason
+
+
+def test_multislice_worker_without_a_slice_in_tpu_env_refuses_to_run(tmp_path, agents, metadata):
+    """Workers of different slices would take the same numbers: without tpu-env's
+    MEGASCALE_SLICE_ID the agent says why and claims nothing."""
+    root = str(tmp_path / "root")
+    metadata.attributes.update({"agent-worker-number": "1", "tpu-env": "WORKER_ID: '1'\n"})
+    proc = agents(root, "echo ran", worker=None, num_workers=4, num_slices=2)
+    assert finished(proc) == 2
+    out = proc.stdout.read().decode()
+    assert "tpu-env gives no MEGASCALE_SLICE_ID" in out
+    assert Store(root).list_agents() == {}
+
+
+def test_multislice_worker_numbers_itself_from_its_slice(tmp_path, agents, metadata):
+    root = str(tmp_path / "root")
+    metadata.attributes.update({"agent-worker-number": "1", "tpu-env": (
+        "MEGASCALE_SLICE_ID: '1'\nMEGASCALE_NUM_SLICES: '2'\nMEGASCALE_PORT: '8080'\n")})
+    proc = agents(root, 'echo "$BASTION_WORKER $BASTION_SLICE/$BASTION_NUM_SLICES '
+                  '$MEGASCALE_SLICE_ID/$MEGASCALE_NUM_SLICES:$MEGASCALE_PORT"',
+                  worker=None, num_workers=4, num_slices=2)  # fmt: skip
+    assert finished(proc) == 0
+    assert Store(root).read_run_chunk("train", "a1", 3, 0) == b"3 1/2 1/2:8080\n"

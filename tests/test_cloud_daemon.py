@@ -16,13 +16,14 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bastion.daemon import Daemon
+from bastion.daemon import SWEEP_EVERY_CYCLES, Daemon
 from bastion.runners.base import Attempt
 from bastion.runners.tpu import TpuRunner
 from bastion.service import build_daemon
@@ -30,7 +31,7 @@ from bastion.store import Store
 from launch.api import Client, new_jobspec
 from launch.why import explain_job
 from tests.standins.tpu import TpuServer
-from tests.test_cloud_runners import FAST, ZA, ZB, Guests, P
+from tests.test_cloud_runners import FAST, SLICE_ECHO, ZA, ZB, Guests, P
 
 QUOTA = """[toml-schema]
 version = "1"
@@ -628,3 +629,106 @@ def test_tpu_endpoint_from_the_environment_variable(
     placed = [e["reason"] for e in cloud.client.history("envpoint") if e["event"] == "PLACED"]
     assert placed == [f"attempt 1 on TPU node {query['nodeId']} (1 worker) in {ZA}"]
     assert attempt_section(cloud.log("envpoint"), 1) == "via env on 0\n"
+
+
+# -- both TPU runners on one zone: a multislice queued resource through the sweeps ------------
+
+
+class AnyRootCloud(Cloud):
+    """``Cloud`` on any root URL: a local directory, or gs:// on the GCS emulator (the agents
+    inherit ``STORAGE_EMULATOR_HOST``)."""
+
+    def __init__(self, tmp: Path, server: TpuServer, guests: Guests, root: str) -> None:
+        super().__init__(tmp, server, guests)
+        self.root = root  # type: ignore[assignment]
+        self.store = Store(root)
+        self.client = Client(root)
+        quota = self.store._path("project-quotas", "project-quotas.config")
+        self.store.objects.write(quota, QUOTA.encode())
+
+    def names(self) -> list[str]:
+        return sorted(self.store.list_states())
+
+    def finished(self, name: str) -> bool:
+        return self.store.read_complete(name) is not None
+
+    def log(self, name: str) -> str:
+        return self.client.read_log(name).decode()
+
+
+@pytest.fixture(params=["local", "gcs"])
+def any_cloud(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[AnyRootCloud]:
+    root = str(tmp_path / "root")
+    if request.param == "gcs":
+        request.getfixturevalue("gcs_emulator")
+        root = f"gs://bastion-test/{uuid.uuid4().hex[:12]}"
+    guests = Guests(tmp_path)
+
+    def on_ready(node: dict, worker: int, metadata: dict) -> None:
+        if "startup-script" in metadata:
+            guests.on_ready(node, worker, metadata)
+
+    with TpuServer(on_ready=on_ready) as server:
+        c = AnyRootCloud(tmp_path, server, guests, root)
+        try:
+            yield c
+        finally:
+            c.close()
+            guests.close()
+
+
+def test_multislice_job_keeps_its_nodes_through_sweeps_with_both_tpu_runners_on_one_zone(
+    any_cloud: AnyRootCloud,
+) -> None:
+    """``tpu`` and ``tpu-qr`` both configured on one zone, a ``tpu-v5p-16`` job with
+    ``num_replicas=2``: one queued resource asking for a multislice, whose nodes the ``tpu``
+    runner never takes for orphans. The sweeps that run while it runs leave it alone, it
+    succeeds, every worker has its own number and knows its slice, and then it is deleted."""
+    cloud = any_cloud
+    gate = cloud.tmp / "release"
+    cloud.submit("multi", f"{SLICE_ECHO}; while [ ! -e {gate} ]; do sleep 0.1; done",
+                 acc="v5p-16", kind="tpu-qr", num_replicas=2)  # fmt: skip
+    daemon = cloud.daemon(zones=[ZA])
+
+    def started() -> bool:
+        name = cloud.runner_record("multi").get("name")
+        return bool(name) and all(
+            cloud.store.read_run_record("multi", name, w, "started") for w in range(4)
+        )
+
+    cloud.drive(daemon, started, "all 4 workers to start")
+    name = cloud.runner_record("multi")["name"]
+    ((_, _, query, body),) = [r for r in cloud.server.requests
+                              if r[0] == "POST" and r[1].endswith("/queuedResources")]  # fmt: skip
+    (spec,) = body["tpu"]["nodeSpec"]
+    assert query["queuedResourceId"] == name and "nodeId" not in spec
+    assert spec["multisliceParams"] == {"nodeCount": 2, "nodeIdPrefix": name}
+    nodes = [f"{name}-0", f"{name}-1"]
+    assert cloud.node_names() == nodes
+    # Defense in depth: a node named as a part of the live attempt but carrying no more than
+    # the root's label (its other labels lost), which the tpu runner lists as its own.
+    stray = {"acceleratorType": "v4-8", "runtimeVersion": "tpu-ubuntu2204-base",
+             "labels": {"bastion-root": cloud.runner(daemon).tag}}  # fmt: skip
+    cloud.runner(daemon).client.nodes().create(
+        parent=f"projects/{P}/locations/{ZA}", nodeId=f"{name}-s9", body=stray).execute()
+    nodes.append(f"{name}-s9")
+    for _ in range(SWEEP_EVERY_CYCLES + 3):  # at least one sweep, and the effects after it
+        cloud.step(daemon)
+    assert not [r for r in cloud.server.requests if r[0] == "DELETE"]
+    assert cloud.node_names() == nodes
+    assert {n["state"] for n in cloud.server.nodes.values()} == {"READY"}
+    assert cloud.runner_record("multi").get("phase") == "RUNNING"
+    coordinator = cloud.server.nodes[f"projects/{P}/locations/{ZA}/nodes/{name}-0"][
+        "networkEndpoints"][0]["ipAddress"]  # fmt: skip
+    gate.touch()
+    cloud.drive(daemon, lambda: cloud.finished("multi"), "multi to finish")
+    info = cloud.info("multi")
+    assert (info.status, info.state.attempt, info.state.exit_code) == ("SUCCEEDED", 1, 0)
+    outputs = [b"".join(cloud.client.worker_output("multi", w)).decode() for w in range(4)]
+    assert outputs == [
+        f"=== [bastion] attempt 1, worker {w} ===\n"
+        f"w {w} of 4 slice {w // 2} of 2 megascale {w // 2} of 2 at {coordinator}\n"
+        for w in range(4)
+    ]
+    assert cloud.node_names() == [f"{name}-s9"] and not cloud.server.qrs
+    cloud.drive(daemon, node_gone(cloud, f"{name}-s9"), "the stray, orphaned now, to go")

@@ -32,7 +32,7 @@ from bastion.runners.base import (
     attempt_name,
 )
 from bastion.runners.gce import GceRunner, request_id
-from bastion.runners.queued import QueuedRunner, slice_id
+from bastion.runners.queued import QueuedRunner, node_prefix
 from bastion.runners.tpu import TpuRunner
 from bastion.store import Store
 from tests.harness import REPO, kill_all, processes_with_env
@@ -54,7 +54,10 @@ class Guests:
 
     def on_ready(self, resource: dict, worker: int, metadata: dict) -> None:
         name = resource["name"].rsplit("/", 1)[-1]
-        md = MetadataServer({"agent-worker-number": str(worker)}).start()
+        attributes = {"agent-worker-number": str(worker)}
+        if "tpu-env" in metadata:  # a TPU VM's runtime variables (a multislice's MEGASCALE_*)
+            attributes["tpu-env"] = metadata["tpu-env"]
+        md = MetadataServer(attributes).start()
         env = dict(os.environ, GCE_METADATA_HOST=md.host, CLOUD_TEST_TAG=self.tag)
         out = open(self.tmp / f"{name}.{worker}.boot", "wb")  # noqa: SIM115 (closed by the child)
         proc = subprocess.Popen(
@@ -202,6 +205,8 @@ def test_tpu_happy_path_four_workers(any_root, tpu_server, tpu_any, guests):
     body = creates(tpu_server)[0][3]
     assert body["labels"] == {
         "bastion-root": tpu.tag,
+        "bastion-runner": "tpu",
+        "bastion-attempt-name": a.name,
         "bastion-job": "train",
         "bastion-attempt": "1",
     }
@@ -389,6 +394,19 @@ A3 = {"instance_type": "gpu-a3-highgpu-8g", "spot": True}
 
 def inserts(server, zone: str | None = None) -> list:
     return [r for r in creates(server, "instances") if zone is None or f"/zones/{zone}/" in r[1]]
+
+
+def test_gce_never_owns_the_daemons_own_vm_of_the_same_root(root, gce_server, gce):
+    """bastion/vm.py labels the daemon's VM ``bastion-root`` (and ``bastion-role: daemon``):
+    it is no attempt, so the sweep must never see it as an orphan to delete."""
+    a = attempt(root, "true", **A3)
+    gce.start(a)
+    ((_, _, _, body),) = inserts(gce_server)
+    labels = {"bastion-root": gce.tag, "bastion-role": "daemon"}
+    gce.client.instances().insert(project=P, zone=ZA, body={
+        **body, "name": "bastion-daemon", "labels": labels}).execute()  # fmt: skip
+    gce_server.tick()
+    assert sorted(o.name for o in gce.list_owned()) == [a.name]
 
 
 def test_gce_happy_path(root, gce_server, gce, guests):
@@ -585,27 +603,82 @@ def test_qr_retried_create_is_deduplicated_by_request_id(root, tpu_server, qr):
     assert restarted.start(b)["zone"] == ZA and len(tpu_server.qrs) == 2  # 409: adopted
 
 
-def test_qr_multislice_workers(root, tpu_server, qr, guests):
-    a = attempt(
-        root,
-        'echo "w $BASTION_WORKER of $BASTION_NUM_WORKERS"',
-        accelerator_type="v4-16",
-        num_replicas=2,
-    )
+SLICE_ECHO = (
+    'echo "w $BASTION_WORKER of $BASTION_NUM_WORKERS slice $BASTION_SLICE of $BASTION_NUM_SLICES'
+    ' megascale $MEGASCALE_SLICE_ID of $MEGASCALE_NUM_SLICES at $MEGASCALE_COORDINATOR_ADDRESS"'
+)
+
+
+def test_qr_multislice_is_one_node_spec_and_every_worker_knows_its_slice(
+    root, tpu_server, qr, guests
+):
+    a = attempt(root, SLICE_ECHO, accelerator_type="v4-16", num_replicas=2)
     handle = qr.start(a)
     assert handle["workers"] == 4
-    specs = qr_creates(tpu_server)[0][3]["tpu"]["nodeSpec"]
-    assert [s["nodeId"] for s in specs] == [f"{a.name}-s0", f"{a.name}-s1"]
+    (spec,) = qr_creates(tpu_server)[0][3]["tpu"]["nodeSpec"]
+    assert "nodeId" not in spec
+    assert spec["multisliceParams"] == {"nodeCount": 2, "nodeIdPrefix": a.name}
     seen = poll_until(qr, handle, tpu_server, {Phase.SUCCEEDED, Phase.FAILED})
     done = ("exit 0",) * 4
     assert seen == Observation(Phase.SUCCEEDED, "all 4 workers exited 0", 0, workers=done)
+    assert sorted(guests.workers) == [f"{a.name}-0", f"{a.name}-1"]
+    first = tpu_server.nodes[f"projects/{P}/locations/{ZA}/nodes/{a.name}-0"]
+    coordinator = first["networkEndpoints"][0]["ipAddress"]
     records = qr.records(handle)
-    assert [records.read_output(0, 100, worker=w) for w in range(4)] == [
-        f"w {w} of 4\n".encode() for w in range(4)
+    assert [records.read_output(0, 200, worker=w) for w in range(4)] == [
+        f"w {w} of 4 slice {w // 2} of 2 megascale {w // 2} of 2 at {coordinator}\n".encode()
+        for w in range(4)
     ]
-    assert len(guests.workers[f"{a.name}-s0"]) == len(guests.workers[f"{a.name}-s1"]) == 2
-    assert slice_id("x" * 63, 1) != slice_id("x" * 62 + "y", 1)
-    assert all(len(slice_id("x" * 63, i)) <= 63 for i in range(12))
+
+
+def test_node_prefix_leaves_room_for_every_slice_and_keeps_names_apart():
+    assert node_prefix("bst-x-a1", 2) == "bst-x-a1"
+    for n in (2, 10, 100):
+        assert len(f"{node_prefix('x' * 63, n)}-{n - 1}") <= 63
+    assert node_prefix("x" * 63, 2) != node_prefix("x" * 62 + "y", 2)
+
+
+def test_qr_made_by_an_older_daemon_with_a_spec_per_slice_is_adopted_counted_and_deleted(
+    root, tpu_server, qr, tpu
+):
+    """Before multisliceParams, a multislice attempt was one nodeSpec per slice with ids
+    ``<name>-s<i>`` and no runner label: the tpu-qr runner still owns, polls and deletes it
+    (its workers counted over the specs), and the tpu runner never takes its nodes."""
+    a = attempt(root, "true", accelerator_type="v4-16", num_replicas=2)
+    node = {"acceleratorType": "v4-16", "runtimeVersion": "tpu-ubuntu2204-base",
+            "labels": {"bastion-root": qr.tag, "bastion-job": "train", "bastion-attempt": "1"},
+            "metadata": {"bastion-job-name": "train", "startup-script": "true"}}  # fmt: skip
+    parent = f"projects/{P}/locations/{ZA}"
+    body = {"tpu": {"nodeSpec": [{"parent": parent, "nodeId": f"{a.name}-s{i}", "node": node}
+                                 for i in range(2)]}, "spot": {}}  # fmt: skip
+    tpu_server.accept_spec_per_slice = True
+    qr.client.queuedResources().create(parent=parent, queuedResourceId=a.name, body=body).execute()
+    tpu_server.tick(4)  # ACTIVE, both slices' nodes READY
+    assert sorted(n.rsplit("/", 1)[1] for n in tpu_server.nodes) == [f"{a.name}-s0",
+                                                                     f"{a.name}-s1"]
+    ((owned, workers),) = [(o.name, o.handle["workers"]) for o in qr.list_owned()]
+    assert (owned, workers) == (a.name, 4)
+    assert [o.name for o in tpu.list_owned()] == []  # queuedResource: the queued resource's
+    handle = qr.start(a)
+    assert len(qr_creates(tpu_server)) == 1 and handle["workers"] == 4  # adopted
+    assert qr.poll(handle) == Observation(Phase.RUNNING, "waiting for the agents")
+    assert qr.delete(handle) is False
+    tpu_server.tick()
+    assert qr.delete(handle) is True and tpu_server.nodes == {} and tpu_server.qrs == {}
+
+
+def test_tpu_runner_never_owns_a_node_of_a_queued_resource(root, tpu_server, qr, tpu):
+    """Both runners on one zone: the nodes of a queued resource (labelled runner tpu-qr, named
+    ``<prefix>-<i>``, the API's ``queuedResource`` set) are no attempt of the tpu runner."""
+    b = attempt(root, "true", 2, accelerator_type="v4-8")
+    own = tpu.start(b)
+    a = attempt(root, "true", accelerator_type="v4-16", num_replicas=2)
+    qr.start(a)
+    tpu_server.tick(4)
+    assert len(tpu_server.nodes) == 3
+    listed = [(o.name, o.handle["name"]) for o in tpu.list_owned() if o.handle["zone"]]
+    assert listed == [(b.name, own["name"])]
+    assert [o.name for o in qr.list_owned() if o.handle["zone"]] == [a.name]
 
 
 # --- the daemon's own package for a bare VM ------------------------------------------------

@@ -306,6 +306,43 @@ def test_qr_multislice_snake_case(tpu_server, tpu):
     assert len(tpu_server.ready_calls) == 8
 
 
+MS_NODE = {"acceleratorType": "v4-16", "runtimeVersion": "tpu-ubuntu2204-base"}
+
+
+@pytest.mark.parametrize("specs, says", [
+    ([{"parent": PARENT, "nodeId": f"ms-s{i}", "node": MS_NODE} for i in range(2)],
+     "multislice_params must be populated instead"),
+    ([{"parent": PARENT, "nodeId": "ms", "node": MS_NODE,
+       "multisliceParams": {"nodeCount": 2, "nodeIdPrefix": "ms"}}], "exactly one of node_id"),
+    ([{"parent": PARENT, "node": MS_NODE}], "exactly one of node_id"),
+    ([{"parent": PARENT, "node": MS_NODE,
+       "multisliceParams": {"nodeCount": 1, "nodeIdPrefix": "ms"}}], "greater than 1"),
+    ([{"parent": PARENT, "node": MS_NODE, "multisliceParams": {"nodeCount": 2}}],
+     "node_id_prefix is required"),
+])  # fmt: skip
+def test_qr_node_spec_rule_of_the_api_is_enforced(tpu_server, tpu, specs, says):
+    e = http_error(tpu.queuedResources().create(parent=PARENT, queuedResourceId="q",
+                                                body={"tpu": {"nodeSpec": specs}}))
+    assert e.status_code == 400 and b"INVALID_ARGUMENT" in e.content and says in e.reason
+    assert tpu_server.qrs == {}
+
+
+def test_qr_multislice_nodes_carry_their_slice_in_tpu_env(tpu_server, tpu):
+    body = {"tpu": {"nodeSpec": [{"parent": PARENT, "node": {**MS_NODE, "metadata": {
+        "startup-script": "run"}}, "multisliceParams": {"nodeCount": 2, "nodeIdPrefix": "ms"}}]}}
+    tpu.queuedResources().create(parent=PARENT, queuedResourceId="q", body=body).execute()
+    tpu_server.tick(4)
+    first = get(tpu, "nodes", "ms-0")
+    assert first["multisliceNode"] and first["queuedResource"].endswith("/queuedResources/q")
+    coordinator = first["networkEndpoints"][0]["ipAddress"]
+    envs = [(name.rsplit("/", 1)[1], i, md["tpu-env"]) for name, i, md in tpu_server.ready_calls]
+    assert [(n, i) for n, i, _ in envs] == [("ms-0", 0), ("ms-0", 1), ("ms-1", 0), ("ms-1", 1)]
+    for node, worker, env in envs:
+        for line in (f"MEGASCALE_SLICE_ID: '{node[-1]}'", "MEGASCALE_NUM_SLICES: '2'",
+                     f"MEGASCALE_COORDINATOR_ADDRESS: '{coordinator}'", f"WORKER_ID: '{worker}'"):
+            assert line in env.splitlines(), (node, worker, env)
+
+
 def test_qr_expiry_fails_with_failed_data(tpu_server, tpu):
     tpu_server.stockout(Z)
     body = {**QR_BODY, "queueingPolicy": {"validUntilDuration": "300s"}}  # 5 ticks of 60 s

@@ -66,7 +66,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from google_auth_httplib2 import AuthorizedHttp
@@ -129,9 +129,21 @@ def label_value(text: str) -> str:
     return _LABEL_BAD.sub("-", text.lower()).strip("-")[:63]
 
 
-def labels_for(attempt: Attempt, tag: str) -> dict[str, str]:
-    """bastion-root finds our resources (list_owned); job and attempt are for people."""
-    return {"bastion-root": tag, "bastion-job": label_value(attempt.job) or "job",
+RUNNER_LABEL = "bastion-runner"
+ATTEMPT_LABEL = "bastion-attempt-name"
+
+
+def labels_for(attempt: Attempt, tag: str, kind: str) -> dict[str, str]:
+    """What a resource is, in labels: ``bastion-root`` (this daemon's root), ``bastion-runner``
+    (the runner kind that made it) and ``bastion-attempt-name`` (the attempt it is) decide
+    ownership (:meth:`CloudRunner._ours`); job and attempt number are for people.
+
+    An attempt name is an RFC 1035 label of at most 63 characters (lowercase letters, digits,
+    hyphens): a legal label value as it is, checked here rather than silently changed."""
+    if label_value(attempt.name) != attempt.name:
+        raise RunnerError(f"attempt name {attempt.name!r} is not a legal label value")
+    return {"bastion-root": tag, RUNNER_LABEL: kind, ATTEMPT_LABEL: attempt.name,
+            "bastion-job": label_value(attempt.job) or "job",
             "bastion-attempt": str(attempt.attempt)}  # fmt: skip
 
 
@@ -322,8 +334,32 @@ class CloudRunner(Runner):
         if not self._per_cycle:
             self.invalidate(zone)
 
+    def _labels(self, resource: dict) -> dict[str, str]:
+        """The labels that say whose the listed resource is."""
+        return resource.get("labels") or {}
+
     def _ours(self, resource: dict) -> bool:
-        return (resource.get("labels") or {}).get("bastion-root") == self.tag
+        """Whether the listed resource is an attempt of this runner: labelled with this root,
+        with this runner's kind, and with an attempt name that is the resource's own name (a
+        node a queued resource made for an attempt carries that attempt's labels under a
+        name of its own: it is a part of the attempt, which another runner owns, never an
+        attempt of this one). Never a daemon's own VM (``bastion-role``, :mod:`bastion.vm`).
+
+        Resources made before the runner label existed (an older daemon) have no
+        ``bastion-runner``: :meth:`_legacy_ours` decides from what the API says of them."""
+        labels = self._labels(resource)
+        if labels.get("bastion-root") != self.tag or labels.get("bastion-role"):
+            return False
+        kind = labels.get(RUNNER_LABEL)
+        if kind is None:
+            return self._legacy_ours(resource)
+        attempt = labels.get(ATTEMPT_LABEL)
+        return kind == self.kind and attempt in (None, resource["name"].rsplit("/", 1)[-1])
+
+    def _legacy_ours(self, resource: dict) -> bool:
+        """A resource of this root without a runner label (made by an older daemon): ours
+        when the API's own fields do not say another runner made it (see the subclasses)."""
+        return True
 
     def find(self, name: str, zones: list[str] | None = None) -> tuple[str, dict] | None:
         for zone in zones or self.zones:
@@ -618,7 +654,10 @@ class CloudRunner(Runner):
         """Every resource of this root in the configured zones."""
 
     def owned(self, resource: dict, zone: str, workers: int, finished: bool) -> Owned:
+        """The item the sweep sees: named after the attempt (its label, which :meth:`_ours`
+        holds equal to the resource's name; a legacy resource's own name)."""
         name = resource["name"].rsplit("/", 1)[-1]
+        name = self._labels(resource).get(ATTEMPT_LABEL) or name
         job = self.job_of(resource) or name
         return Owned(name, self._handle(job, name, zone, workers, None), finished)
 
@@ -626,14 +665,14 @@ class CloudRunner(Runner):
     def job_of(self, resource: dict) -> str | None:
         """The full job name (kept in metadata: labels hold only a slug)."""
 
-    def script(self, attempt: Attempt, workers: int, worker_offset: int | None = None) -> str:
+    def script(self, attempt: Attempt, workers: int, extra_args: Sequence[str] = ()) -> str:
+        """The startup script; ``extra_args`` go to the agent (e.g. ``--num_slices``)."""
         return startup.script(
-            worker_offset=worker_offset,
             root=self.root, job=attempt.job, attempt=attempt.name, num_workers=workers,
             command=attempt.command, env=attempt.env,
             python=str(self.settings.get("python") or "python3"),
             package_url=self.package_url(),
-            agent_args=list(self.settings.get("agent_args") or [])
+            agent_args=list(self.settings.get("agent_args") or []) + list(extra_args)
             + ([f"--bundle={json.dumps(dict(attempt.bundle), sort_keys=True)}"]
                if attempt.bundle else []),
         )  # fmt: skip

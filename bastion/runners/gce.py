@@ -158,7 +158,7 @@ class GceRunner(CloudRunner):
         body: dict[str, Any] = {
             "name": attempt.name,
             "machineType": f"zones/{zone}/machineTypes/{mt}",
-            "labels": labels_for(attempt, self.tag),
+            "labels": labels_for(attempt, self.tag, self.kind),
             "scheduling": scheduling,
             "disks": [
                 {

@@ -6,9 +6,19 @@ option ``num_replicas``). Everything else is the TPU VM runner's (:mod:`bastion.
 the node body, labels, startup script, agents' records, one listing per zone per cycle.
 
 Create: ``queuedResources.create(queuedResourceId=<attempt name>, requestId=uuid5(...))`` with
-``tpu.nodeSpec`` one entry per slice (node id = the attempt name, or ``<name>-s<i>`` for slice
-``i`` of several; each slice's startup script numbers its workers from ``i * hosts``, so the
-agents of every slice write distinct worker records), ``spot{}`` for spot jobs, else
+one ``tpu.nodeSpec``: for one slice, ``nodeId`` = the attempt name; for ``num_replicas`` = N > 1,
+``multisliceParams{nodeCount: N, nodeIdPrefix}`` and no ``nodeId`` (the API's rule: a node id
+is for a single node; what it makes of this is one multislice, nodes ``<prefix>-0`` ...
+``<prefix>-(N-1)`` with their DCN coordination, :func:`node_prefix`). One startup script
+serves every slice: the agent (``--num_slices=N``) reads its slice from the TPU metadata
+attribute ``tpu-env`` (``MEGASCALE_SLICE_ID``) and numbers itself ``slice * hosts +
+agent-worker-number``, so every worker of every slice writes its own records, and gives the
+command ``MEGASCALE_*`` and ``BASTION_SLICE`` / ``BASTION_NUM_SLICES`` (:mod:`bastion.agent`).
+The queued resource stays the unit this runner owns, polls and deletes; its nodes carry the
+attempt's labels (runner ``tpu-qr``), so the ``tpu`` runner never takes them for its own.
+Queued resources an older daemon made (one ``nodeSpec`` per slice, ids ``<name>-s<i>``, no
+runner label) are still adopted, polled, counted (workers: every spec's hosts times its
+``nodeCount``) and deleted the same way. ``spot{}`` for spot jobs, else
 ``guaranteed{}`` when the settings or options say ``guaranteed`` (``reservation``: a
 ``reservationName``), and ``queueingPolicy.validUntilDuration`` = ``queue_seconds`` (setting
 or option; default 3600), the deadline after which the service fails the request. A retried
@@ -52,13 +62,15 @@ _ENDED = frozenset({"FAILED", "SUSPENDING", "SUSPENDED", "DELETING"})
 _CAPACITY_CODES = frozenset({8, 9})
 
 
-def slice_id(name: str, i: int) -> str:
-    """``<name>-s<i>``, within 63 characters (a hash of the name stands for its cut tail)."""
-    suffix = f"-s{i}"
-    if len(name) + len(suffix) <= MAX_ATTEMPT_NAME:
-        return name + suffix
+def node_prefix(name: str, slices: int) -> str:
+    """The ``multisliceParams.nodeIdPrefix`` of an attempt of ``slices`` slices: the attempt's
+    name when its nodes ``<prefix>-0 ... <prefix>-(slices-1)`` fit in 63 characters, else
+    its head and a hash of the whole name (distinct attempts keep distinct prefixes)."""
+    room = MAX_ATTEMPT_NAME - len(f"-{slices - 1}")
+    if len(name) <= room:
+        return name
     digest = hashlib.sha1(name.encode()).hexdigest()[:8]
-    return f"{name[: MAX_ATTEMPT_NAME - len(suffix) - 9]}-{digest}{suffix}"
+    return f"{name[: room - 9].rstrip('-')}-{digest}"
 
 
 def from_settings(settings: Mapping[str, Any]) -> QueuedRunner:
@@ -89,8 +101,14 @@ class QueuedRunner(TpuRunner):
         specs = (qr.get("tpu") or {}).get("nodeSpec") or [{}]
         return specs[0].get("node") or {}
 
-    def _ours(self, resource: dict) -> bool:
-        return (self._node(resource).get("labels") or {}).get("bastion-root") == self.tag
+    def _labels(self, resource: dict) -> dict[str, str]:
+        """A queued resource has no labels of its own: its node template's say whose it is."""
+        return self._node(resource).get("labels") or {}
+
+    def _legacy_ours(self, resource: dict) -> bool:
+        """A queued resource of this root without a runner label (an older daemon's, one
+        ``nodeSpec`` per slice included) is this runner's: only it makes queued resources."""
+        return True
 
     def job_of(self, resource: dict) -> str | None:
         return (self._node(resource).get("metadata") or {}).get("bastion-job-name")
@@ -107,15 +125,17 @@ class QueuedRunner(TpuRunner):
 
     def _create(self, attempt: Attempt, zone: str, workers: int) -> str | None:
         slices = self._slices(attempt.options)
-        per_slice = workers // slices
-        specs = []
-        for i in range(slices):
-            node_id = attempt.name if slices == 1 else slice_id(attempt.name, i)
-            script = self.script(attempt, workers, i * per_slice if slices > 1 else None)
-            specs.append({"parent": self._parent(zone), "nodeId": node_id,
-                          "node": self.node_body(attempt, script)})  # fmt: skip
+        spec: dict[str, Any] = {"parent": self._parent(zone)}
+        if slices == 1:
+            spec["nodeId"] = attempt.name
+            script = self.script(attempt, workers)
+        else:  # one multislice: the API makes <prefix>-0 ... and sets up their DCN mesh
+            spec["multisliceParams"] = {"nodeCount": slices,
+                                        "nodeIdPrefix": node_prefix(attempt.name, slices)}
+            script = self.script(attempt, workers, [f"--num_slices={slices}"])
+        spec["node"] = self.node_body(attempt, script)
         body: dict[str, Any] = {
-            "tpu": {"nodeSpec": specs},
+            "tpu": {"nodeSpec": [spec]},
             "queueingPolicy": {
                 "validUntilDuration": f"{int(self._option(attempt, 'queue_seconds', 3600))}s"
             },
@@ -126,8 +146,7 @@ class QueuedRunner(TpuRunner):
             body["spot"] = {}
         elif self._option(attempt, "guaranteed") or kind == "reserved":
             body["guaranteed"] = {}  # v2 has no guaranteed.reserved: the reservation's name says
-            for spec in specs:  # a node's own schedulingConfig breaks queued resources
-                spec["node"].pop("schedulingConfig", None)
+            spec["node"].pop("schedulingConfig", None)  # it breaks queued resources
         if reservation and kind != "spot":
             body["reservationName"] = str(reservation)
         request = self.client.queuedResources().create(

@@ -43,13 +43,11 @@ def script(
     python: str = "python3",
     package_url: str | None = None,
     agent_args: Sequence[str] = (),
-    worker_offset: int | None = None,
 ) -> str:
     """A bash script; every value is shell-quoted (job names and env come from users).
 
-    ``worker_offset``: the first worker index of this slice in a multislice attempt (queued
-    resources): every slice's VMs number themselves 0..hosts-1 (``agent-worker-number``), so
-    the script passes the agent ``--worker`` = offset + that number."""
+    The same script serves every worker of every slice: the agent finds its own index (and,
+    given ``--num_slices``, its slice) on the VM (:func:`bastion.agent.worker_index`)."""
     q = shlex.quote
     lines = ["#!/bin/bash", "# bastion: runs this attempt's agent on every worker", "set -u"]
     lines += [f"export {k}={q(str(v))}" for k, v in sorted(env.items()) if _NAME.fullmatch(k)]
@@ -66,12 +64,7 @@ def script(
     lines.append(f"if ! {py} -c 'import bastion' 2>/dev/null; then\n{install}\nfi")
     argv = [python, "-m", "bastion.agent", f"--root={root}", f"--job={job}",
             f"--attempt={attempt}", f"--num_workers={num_workers}", *agent_args]  # fmt: skip
-    worker = ""
-    if worker_offset is not None:
-        lines.append(f"w=$({py} -c 'from bastion.agent import worker_index; "
-                     f"print(worker_index(None) + {int(worker_offset)})') || exit 1")  # fmt: skip
-        worker = ' --worker="$w"'
-    lines.append("exec " + " ".join(q(a) for a in argv) + worker + " -- " + q(command))
+    lines.append("exec " + " ".join(q(a) for a in argv) + " -- " + q(command))
     return "\n".join(lines) + "\n"
 
 

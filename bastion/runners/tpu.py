@@ -1,9 +1,11 @@
 """The TPU VM runner (kind ``tpu``): a Cloud TPU node per attempt (``projects.locations.nodes``).
 
 The node is named after the attempt (RFC 1035, at most 63 characters), labelled with the
-daemon's root, the job and the attempt, and runs the agent on every worker from its startup
-script (:mod:`bastion.runners.startup`); the daemon never connects to it and learns how the job
-goes from the agents' records in the bucket (:class:`bastion.runners.remote.RemoteRecords`).
+daemon's root, the runner kind (``bastion-runner: tpu``), the attempt's name
+(``bastion-attempt-name``), the job and the attempt number, and runs the agent on every worker
+from its startup script (:mod:`bastion.runners.startup`); the daemon never connects to it and
+learns how the job goes from the agents' records in the bucket
+(:class:`bastion.runners.remote.RemoteRecords`).
 
 Settings: those of :mod:`bastion.runners.cloud`, plus ``runtime_version`` (default by family:
 ``tpu-ubuntu2204-base``, v5p ``v2-alpha-tpuv5``, v5litepod ``v2-alpha-tpuv5-lite``, v6e
@@ -29,6 +31,11 @@ Poll, from the zone's listing (one call per zone per cycle for all attempts):
   started (RUNNING, the state named in the reason), else PROVISIONING;
 - PREEMPTED/TERMINATED: PREEMPTED, retryable (a preempted node is deleted, never reused);
 - DELETING: the node is going (we stopped it): the agents' records, or LOST.
+
+Owned (``list_owned``, which the daemon's sweep deletes when no job names them): the nodes
+labelled with this root, runner ``tpu`` and their own name as the attempt name. Nodes that a
+queued resource made (runner ``tpu-qr``, or an older daemon's unlabelled ones carrying the
+API's ``queuedResource`` back-pointer) are the ``tpu-qr`` runner's, never this one's.
 """
 
 from __future__ import annotations
@@ -115,7 +122,7 @@ class TpuRunner(CloudRunner):
         body: dict[str, Any] = {
             "acceleratorType": acc,
             "runtimeVersion": runtime,
-            "labels": labels_for(attempt, self.tag),
+            "labels": labels_for(attempt, self.tag, self.kind),
             "metadata": {"startup-script": script, "bastion-job-name": attempt.job},
         }
         kind, _ = self.capacity(attempt)
@@ -146,6 +153,14 @@ class TpuRunner(CloudRunner):
 
     def job_of(self, resource: dict) -> str | None:
         return (resource.get("metadata") or {}).get("bastion-job-name")
+
+    def _legacy_ours(self, resource: dict) -> bool:
+        """A node of this root without a runner label (an older daemon made it) is this
+        runner's only if no queued resource made it: a node with ``queuedResource`` (the
+        API's back-pointer) or ``multisliceNode`` set belongs to its queued resource, which
+        the ``tpu-qr`` runner owns and deletes (nodes first); its name (``<attempt>-s<i>``)
+        is no attempt, and deleting it would kill that attempt's running slice."""
+        return not (resource.get("queuedResource") or resource.get("multisliceNode"))
 
     # -- poll --------------------------------------------------------------------------------
     def poll(self, handle: Handle) -> Observation:

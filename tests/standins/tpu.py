@@ -11,6 +11,11 @@ A queued resource moves one state per tick: CREATING -> ACCEPTED -> WAITING_FOR_
 while its zone is stocked out; FAILED once ``validUntil*`` has passed) -> PROVISIONING (its nodes
 appear CREATING) -> ACTIVE (nodes READY); SUSPENDING -> SUSPENDED; DELETING -> gone.
 
+The queued-resource create enforces the API's ``nodeSpec`` rule (:meth:`TpuServer.
+_validate_spec`; several specs answer 400 unless ``accept_spec_per_slice``): a multislice is one
+spec with ``multisliceParams``, its nodes ``<prefix>-0 ...`` carry ``multisliceNode`` and their
+workers' ``tpu-env`` attribute the runtime's ``MEGASCALE_*`` lines.
+
 Injections: ``stockout(zone)``/``restock(zone)``, ``quota(zone)``/``lift_quota(zone)``,
 ``fail_creates(code, message, zone, times)`` (a node's create operation ends with that
 ``google.rpc.Status`` at the next tick, e.g. code 13 INTERNAL or 3 INVALID_ARGUMENT; a queued
@@ -103,6 +108,9 @@ class TpuServer(CapacityInjections, StandinServer):
         self._quota: set[str | None] = set()
         self._failing: list[list] = []  # fail_creates: [zone, code, message, times left]
         self._phantom = 0
+        # Queued resources an older daemon made with one nodeSpec per slice: tests of their
+        # adoption and deletion set this to make one (the rule is enforced otherwise).
+        self.accept_spec_per_slice = False
 
     # --- injections -------------------------------------------------------------------------
     def phantom_409(self, n: int = 1):
@@ -218,7 +226,29 @@ class TpuServer(CapacityInjections, StandinServer):
         except (KeyError, ValueError):
             raise rpc_error(400, "INVALID_ARGUMENT", "Unknown accelerator type.") from None
 
-    def _new_node(self, parent, node_id, body, op_name=None, qr_name=None, spot=False) -> dict:
+    @staticmethod
+    def _validate_spec(spec: dict):
+        """The API's rule for a ``nodeSpec`` (tpu.v2.json ``NodeSpec``, cloud.md 1.5): exactly
+        one of ``nodeId`` ("only specified when requesting a single node") and
+        ``multisliceParams``, whose ``nodeCount`` is more than 1 and ``nodeIdPrefix`` given."""
+        multi = spec.get("multisliceParams")
+        if ("nodeId" in spec) == (multi is not None):
+            raise rpc_error(400, "INVALID_ARGUMENT", (
+                "Invalid node spec: exactly one of node_id and multislice_params must be set. "
+                "node_id is only specified when requesting a single node. In case of "
+                "multislice requests, multislice_params must be populated instead."))
+        if multi is not None:
+            count = multi.get("nodeCount")  # proto3 JSON: a number or a numeral
+            if not str(count).isdigit() or int(count) <= 1:
+                raise rpc_error(400, "INVALID_ARGUMENT", (
+                    f"Invalid multislice_params.node_count {count!r}: a multislice request "
+                    "needs node_count greater than 1."))
+            if not multi.get("nodeIdPrefix"):
+                raise rpc_error(400, "INVALID_ARGUMENT",
+                                "multislice_params.node_id_prefix is required.")
+
+    def _new_node(self, parent, node_id, body, op_name=None, qr_name=None, spot=False,
+                  multislice=None) -> dict:
         name = f"{parent}/nodes/{node_id}"
         acc = accelerator_type(body)
         sched = body.get("schedulingConfig") or {}
@@ -229,21 +259,42 @@ class TpuServer(CapacityInjections, StandinServer):
                 "_spot": spot or bool(sched.get("spot") or sched.get("preemptible"))}
         if qr_name:
             node["queuedResource"] = qr_name
+        if multislice is not None:  # (slice index, slice count, slice 0's node name)
+            node.update(multisliceNode=True, _slice=multislice)
         self.nodes[name] = node
         return node
+
+    @staticmethod
+    def _ip(node: dict, host: int) -> str:
+        return f"10.{int(node['id']) % 250}.0.{host + 2}"
+
+    def _tpu_env(self, node: dict, worker: int) -> str:
+        """The ``tpu-env`` attribute a TPU VM carries: lines ``KEY: 'value'``; a node of a
+        multislice queued resource also gets the runtime's MEGASCALE_* (its slice, the slice
+        count, slice 0's worker 0 as the coordinator, the port)."""
+        env = {"ACCELERATOR_TYPE": node["acceleratorType"], "WORKER_ID": str(worker),
+               "NODE_ID": node["name"].rsplit("/", 1)[1], "ZONE": node["name"].split("/")[3]}
+        if node.get("_slice") is not None:
+            i, n, first = node["_slice"]
+            coordinator = self.nodes.get(first, node if i == 0 else None)
+            env.update(MEGASCALE_SLICE_ID=str(i), MEGASCALE_NUM_SLICES=str(n),
+                       MEGASCALE_PORT="8080")
+            if coordinator is not None:
+                env["MEGASCALE_COORDINATOR_ADDRESS"] = self._ip(coordinator, 0)
+        return "".join(f"{k}: '{v}'\n" for k, v in env.items())
 
     def _make_ready(self, node: dict):
         node.update(state="READY", health="HEALTHY")
         k = int(node["id"]) % 250
         node["networkEndpoints"] = [
-            {"ipAddress": f"10.{k}.0.{i + 2}", "port": 8470,
+            {"ipAddress": self._ip(node, i), "port": 8470,
              "accessConfig": {"externalIp": f"203.0.{k}.{i + 2}"}} for i in range(node["_hosts"])]
         if node["_op"]:
             self._finish(node["_op"], response={"@type": NODE_T, **public(node)})
         for i in range(node["_hosts"]):
             md = {**node.get("metadata", {}), "agent-worker-number": str(i),
                   "accelerator-type": node["acceleratorType"],
-                  "instance-id": f"{node['id']}-w{i}"}
+                  "instance-id": f"{node['id']}-w{i}", "tpu-env": self._tpu_env(node, i)}
             self._ready(node, i, md)
 
     def _qr_nodes(self, qr: dict) -> list[dict]:
@@ -301,16 +352,28 @@ class TpuServer(CapacityInjections, StandinServer):
         specs = (body.get("tpu") or {}).get("nodeSpec") or []
         if not specs:
             raise rpc_error(400, "INVALID_ARGUMENT", "tpu.nodeSpec is required.")
-        planned = []  # (parent, node id, node body)
+        if len(specs) > 1 and not self.accept_spec_per_slice:
+            raise rpc_error(400, "INVALID_ARGUMENT", (
+                f"Invalid tpu.node_spec: {len(specs)} node specs were given. node_id is only "
+                "specified when requesting a single node. In case of multislice requests, "
+                "multislice_params must be populated instead (one node spec with node_count "
+                "and node_id_prefix)."))
+        planned = []  # (parent, node id, node body, (slice, slices, slice 0's name) or None)
         for spec in specs:
-            multi = spec.get("multisliceParams") or {}
-            ids = ([f"{multi['nodeIdPrefix']}-{i}" for i in range(int(multi["nodeCount"]))]
-                   if multi else [spec.get("nodeId", "")])
-            for node_id in ids:
+            multi = spec.get("multisliceParams")
+            self._validate_spec(spec)
+            spec_parent = spec.get("parent", parent)
+            if multi is not None:
+                n, prefix = int(multi["nodeCount"]), multi["nodeIdPrefix"]
+                first = f"{spec_parent}/nodes/{prefix}-0"
+                ids = [(f"{prefix}-{i}", (i, n, first)) for i in range(n)]
+            else:
+                ids = [(spec["nodeId"], None)]
+            for node_id, part in ids:
                 self._validate_node(spec.get("node") or {}, node_id)
-                planned.append((spec.get("parent", parent), node_id, spec["node"]))
+                planned.append((spec_parent, node_id, spec["node"], part))
         name = f"{parent}/queuedResources/{qr_id}"
-        taken = [f"{p}/nodes/{i}" for p, i, _ in planned if f"{p}/nodes/{i}" in self.nodes]
+        taken = [f"{p}/nodes/{i}" for p, i, _, _ in planned if f"{p}/nodes/{i}" in self.nodes]
         if name in self.qrs or taken:
             raise rpc_error(409, "ALREADY_EXISTS", f"Resource '{name}' already exists")
         self._guard_create(parent)
@@ -413,9 +476,9 @@ class TpuServer(CapacityInjections, StandinServer):
             else:
                 qr["state"] = {"state": "PROVISIONING"}
                 spot = "spot" in qr
-                for parent, node_id, body in qr["_plan"]:
+                for parent, node_id, body, part in qr["_plan"]:
                     node = self._new_node(parent, node_id, camel_keys(body), qr_name=name,
-                                          spot=spot)
+                                          spot=spot, multislice=part)
                     qr["_nodes"].append(node["name"])
         elif state in advance:
             qr["state"] = {**qr["state"], "state": advance[state]}
