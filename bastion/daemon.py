@@ -51,6 +51,7 @@ from bastion.quotas import QuotaSource
 from bastion.runners.base import (
     Attempt,
     Fenced,
+    NoCapacity,
     Observation,
     Phase,
     RunnerError,
@@ -67,6 +68,13 @@ from quota.policy import Decision, Verdict, replan_by, schedule
 log = logging.getLogger("bastion.daemon")
 
 DEFAULT_GRACE_SECONDS = 30.0
+# A start that keeps failing transiently (TryAgain, an unexpected error) is tried again next
+# cycle, then after 1, 2, 4 ... seconds up to START_RETRY_MAX_SECONDS apart, per job, and given
+# up (the job FAILS with the last reason, its quota free) this long after its first failure.
+# A wait for cloud capacity (NoCapacity) has no such bound. Setting: start_give_up_seconds.
+DEFAULT_START_GIVE_UP_SECONDS = 600.0
+START_RETRY_FIRST_SECONDS = 1.0
+START_RETRY_MAX_SECONDS = 60.0
 DECISION_RECORDS_KEPT = 1000
 DECISION_RECORD_BYTES = 8 << 10  # one record's decisions; the rest of a burst is counted
 OUTPUT_CHUNK = 8 << 20  # bytes of one attempt's output copied per read
@@ -196,8 +204,13 @@ class Daemon:
         grace_seconds: float = DEFAULT_GRACE_SECONDS,
         max_workers: int = 48,
         lease: Lease | None = None,
+        start_give_up_seconds: float = DEFAULT_START_GIVE_UP_SECONDS,
     ) -> None:
         self.store = store
+        self.start_give_up_seconds = start_give_up_seconds
+        # (job, purpose) -> (failed tries, when the next is due) of starts that failed
+        # transiently: each job backs off on its own (bastion/lifecycle.py gives up).
+        self._start_retries: dict[tuple[str, str], tuple[int, float]] = {}
         self.lease = lease
         self.runners = runners
         self.quota = quota
@@ -303,6 +316,7 @@ class Daemon:
         if self.jobs or self._recovered:
             log.info("not acting on %s; forgetting in-memory state", self.store.root_url)
         self.jobs.clear()
+        self._start_retries.clear()
         self._deleting.clear()
         self._deletes_in_pool.clear()
         self._deletes_of.clear()
@@ -821,6 +835,8 @@ class Daemon:
     def _carry_out(self, now: float) -> None:
         """Hand decided effects to the pool, for jobs whose state (the write-ahead record of
         what is about to happen) is in the bucket. Results are taken in next cycle."""
+        if self._start_retries:
+            self._retry_starts(now)
         ready = [
             job
             for job in self.jobs.values()
@@ -910,9 +926,12 @@ class Daemon:
                         continue
                     except Fenced:
                         raise
-                    except Exception as e:  # transient: the same start next cycle
+                    except Exception as e:  # transient: the same start again, backing off
+                        bound = None if isinstance(e, NoCapacity) else self.start_give_up_seconds
                         log.warning("%s: starting %s: %s; trying again", job_name, attempt.name, e)
-                        results.append(lifecycle.StartDeferred(effect.purpose, str(e)[:500]))
+                        results.append(
+                            lifecycle.StartDeferred(effect.purpose, str(e)[:500], bound)
+                        )
                         continue
                     record = {**record, "handle": handle}
                     records[effect.purpose] = record
@@ -968,12 +987,42 @@ class Daemon:
             if event is None:
                 job.inflight = max(0, job.inflight - 1)
             elif isinstance(event, lifecycle.StartDeferred):
-                job.effects.append(lifecycle.Start(event.purpose))  # again next cycle
-                self._apply(job, event, now)  # ... and the job says why it waits
+                self._apply(job, event, now)  # the job says why it waits, or it gave up
+                self._start_later(job, event, now)
             else:
+                self._start_retries.pop((job_name, getattr(event, "purpose", "")), None)
                 self._apply(job, event, now)
                 if isinstance(event, lifecycle.Started):
                     self._note_placed(job, event)
+
+    def _start_later(self, job: Job, event: lifecycle.StartDeferred, now: float) -> None:
+        """Schedule the next try of a start that failed transiently: next cycle after the
+        first failure, then 1, 2, 4 ... seconds later up to START_RETRY_MAX_SECONDS (none for
+        a wait for capacity: the runner backs off each zone itself), and never after its
+        give-up time, so the last try is the one that gives up on time."""
+        record = lifecycle.attempt_record(job.state, event.purpose)
+        key = (job.name, event.purpose)
+        if record is None or record.get("handle") is not None:  # it ended (gave up, cancelled)
+            self._start_retries.pop(key, None)
+            return
+        tries = self._start_retries.get(key, (0, 0.0))[0] + 1
+        delay = 0.0
+        if event.give_up_after is not None and tries > 1:
+            delay = min(START_RETRY_MAX_SECONDS, START_RETRY_FIRST_SECONDS * 2 ** (tries - 2))
+            since = float(record.get("deferred_since") or now)
+            delay = max(0.0, min(delay, since + event.give_up_after - now))
+        self._start_retries[key] = (tries, now + delay)
+
+    def _retry_starts(self, now: float) -> None:
+        """Hand back the starts whose next try is due (their jobs' attempts still unstarted)."""
+        for key, (_, due) in list(self._start_retries.items()):
+            job = self.jobs.get(key[0])
+            record = lifecycle.attempt_record(job.state, key[1]) if job else None
+            if job is None or record is None or record.get("handle") is not None:
+                del self._start_retries[key]
+            elif due <= now and not job.inflight and lifecycle.Start(key[1]) not in job.effects:
+                # (Its result reschedules or ends it; one lost to an error is tried again.)
+                job.effects.append(lifecycle.Start(key[1]))
 
     def _note_placed(self, job: Job, event: lifecycle.Started) -> None:
         record = lifecycle.attempt_record(job.state, event.purpose)

@@ -12,7 +12,12 @@ job's status changes nothing.
     PENDING     Wait(reason)                    -> PENDING      -   (reason only)
     ACTIVE      Started(handle)                 -> ACTIVE       -   (handle recorded)
     ACTIVE      StartFailed (the job's error)   -> COMPLETED    Log(failed), Delete(run)
-    ACTIVE      StartDeferred (transient)       -> ACTIVE       -   (reason; the daemon retries)
+    ACTIVE      StartDeferred (transient)       -> ACTIVE       -   (reason; the first deferral's
+                                                                 time in the record; the daemon
+                                                                 retries, backing off)
+    ACTIVE      StartDeferred past give_up_after -> COMPLETED   Log(failed), Delete(run)
+    CANCELLING  StartDeferred                   -> COMPLETED (CANCELLED)   Log, Delete(run)
+    CANCELLING  Tick, its start deferred        -> COMPLETED (CANCELLED)   Log, Delete(run)
     ACTIVE      Observed(queued|provisioning|running) -> ACTIVE -   (phase; running_since;
                                                                  each worker's health)
     ACTIVE      Preempt | Update                -> ACTIVE       Stop(run)   (stop recorded)
@@ -104,10 +109,14 @@ class StartFailed:
 @dataclass(frozen=True)
 class StartDeferred:
     """The runner cannot start the attempt yet (TryAgain: a blocked region, a busy claim, an
-    unreachable engine); the daemon tries again next cycle. Only the reason changes."""
+    unreachable engine); the daemon tries again, backing off. The reason changes, and the
+    record keeps when the first try failed: once ``give_up_after`` seconds have passed since,
+    the attempt fails with the last reason (None: no bound, a wait for capacity). A job
+    cancelled meanwhile ends CANCELLED: nothing was started, so there is nothing to stop."""
 
     purpose: str
     reason: str
+    give_up_after: float | None = None
 
 
 @dataclass(frozen=True)
@@ -236,7 +245,7 @@ def transition(
     elif isinstance(event, StartFailed):
         _start_failed(result, event, now, has_cleanup)
     elif isinstance(event, StartDeferred) and attempt_record(new, event.purpose):
-        new.reason = f"attempt {new.attempt} waits to start: {event.reason}"
+        _start_deferred(result, event, now, has_cleanup)
     elif isinstance(event, Observed):
         _observed(result, event, now, has_cleanup)
     elif isinstance(event, CleanupAdmit) and status is Status.CLEANING and not new.cleanup_runner:
@@ -248,6 +257,11 @@ def transition(
             "phase": "STARTING",
         }
         result.effects.append(Start(CLEANUP))
+    elif isinstance(event, Tick) and _cancelled_before_start(new):
+        # Cancelled while its start waits for its next try (the daemon ticks only a job with
+        # no effect in flight): no attempt exists, so it ends now, not after a start.
+        _start_failed(result, StartFailed(RUN, "it was cancelled while waiting to start"),
+                      now, has_cleanup)  # fmt: skip
     elif isinstance(event, Tick) and new.stop and new.runner:
         deadline = float(new.stop["deadline"])
         if now >= deadline and not new.stop.get("forced"):
@@ -349,6 +363,41 @@ def _start_failed(result: Result, event: StartFailed, now: float, has_cleanup: b
         _complete(result, Outcome.CANCELLED, stop.get("reason", ""), now)
         return
     _complete(result, Outcome.FAILED, f"could not start the command: {event.error}", now)
+
+
+def _cancelled_before_start(state: JobState) -> bool:
+    record = state.runner
+    return bool(
+        state.stop
+        and state.stop["kind"] == StopKind.CANCEL.value
+        and record
+        and record.get("handle") is None
+        and record.get("deferred_since") is not None
+    )
+
+
+def _start_deferred(result: Result, event: StartDeferred, now: float, has_cleanup: bool) -> None:
+    state = result.state
+    record = attempt_record(state, event.purpose)
+    if record is None or record.get("handle") is not None:
+        return
+    stop = state.stop
+    if event.purpose == RUN and stop and stop["kind"] == StopKind.CANCEL.value:
+        _start_failed(result, StartFailed(event.purpose, event.reason), now, has_cleanup)
+        return
+    since = float(record.get("deferred_since") or now)
+    bound = event.give_up_after
+    if bound is not None and now - since >= bound:
+        error = (
+            f"{event.reason} (still failing after {now - since:.0f}s of tries; gave up: the "
+            f"daemon's start_give_up_seconds is {bound:g})"
+        )
+        _start_failed(result, StartFailed(event.purpose, error), now, has_cleanup)
+        return
+    if record.get("deferred_since") is None:
+        _set_record(state, event.purpose, {**record, "deferred_since": now})
+    until = f"; gives up at {fmt_time(since + bound)}" if bound is not None else ""
+    state.reason = f"attempt {state.attempt} waits to start: {event.reason}{until}"
 
 
 def _end_marker(state: JobState, obs: Observation, now: float) -> str:

@@ -26,6 +26,7 @@ from bastion.lifecycle import (
     Preempt,
     Reject,
     Start,
+    StartDeferred,
     Started,
     StartFailed,
     Stop,
@@ -572,3 +573,54 @@ def test_result_defaults_and_module_names():
     assert lifecycle.RUN == "run" and lifecycle.CLEANUP == "cleanup"
     result = lifecycle.Result(pending())
     assert result.effects == [] and result.events == []
+
+
+# -- starts that keep failing (issue 21, point 2) ------------------------------------------------
+
+
+def test_start_deferred_records_its_first_failure_and_says_when_it_gives_up():
+    state = step(pending(), admit()).state
+    first = step(state, StartDeferred(RUN, "engine busy", give_up_after=60), T0 + 1).state
+    assert first.status is Status.ACTIVE and first.runner["deferred_since"] == T0 + 1
+    assert first.reason.startswith("attempt 1 waits to start: engine busy; gives up at ")
+    later = step(first, StartDeferred(RUN, "engine busy", give_up_after=60), T0 + 30).state
+    assert later.runner["deferred_since"] == T0 + 1  # the first failure's time is kept
+    assert later == first  # nothing new to write while it waits
+
+
+def test_start_deferred_past_its_bound_fails_the_job_with_the_last_reason():
+    state = step(pending(), admit()).state
+    state = step(state, StartDeferred(RUN, "engine busy", give_up_after=60), T0 + 1).state
+    result = step(state, StartDeferred(RUN, "engine gone", give_up_after=60), T0 + 61)
+    new = result.state
+    assert (new.status, new.outcome) == (Status.COMPLETED, Outcome.FAILED)
+    assert "engine gone" in new.reason and "gave up" in new.reason
+    assert new.runner is None and deletes(result) == [Delete(RUN, "fake", NAME, None)]
+    assert "could not start" in logs(result)[0].text
+
+
+def test_a_wait_for_capacity_has_no_bound():
+    state = step(pending(), admit()).state
+    state = step(state, StartDeferred(RUN, "waiting for capacity", None), T0 + 1).state
+    state = step(state, StartDeferred(RUN, "waiting for capacity", None), T0 + 86_400).state
+    assert state.status is Status.ACTIVE and "gives up" not in state.reason
+
+
+def test_cancel_of_a_start_that_waits_ends_cancelled_at_the_next_tick():
+    state = step(pending(), admit()).state
+    state = step(state, StartDeferred(RUN, "engine busy", give_up_after=600), T0 + 1).state
+    state = step(state, Cancel("cancelled by bob", 30.0), T0 + 2).state
+    assert state.status is Status.CANCELLING
+    result = step(state, Tick(), T0 + 3)
+    new = result.state
+    assert (new.status, new.outcome) == (Status.COMPLETED, Outcome.CANCELLED)
+    assert new.reason == "cancelled by bob" and new.runner is None
+    assert deletes(result) == [Delete(RUN, "fake", NAME, None)]
+
+
+def test_cancel_whose_start_then_fails_transiently_ends_cancelled():
+    state = step(pending(), admit()).state  # its start is in flight when the cancel comes
+    state = step(state, Cancel("cancelled by bob", 30.0), T0 + 1).state
+    assert step(state, Tick(), T0 + 2).state.status is Status.CANCELLING  # may still start
+    new = step(state, StartDeferred(RUN, "engine busy", 600), T0 + 2).state
+    assert (new.status, new.outcome) == (Status.COMPLETED, Outcome.CANCELLED)

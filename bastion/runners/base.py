@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import abc
 import enum
+import errno
 import hashlib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,7 +109,15 @@ class Owned:
 
 class RunnerError(Exception):
     """A runner cannot do what was asked; the message is for the job's user (the attempt
-    fails with it). Any other exception is taken as transient: the daemon tries again."""
+    fails with it). Any other exception is taken as transient: the daemon tries again, backing
+    off, and gives up after its ``start_give_up_seconds`` (bastion/daemon.py)."""
+
+
+class StartRefused(RunnerError):
+    """A start that failed for a reason trying again will not change: ``exec`` refused the
+    command's arguments or environment as too large (E2BIG), the interpreter or an image does
+    not exist, a bundle does not verify. Its job ends FAILED with the message after the first
+    try, and its quota is free for the next job."""
 
 
 class Fenced(Exception):
@@ -118,7 +127,46 @@ class Fenced(Exception):
 
 class TryAgain(Exception):
     """Transient: the same call may succeed next cycle (another process is starting this very
-    attempt right now, an engine or API briefly unreachable)."""
+    attempt right now, an engine or API briefly unreachable). The daemon tries again with an
+    exponential backoff per job and gives up after a bounded time, failing the job."""
+
+
+class NoCapacity(TryAgain):
+    """Transient, and not a failure of the start: the provider has no capacity (or quota) in
+    any zone now. Waited for without the give-up bound, as a stockout is: it clears when it
+    clears, and the runner already backs off each zone itself."""
+
+
+# Errors of exec(2) that no retry can cure: the same command, environment and host give the same.
+_PERMANENT_EXEC = {
+    errno.E2BIG: "E2BIG",
+    errno.ENOENT: "ENOENT",
+    errno.ENOEXEC: "ENOEXEC",
+    errno.EACCES: "EACCES",
+    errno.ENOTDIR: "ENOTDIR",
+    errno.ENAMETOOLONG: "ENAMETOOLONG",
+    errno.ELOOP: "ELOOP",
+}
+
+
+def exec_refusal(
+    error: OSError, program: str, env: Mapping[str, str], args: Sequence[str]
+) -> StartRefused | None:
+    """The StartRefused for an ``exec`` of ``program`` that failed with ``error``, when the
+    failure is one no retry cures (None: transient, e.g. EAGAIN or ENOMEM). For E2BIG it names
+    the variable (or the sizes) over the kernel's limit, so the user knows what to shrink."""
+    code = _PERMANENT_EXEC.get(error.errno or 0)
+    if code is None:
+        return None
+    what = f"exec of {program} failed: {error.strerror or error} ({code})"
+    if error.errno == errno.E2BIG:
+        from bastion.jobspec import exec_limit_problem
+
+        detail = exec_limit_problem(env, args) or (
+            "the job's command and environment are over this host's limit for exec"
+        )
+        what = f"{what}: {detail}"
+    return StartRefused(what)
 
 
 class Runner(abc.ABC):

@@ -79,6 +79,7 @@ from bastion.runners.base import (
     Attempt,
     Fenced,
     Handle,
+    NoCapacity,
     Observation,
     Owned,
     Phase,
@@ -411,7 +412,7 @@ class CloudRunner(Runner):
                 "root_tag": self.tag, "time": created, "op": op})  # fmt: skip
             handle = self._handle(attempt.job, attempt.name, zone, workers, op)
             return self._created_at(handle, created)
-        raise TryAgain("waiting for capacity: " + "; ".join(dict.fromkeys(reasons)))
+        raise NoCapacity("waiting for capacity: " + "; ".join(dict.fromkeys(reasons)))
 
     @staticmethod
     def _created_at(handle: Handle, created: float | None) -> Handle:

@@ -51,7 +51,16 @@ import requests
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.types import DeviceRequest
 
-from bastion.runners.base import Attempt, Handle, Observation, Owned, Phase, Runner, RunnerError
+from bastion.runners.base import (
+    Attempt,
+    Handle,
+    Observation,
+    Owned,
+    Phase,
+    Runner,
+    RunnerError,
+    StartRefused,
+)
 from bastion.runners.base import root_tag as make_root_tag
 from bastion.runners.fence import fenced
 from bastion.runners.local import default_attempts_dir
@@ -312,8 +321,8 @@ class DockerRunner(Runner):
         try:
             os.makedirs(code, exist_ok=True)
             fetch(Bundle.from_json(dict(attempt.bundle or {})), Store(self.root), code)
-        except BundleError as e:
-            raise RunnerError(str(e)) from None
+        except BundleError as e:  # a digest that does not match will not match next time
+            raise StartRefused(str(e)) from None
 
     def _container_spec(
         self, attempt: Attempt, options: Mapping[str, Any], gpus: list[int]
@@ -380,7 +389,7 @@ class DockerRunner(Runner):
         try:
             api.pull(image)  # "repo" alone pulls "repo:latest"
         except (APIError, requests.RequestException) as e:
-            raise RunnerError(
+            raise StartRefused(
                 f"image {image} not found locally or in its registry: {_one_line(e)}"
             ) from e
         return _create_once(api, create)
@@ -393,7 +402,9 @@ class DockerRunner(Runner):
             if remove_on_failure:
                 with contextlib.suppress(APIError):
                     self._api().remove_container(container_id, force=True)
-            raise RunnerError(f"docker could not start {name}: {_one_line(e)}") from e
+            # The engine refused to run it (no such entrypoint, exec's E2BIG, a bad bind): the
+            # same container is refused again.
+            raise StartRefused(f"docker could not start {name}: {_one_line(e)}") from e
 
     def _adopt(self, name: str) -> Handle:
         try:

@@ -45,7 +45,9 @@ from bastion.runners.base import (
     Phase,
     Runner,
     RunnerError,
+    StartRefused,
     TryAgain,
+    exec_refusal,
     name_prefix,
 )
 from bastion.runners.fence import fenced
@@ -233,16 +235,12 @@ class LocalRunner(Runner):
             os.path.join(directory, "output"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
         )
         stdin = os.open(os.devnull, os.O_RDONLY)
+        argv = [
+            "/bin/sh", "-c", _WRAPPER, f"bastion-job:{attempt.name}", attempt.command, directory
+        ]  # fmt: skip
         try:
             proc = subprocess.Popen(
-                [
-                    "/bin/sh",
-                    "-c",
-                    _WRAPPER,
-                    f"bastion-job:{attempt.name}",
-                    attempt.command,
-                    directory,
-                ],
+                argv,
                 stdin=stdin,
                 stdout=output,
                 stderr=subprocess.STDOUT,
@@ -251,6 +249,11 @@ class LocalRunner(Runner):
                 cwd=work,
                 close_fds=True,
             )
+        except OSError as e:  # exec refused: E2BIG, no /bin/sh... never cured by a retry
+            refused = exec_refusal(e, argv[0], env, argv)
+            if refused is None:
+                raise  # EAGAIN, ENOMEM: transient, the daemon backs off and tries again
+            raise refused from None
         finally:
             os.close(output)
             os.close(stdin)
@@ -280,8 +283,8 @@ class LocalRunner(Runner):
 
                 self._store = Store(self.root)
             fetch(bundle, self._store, work)
-        except BundleError as e:
-            raise RunnerError(str(e)) from None
+        except BundleError as e:  # a digest that does not match will not match next time
+            raise StartRefused(str(e)) from None
 
     def _find(self, name: str) -> Handle | None:
         """The handle of an attempt whose command ran or runs; None if it never started."""
