@@ -443,9 +443,10 @@ def _follow_runner(state: JobState, obs: Observation) -> None:
     runs ("provisioning: node CREATING" must not outlive the node's creation: "running:
     waiting for workers to start (0 of 1)", then "running: 1 of 1 workers running"). A
     runner's words are stable between changes, so the state is rewritten only on a change.
-    A runner that goes straight to running keeps the admission's reason, as before."""
+    A runner that goes straight to running keeps the admission's reason, as before, and a
+    stop in progress keeps its own (why it is being stopped)."""
     prefix = f"attempt {state.attempt}: "
-    if obs.phase is Phase.RUNNING and not state.reason.startswith(prefix):
+    if state.stop or (obs.phase is Phase.RUNNING and not state.reason.startswith(prefix)):
         return
     reason = f"{prefix}{obs.phase.value.lower()}" + (f": {obs.reason}" if obs.reason else "")
     if state.reason != reason:
