@@ -430,10 +430,8 @@ def _observed(result: Result, event: Observed, now: float, has_cleanup: bool) ->
             _set_record(state, event.purpose, {**record, "phase": obs.phase.value})
             if event.purpose == RUN and obs.phase is Phase.RUNNING:
                 state.running_since = now
-            if event.purpose == RUN and obs.phase is not Phase.RUNNING:
-                state.reason = f"attempt {state.attempt}: {obs.phase.value.lower()}" + (
-                    f": {obs.reason}" if obs.reason else ""
-                )
+        if event.purpose == RUN:
+            _follow_runner(state, obs)
         return
     _set_record(state, event.purpose, None)
     _delete(result, event.purpose, record)
@@ -496,6 +494,22 @@ def _observed(result: Result, event: Observed, now: float, has_cleanup: bool) ->
         said = obs.reason if obs.reason and obs.reason != how else ""  # e.g. which worker
         reason = f"command {how}" + (f" ({said})" if said else "")
         _finish_run(result, Outcome.FAILED, reason, now, has_cleanup)
+
+
+def _follow_runner(state: JobState, obs: Observation) -> None:
+    """The reason follows what the runner says now, not what it said first: while the
+    attempt waits (queued, provisioning) and, once the runner's words are the reason, while it
+    runs ("provisioning: node CREATING" must not outlive the node's creation: "running:
+    waiting for workers to start (0 of 1)", then "running: 1 of 1 workers running"). A
+    runner's words are stable between changes, so the state is rewritten only on a change.
+    A runner that goes straight to running keeps the admission's reason, as before, and a
+    stop in progress keeps its own (why it is being stopped)."""
+    prefix = f"attempt {state.attempt}: "
+    if state.stop or (obs.phase is Phase.RUNNING and not state.reason.startswith(prefix)):
+        return
+    reason = f"{prefix}{obs.phase.value.lower()}" + (f": {obs.reason}" if obs.reason else "")
+    if state.reason != reason:
+        state.reason = reason
 
 
 def _requeue(result: Result, reason: str, event: str = "REQUEUED") -> None:

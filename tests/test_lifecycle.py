@@ -217,6 +217,26 @@ def test_active_observed_running_sets_running_since_once():
     assert second == first
 
 
+def test_active_reason_follows_the_runner_not_the_first_state_it_saw():
+    """A TPU node is CREATING, then READY while its worker has not started: the job must not
+    read "provisioning: node CREATING" for as long as the worker does not start (issue 20)."""
+    state = step(active(phase=None), observed(Phase.PROVISIONING, reason="node CREATING"),
+                 T0 + 1).state  # fmt: skip
+    assert state.reason == "attempt 1: provisioning: node CREATING"
+    seen = observed(Phase.RUNNING, reason="waiting for workers to start (0 of 1)")
+    state = step(state, seen, T0 + 2).state
+    assert state.reason == "attempt 1: running: waiting for workers to start (0 of 1)"
+    assert step(state, seen, T0 + 3).state == state  # unchanged words: nothing to write
+    state = step(state, observed(Phase.RUNNING, reason="1 of 1 workers running"), T0 + 4).state
+    assert state.reason == "attempt 1: running: 1 of 1 workers running"
+    assert state.running_since == T0 + 2
+    direct = step(active(phase=None), observed(Phase.RUNNING, reason="pid 7"), T0 + 1).state
+    assert direct.reason == active(phase=None).reason  # a runner that starts at once: as before
+    stopping = step(state, Cancel("cancelled by bob", 30.0), T0 + 5).state
+    after = step(stopping, observed(Phase.RUNNING, reason="0 of 1 workers running"), T0 + 6)
+    assert after.state.reason == stopping.reason  # a stop keeps its reason
+
+
 def test_active_preempt_stops_and_records_the_stop():
     state = active()
     result = step(state, Preempt("tier 0 job needs the gpus", "bob-job", 10.0), T0 + 1)
