@@ -165,25 +165,46 @@ def describe(processes: list[Process]) -> str:
     return f"killed {count} process{'es' if count != 1 else ''} left behind: {named}{more}"
 
 
-def end(marker: str, grace: float, worker: str | None = None) -> list[Process]:
-    """Blocking: SIGTERM every process carrying ``marker`` (and ``worker``, when given),
-    SIGKILL what is left after ``grace`` seconds, and wait until a scan finds none (bounded:
-    a process stuck in the kernel cannot hold the caller for ever). Returns what was found."""
+def end(
+    marker: str,
+    grace: float,
+    worker: str | None = None,
+    group: int = 0,
+    group_termed: bool = False,
+) -> list[Process]:
+    """Blocking, for the agent: SIGTERM every process carrying ``marker`` (and ``worker``, when
+    given) and the process ``group`` of the command that has ended (unless a stop already
+    sent it SIGTERM: a second one means "now" to many programs), SIGKILL what is left after
+    ``grace`` seconds, and wait until a scan finds none (bounded: a process stuck in the
+    kernel cannot hold the caller for ever). Returns what the scans found."""
     ended: dict[int, Process] = {}
     deadline = time.monotonic() + grace
     give_up = deadline + 10.0
-    sig = signal.SIGTERM
+    killing = False
+    if group > 0 and not group_termed:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGTERM)
     while True:
-        found = [
-            p for p in scan(marker).get(marker, []) if worker is None or p.worker == worker
-        ]
+        found = [p for p in scan(marker).get(marker, []) if worker is None or p.worker == worker]
         if not found or time.monotonic() > give_up:
             return list(ended.values())
         fresh = [p for p in found if p.pid not in ended]
         ended.update((p.pid, p) for p in fresh)
-        if sig == signal.SIGTERM and time.monotonic() >= deadline:
-            sig = signal.SIGKILL
-            send(found, sig)
+        if not killing and time.monotonic() >= deadline:
+            killing = True
+            if group > 0:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(group, signal.SIGKILL)
+        if killing:
+            send(found, signal.SIGKILL)
         else:
-            send(fresh if sig == signal.SIGTERM else found, sig)
+            send([p for p in fresh if not (group_termed and _group_of(p) == group)],
+                 signal.SIGTERM)  # fmt: skip
         time.sleep(0.05)
+
+
+def _group_of(process: Process) -> int:
+    try:
+        return os.getpgid(process.pid)
+    except OSError:
+        return 0
