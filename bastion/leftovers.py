@@ -15,16 +15,20 @@ children, within the job's grace); the marker catches what is still alive once t
 main process has ended: SIGTERM, then SIGKILL after a grace, then a fresh scan that must find
 nothing before the attempt counts as gone.
 
-Why not a cgroup: moving the attempt into a cgroup of its own needs a cgroup v2 subtree that
-the daemon may write (systemd's ``Delegate=``, or root on a unified-only host). Many hosts
-the daemon runs on have none: a container sees a read-only ``/sys/fs/cgroup``, and hybrid
-v1/v2 hosts (this repository's test machines among them) keep processes in v1 hierarchies.
-A second mechanism that works only on some hosts would need the marker anyway.
+Why not a cgroup (which would also catch ``env -i``): putting each attempt in a cgroup of
+its own needs a cgroup v2 subtree the daemon may write, that is root, or a subtree systemd
+delegated to the daemon's unit (``Delegate=yes``). The daemon normally runs as a user, under
+systemd (which owns the rest of the tree) or in a container (``/sys/fs/cgroup`` read-only);
+hybrid hosts mount v2 without controllers beside v1 (the machine these tests run on has it at
+``/sys/fs/cgroup/unified``, writable by root alone). It would be a second mechanism that only
+some daemons get and only root can test, while the marker works for every daemon and is
+verifiable by a scan; so the marker is the one mechanism, and its limit is documented.
 
-Cost: a scan reads ``/proc/<pid>/environ`` of every process on the machine (about 10 us
-each). It runs only when an attempt ends or is deleted, never while attempts merely run, and
-concurrent askers share one scan (:class:`Scanner`), so a thousand attempts ending in one
-cycle cost a few scans, not a thousand.
+Cost: a scan reads ``/proc/<pid>/environ`` of every process on the machine (1.7 ms for the
+86 processes of the test machine). It runs only when an attempt's command has ended, never
+while attempts merely run, and one scan answers every attempt that ended before it began
+(:class:`Scanner`): polling 300 ended attempts from 48 threads took one scan (and 0.14 to
+0.24 s, as without any), deleting them none; a fresh scan per poll took 110 scans and 0.9 s.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ class Process:
     create_time: float
     name: str
     worker: str | None = None  # its BASTION_WORKER, for the agent's workers on one machine
+    ppid: int = 0  # its parent when the scan saw it
 
     def __str__(self) -> str:
         return f"{self.name} (pid {self.pid})"
@@ -100,7 +105,7 @@ def _identify(pid: int, worker: str | None) -> Process | None:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
             return None
-        return Process(pid, proc.create_time(), proc.name(), worker)
+        return Process(pid, proc.create_time(), proc.name(), worker, proc.ppid())
     except psutil.Error:
         return None
 
@@ -121,20 +126,23 @@ def _scan_psutil(prefix: str) -> dict[str, list[Process]]:
 
 
 class Scanner:
-    """One scan shared by everyone who asks while it runs: an asker is answered by the first
-    scan that started after it asked (it must see every process alive at that moment)."""
+    """Scans shared by everyone who asks: an asker names the moment from which a scan is good
+    enough for it (``since``, wall-clock seconds; default: now). For what an attempt left
+    behind, that is when its main process ended: every attempt that ended before the last
+    scan began is answered by it, so a cycle's polls of many ended attempts cost one scan.
+    Askers that come while a scan runs wait for it, and share the next one if it is too old."""
 
     def __init__(self, prefix: str = "") -> None:
         self.prefix = prefix
         self._lock = threading.Lock()
-        self._started = -1.0
+        self._started = float("-inf")
         self._found: dict[str, list[Process]] = {}
 
-    def find(self, marker: str) -> list[Process]:
-        asked = time.monotonic()
+    def find(self, marker: str, since: float | None = None) -> list[Process]:
+        since = time.time() if since is None else since
         with self._lock:
-            if self._started < asked:
-                self._started = time.monotonic()
+            if self._started < since:
+                self._started = time.time()
                 self._found = scan(self.prefix)
             return list(self._found.get(marker, ()))
 

@@ -421,9 +421,22 @@ class LocalRunner(Runner):
         if record is None:
             record = _read_json(os.path.join(self._dir(name), "left_behind"))
         if record is None:
-            record = self._end(handle, self._scanner.find(name), {})
+            found = self._scanner.find(name, since=self._ended_at(handle))
+            # A scan begun as the wrapper was exiting sees it, and perhaps its own `mv`: the
+            # wrapper's, not left behind (no orphan has the wrapper for a parent: it waits).
+            wrapper = int(handle.get("pid") or 0)
+            found = [p for p in found if wrapper not in (p.pid, p.ppid)]
+            record = self._end(handle, found, {})
         self._left[name] = record
         return record
+
+    def _ended_at(self, handle: Handle) -> float:
+        """When the command ended: its ``exit`` file's time (the wrapper writes it once the
+        command has ended), else now (killed, or gone before it could write it)."""
+        try:
+            return os.path.getmtime(os.path.join(self._dir(handle["name"]), "exit"))
+        except OSError:
+            return time.time()
 
     def _end(
         self, handle: Handle, found: list[leftovers.Process], record: dict[str, Any]
@@ -457,11 +470,10 @@ class LocalRunner(Runner):
         """For ``delete``: True once a scan made after the wrapper ended finds nothing of the
         attempt; until then SIGTERM what is new, SIGKILL everything once the grace is over."""
         name = str(handle["name"])
-        known = name in self._left or os.path.exists(os.path.join(self._dir(name), "left_behind"))
         record = self._left_behind(handle)
-        if not known:  # it scanned just now
-            return not record["pids"]
-        found = self._scanner.find(name)
+        if not record.get("pids"):
+            return True  # a scan begun after the wrapper had ended found nothing of it
+        found = self._scanner.find(name)  # (a fresh scan: after our signals)
         if not found:
             return True
         if {p.pid for p in found} - set(record.get("pids") or []):
