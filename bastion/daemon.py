@@ -806,6 +806,8 @@ class Daemon:
                     job.state.reason = job.reason_before_blind
                 job.reason_before_blind = None
             try:
+                if result.note and result.finished:  # before the outcome it belongs to
+                    self._note(job, "LEFTOVERS", result.note)
                 self._apply(job, lifecycle.Observed(purpose, result), now)
             except Exception:
                 log.exception("%s: could not take in what its runner reported", job.name)

@@ -60,7 +60,11 @@ def _lock_work_dir(work_dir: str) -> int:
 
 
 def _setup_logging(path: str) -> None:
-    handler = logging.FileHandler(path)
+    """The daemon's log file (mirrored to ``ROOT/logs/<bastion-name>``). Lines can carry
+    names from the bucket that are not UTF-8 (a spec file named ``b'bad\\xff'`` is listed as
+    ``'bad\\udcff'``): the file writes them as ``\\udcff`` instead of failing with "Logging
+    error: surrogates not allowed" and losing the line that says why the spec was rejected."""
+    handler = logging.FileHandler(path, encoding="utf-8", errors="backslashreplace")
     handler.setFormatter(
         logging.Formatter(f"%(asctime)s {socket.gethostname()} %(levelname)s %(name)s: %(message)s")
     )

@@ -70,6 +70,9 @@ class Observation:
     # Each worker's health for a multi-host attempt, one short stable word per worker
     # ("waiting", "running", "late", "lost", "exit 0", "preempted"); empty for one process.
     workers: tuple[str, ...] = ()
+    # What the runner had to do at the attempt's end that its history must say ("killed 1
+    # process left behind: sleep (pid 4242)"); "" for nothing. The daemon notes it once.
+    note: str = ""
 
     @property
     def finished(self) -> bool:

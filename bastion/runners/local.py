@@ -13,7 +13,15 @@ the holder looks for an earlier start and, finding none, starts the process; any
 - ``handle.json``: pid and create time, recorded after the start;
 - ``output``: the command's stdout and stderr, which the daemon reads by offset;
 - ``exit``: the exit status, written by the wrapper, so a restarted daemon (no longer the
-  parent, unable to ``wait``) still learns how an adopted attempt ended.
+  parent, unable to ``wait``) still learns how an adopted attempt ended;
+- ``left_behind``: what was still running when the wrapper had ended (the history line that
+  names it, when its SIGKILL is due), so a restarted daemon finishes the job.
+
+Every process of an attempt carries ``BASTION_ATTEMPT_NAME`` in its environment. A stop
+signals the process group; whatever is still alive once the wrapper has ended (a process that
+left the group with ``setsid``, a background child the command did not wait for) is found by
+that marker (:mod:`bastion.leftovers`), gets SIGTERM, SIGKILL after ``leftover_grace``, and is
+named in the attempt's history; ``delete`` is true only once a fresh scan finds none.
 
 Processes are identified by (pid, create time), so a recycled pid is never signalled. Runners
 know nothing of quotas: they are told what to start and how many GPUs it may use.
@@ -25,6 +33,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -37,6 +46,7 @@ from typing import Any
 
 import psutil
 
+from bastion import leftovers
 from bastion.runners.base import (
     Attempt,
     Handle,
@@ -52,6 +62,8 @@ from bastion.runners.base import (
 )
 from bastion.runners.fence import fenced
 
+log = logging.getLogger(__name__)
+
 # The wrapper records its pid before the command runs, then the exit status after. `trap : TERM
 # INT` makes it wait for the command before exiting on a signal (the trap resets to the default
 # in the child on exec), so a group-wide SIGTERM still records 143.
@@ -60,6 +72,7 @@ _WRAPPER = (
     'printf "%s" "$status" > "$2/exit.tmp" && mv "$2/exit.tmp" "$2/exit"; exit "$status"'
 )
 _CREATE_TIME_TOLERANCE = 0.05
+LEFTOVER_GRACE = 10.0  # seconds from SIGTERM to SIGKILL for what outlived the command
 _OPTIONS: frozenset[str] = frozenset()  # the local runner takes no per-job options
 
 
@@ -89,18 +102,34 @@ def default_attempts_dir(root_url: str) -> str:
 
 def from_settings(settings: Mapping[str, Any]) -> LocalRunner:
     """Settings: ``root`` (the daemon's root URL), ``attempts_dir`` (default: per root, in the
-    user's state directory), ``gpus`` (indices this runner hands out; default: nvidia-smi)."""
+    user's state directory), ``gpus`` (indices this runner hands out; default: nvidia-smi),
+    ``leftover_grace`` (seconds between the SIGTERM and the SIGKILL of what an attempt left
+    running after its command ended; default 10)."""
     root = str(settings.get("root") or "")
     attempts_dir = settings.get("attempts_dir") or default_attempts_dir(root)
     gpus = settings.get("gpus")
-    return LocalRunner(str(attempts_dir), gpus=None if gpus is None else list(gpus), root=root)
+    grace = settings.get("leftover_grace", LEFTOVER_GRACE)
+    if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
+        raise RunnerError(
+            f"[runners.local] leftover_grace = {grace!r}: give a number of seconds, 0 or more"
+        )
+    return LocalRunner(
+        str(attempts_dir),
+        gpus=None if gpus is None else list(gpus),
+        root=root,
+        leftover_grace=float(grace),
+    )
 
 
 class LocalRunner(Runner):
     kind = "local"
 
     def __init__(
-        self, attempts_dir: str, gpus: Sequence[int] | None = None, root: str = ""
+        self,
+        attempts_dir: str,
+        gpus: Sequence[int] | None = None,
+        root: str = "",
+        leftover_grace: float = LEFTOVER_GRACE,
     ) -> None:
         self.attempts_dir = os.path.abspath(attempts_dir)  # wrappers' argv names it: one spelling
         self.prefix = name_prefix(root) if root else ""
@@ -111,6 +140,10 @@ class LocalRunner(Runner):
         self._children: dict[str, subprocess.Popen[bytes]] = {}  # by attempt; reaped by poll()
         self._gpus_in_use: dict[str, list[int]] = {}  # attempt name -> GPU indices
         self._termed: set[str] = set()
+        self.leftover_grace = leftover_grace
+        self._scanner = leftovers.Scanner(self.prefix)  # one /proc scan for many askers
+        self._deadlines: dict[str, float] = {}  # attempt -> its stop's deadline
+        self._left: dict[str, dict[str, Any]] = {}  # attempt -> its left_behind record
         self._lock = threading.Lock()  # attempts start in parallel
         os.makedirs(self.attempts_dir, exist_ok=True)
         for owned in self.list_owned():  # a restarted daemon: GPUs of live attempts stay taken
@@ -167,16 +200,23 @@ class LocalRunner(Runner):
         if self._alive(handle):
             return Observation(Phase.RUNNING)
         self._finish(handle)
+        left = self._left_behind(handle)
+        if not left.get("pids"):
+            self._free_gpus(handle["name"])
+        note = str(left.get("note") or "")
         code = self._exit_status(handle)
         if code == 0:
-            return Observation(Phase.SUCCEEDED, "exited with status 0", 0)
+            return Observation(Phase.SUCCEEDED, "exited with status 0", 0, note=note)
         if code is None:
-            return Observation(Phase.FAILED, "was killed before it could report its status")
-        return Observation(Phase.FAILED, f"exited with status {code}", code)
+            return Observation(
+                Phase.FAILED, "was killed before it could report its status", note=note
+            )
+        return Observation(Phase.FAILED, f"exited with status {code}", code, note=note)
 
     def stop(self, handle: Handle, deadline: float) -> None:
         if handle.get("host") != self.host or not self._alive(handle):
             return
+        self._deadlines[handle["name"]] = deadline  # what it leaves behind gets this grace too
         if time.time() >= deadline:
             self._signal(handle, signal.SIGKILL)
         elif handle["name"] not in self._termed:
@@ -190,7 +230,12 @@ class LocalRunner(Runner):
             self._signal(handle, signal.SIGKILL)
             return False  # gone once the next call finds it dead
         self._finish(handle)
+        if not self._left_behind_gone(handle):
+            return False  # ended, not yet verified gone: asked again next cycle
+        self._free_gpus(handle["name"])
         self._termed.discard(handle["name"])
+        self._deadlines.pop(handle["name"], None)
+        self._left.pop(handle["name"], None)
         shutil.rmtree(self._dir(handle["name"]), ignore_errors=True)
         return not os.path.exists(self._dir(handle["name"]))
 
@@ -350,17 +395,98 @@ class LocalRunner(Runner):
             os.killpg(int(handle["pid"]), sig)
 
     def _finish(self, handle: Handle) -> None:
-        """The leader is gone: kill what it left behind in its group and free its GPUs."""
+        """The leader is gone: forget our child (what it left behind: :meth:`_left_behind`)."""
         pid = int(handle.get("pid") or 0)
         child = self._children.get(handle.get("name", ""))
         if child is not None and child.pid == pid:
             del self._children[handle["name"]]
+
+    def _free_gpus(self, name: str) -> None:
+        """Only once nothing of the attempt runs: a process it left behind may hold them."""
         with self._lock:
-            self._gpus_in_use.pop(handle.get("name", ""), None)
+            self._gpus_in_use.pop(name, None)
+
+    def _signal_group(self, handle: Handle, sig: int) -> None:
+        """Signal the finished attempt's group: what is left in it is ours."""
+        pid = int(handle.get("pid") or 0)
         if pid <= 0 or not self._leader_gone(handle):
             return  # a live process that is not ours holds the pid: never signal its group
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
+            os.killpg(pid, sig)
+
+    def _left_behind(self, handle: Handle) -> dict[str, Any]:
+        """Once, when the wrapper has ended: SIGTERM whatever of the attempt still runs (its
+        group, and every process carrying its marker wherever it went) and record it, with
+        the history line that names it and when SIGKILL is due (``delete`` sends it). Asked
+        again, the same record: one attempt's end is noted once, on a restarted daemon too."""
+        name = str(handle["name"])
+        record = self._left.get(name)
+        if record is None:
+            record = _read_json(os.path.join(self._dir(name), "left_behind"))
+        if record is None:
+            found = self._scanner.find(name, since=self._ended_at(handle))
+            # A scan begun as the wrapper was exiting sees it, and perhaps its own `mv`: the
+            # wrapper's, not left behind (no orphan has the wrapper for a parent: it waits).
+            wrapper = int(handle.get("pid") or 0)
+            found = [p for p in found if wrapper not in (p.pid, p.ppid)]
+            record = self._end(handle, found, {})
+        self._left[name] = record
+        return record
+
+    def _ended_at(self, handle: Handle) -> float:
+        """When the command ended: its ``exit`` file's time (the wrapper writes it once the
+        command has ended), else now (killed, or gone before it could write it)."""
+        try:
+            return os.path.getmtime(os.path.join(self._dir(handle["name"]), "exit"))
+        except OSError:
+            return time.time()
+
+    def _end(
+        self, handle: Handle, found: list[leftovers.Process], record: dict[str, Any]
+    ) -> dict[str, Any]:
+        """SIGTERM the processes ``found`` that were not signalled yet, and the group. A stop
+        has already sent SIGTERM to the group: its members are not sent a second one (a
+        second SIGTERM means "now" to many programs). Returns the record, kept on disk."""
+        name = str(handle["name"])
+        termed = name in self._termed
+        if not termed:
+            self._signal_group(handle, signal.SIGTERM)  # (unmarked members of the group too)
+        signalled = set(record.get("pids") or [])
+        leftovers.send(
+            [p for p in found if p.pid not in signalled and not (termed and _in_group(p, handle))],
+            signal.SIGTERM,
+        )
+        if found:
+            log.warning("%s: %s (SIGTERM)", name, leftovers.describe(found))
+        grace_until = max(time.time() + self.leftover_grace, self._deadlines.get(name, 0.0))
+        record = {
+            "note": record.get("note", leftovers.describe(found) if found else ""),
+            "pids": sorted(signalled | {p.pid for p in found}),
+            "kill_at": record.get("kill_at") or (grace_until if found else None),
+        }
+        if record["pids"]:  # (nothing found: nothing a restarted daemon must finish)
+            with contextlib.suppress(OSError):  # (its directory already gone: nothing to keep)
+                _write_json(os.path.join(self._dir(name), "left_behind"), record)
+        return record
+
+    def _left_behind_gone(self, handle: Handle) -> bool:
+        """For ``delete``: True once a scan made after the wrapper ended finds nothing of the
+        attempt; until then SIGTERM what is new, SIGKILL everything once the grace is over."""
+        name = str(handle["name"])
+        record = self._left_behind(handle)
+        if not record.get("pids"):
+            return True  # a scan begun after the wrapper had ended found nothing of it
+        found = self._scanner.find(name)  # (a fresh scan: after our signals)
+        if not found:
+            return True
+        if {p.pid for p in found} - set(record.get("pids") or []):
+            record = self._end(handle, found, record)  # forked since, or an adopted attempt's
+            self._left[name] = record
+        if time.time() >= float(record.get("kill_at") or 0):
+            log.warning("%s: SIGKILL to %s", name, ", ".join(map(str, found)))
+            self._signal_group(handle, signal.SIGKILL)
+            leftovers.send(found, signal.SIGKILL)
+        return False
 
     @staticmethod
     def _leader_gone(handle: Handle) -> bool:
@@ -408,6 +534,13 @@ def _claim(directory: str, name: str) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def _in_group(process: leftovers.Process, handle: Handle) -> bool:
+    try:
+        return os.getpgid(process.pid) == int(handle.get("pid") or 0)
+    except OSError:
+        return False
 
 
 def _write_json(path: str, data: Any) -> None:
