@@ -113,7 +113,7 @@ class Owned:
 class RunnerError(Exception):
     """A runner cannot do what was asked; the message is for the job's user (the attempt
     fails with it). Any other exception is taken as transient: the daemon tries again, backing
-    off, and gives up after its ``start_give_up_seconds`` (bastion/daemon.py)."""
+    off, and gives up after its ``start_give_up_seconds`` (bastion/daemon/effects.py)."""
 
 
 class StartRefused(RunnerError):
