@@ -24,12 +24,12 @@ from pathlib import Path
 
 import pytest
 
-from bastion.lease import Lease
+from bastion.lease import Lease, process_identity, provably_gone
 from bastion.store import Store
 from launch.api import Client, new_jobspec
 from tests.conftest import BUCKET
 from tests.faultproxy import FaultPlan, FaultProxy
-from tests.harness import Bastion, wait_for
+from tests.harness import REPO, Bastion, wait_for
 
 LEASE = 2.0
 EVENTS = 50  # kill -9s and SIGSTOPs per run
@@ -206,18 +206,60 @@ def test_a_clone_with_the_same_host_and_work_dir_waits_for_the_lease(tmp_path):
     another boot (a VM cloned from the holder's image) never takes a live lease at once."""
     store = Store(str(tmp_path / "root"))
     clock = _Clock()
-    me = {"owner": "vm:1:a", "host": "vm", "pid": os.getpid(), "pid_started": 0.0,
-          "boot_id": "boot-1", "work_dir": "/w"}
+    me = {**process_identity("/w"), "owner": "vm:1:a"}
     clone = {**me, "owner": "vm:1:b", "boot_id": "boot-2"}
     holder = Lease(store, me, duration=10, clock=clock)
     assert holder._try_acquire(clock())
     other = Lease(store, clone, duration=10, clock=clock)
     assert not other._try_acquire(clock())
-    # The same boot, the same work dir, and the recorded pid no longer alive with its start
-    # time: a restart of this installation, which may take over at once.
+    # The same boot, PID namespace and work dir, and the recorded pid no longer alive with its
+    # start time: a restart of this installation, which may take over at once.
     dead = subprocess.Popen(["true"])
     dead.wait()
     restarted = {**me, "owner": "vm:2:c"}
     store.write_lease({**me, "pid": dead.pid, "renewed": 0, "duration": 10}, holder.token)
     again = Lease(store, restarted, duration=10, clock=clock)
     assert again._try_acquire(clock())
+
+
+def test_an_old_lease_that_names_no_pid_namespace_is_never_taken_early(tmp_path):
+    """A lease written before the PID namespace was recorded, by this host and boot and for this
+    work dir, whose pid is not alive here: it may come from a container (its own PID namespace)
+    whose daemon lives on, so it is taken only after a whole unchanged term."""
+    store = Store(str(tmp_path / "root"))
+    clock = _Clock()
+    me = process_identity("/w")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    old = {k: me[k] for k in ("host", "boot_id", "work_dir")}
+    old.update(owner=f"{me['host']}:{dead.pid}:old", pid=dead.pid, pid_started=0.0)
+    store.write_lease({**old, "renewed": 0, "duration": 10, "term": 1}, None)
+    standby = Lease(store, {**me, "owner": "new"}, duration=10, clock=clock)
+    assert not standby._try_acquire(clock()), "an old-format lease was taken at once"
+    clock.now += 9.9
+    assert not standby._try_acquire(clock())
+    clock.now += 0.2
+    assert standby._try_acquire(clock())  # a whole term unchanged: expired
+
+
+def test_a_holder_alive_in_its_pid_namespace_is_not_gone_from_another(tmp_path):
+    """A daemon in another PID namespace (a container on this host: same host name, boot id and
+    paths) records a pid that names nothing, or something else, in ours: never proof."""
+    if subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"]).returncode:
+        pytest.skip("unshare --pid is refused here (needs root or user namespaces)")
+    out = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c",
+         "import json; from bastion.lease import process_identity; "
+         "print(json.dumps(process_identity('/w')))"],
+        capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    inside = json.loads(out.stdout)
+    me = process_identity("/w")
+    assert inside["pid"] == 1 and inside["pid_ns"] != me["pid_ns"]
+    assert inside["pid_start_ticks"] and inside["boot_id"] == me["boot_id"]
+    assert not provably_gone(inside, me)  # pid 1 here is alive with another start time
+    assert not provably_gone({**inside, "pid": 2**22 + 7}, me)  # a pid absent from ours
+    assert provably_gone({**me, "pid": 2**22 + 7}, me)  # the same namespace: absent is gone
+    # The same pid alive with its recorded start time is the holder itself, alive.
+    assert not provably_gone(me, {**me, "owner": "other"})
+    assert provably_gone({**me, "pid_start_ticks": me["pid_start_ticks"] - 1}, me)
