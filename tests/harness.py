@@ -171,6 +171,11 @@ class NamespacedDaemon:
     def send_signal(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, sig)
+        if sig in (signal.SIGCONT, signal.SIGKILL):
+            # nsenter stops itself when its child stops, and only a SIGCONT of its own resumes
+            # it (to reap the child, say after a kill -9)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.launcher.pid, signal.SIGCONT)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
