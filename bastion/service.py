@@ -193,7 +193,7 @@ def start_daemon(
         daemon.quota.url,
         poll_seconds,
     )
-    daemon.info = {
+    daemon.ctx.info = {
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "started": time.time(),

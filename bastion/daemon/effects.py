@@ -175,13 +175,15 @@ def take_in_results(ctx: Context) -> None:
     for name, kind, handle in undeleted:  # retried next cycle until verified gone
         ctx.deletes_in_pool.discard(name)
         ctx.deleting.setdefault(name, (kind, handle))
+    now = time.time()
     for name, kind, handle in deleted:
         ctx.deletes_in_pool.discard(name)
         owner = ctx.deletes_of.pop(name, None)
         job = ctx.jobs.get(owner[0]) if owner else None
         if job is not None and (what := describe(ctx, kind, handle)):
-            events.record_note(ctx, job, "DELETED", f"deleted {what}", attempt_number(name))
-    now = time.time()
+            events.apply(
+                ctx, job, lifecycle.Noted("DELETED", f"deleted {what}", attempt_number(name)), now
+            )
     for job_name, event in done:
         job = ctx.jobs.get(job_name)
         if job is None:
@@ -195,7 +197,7 @@ def take_in_results(ctx: Context) -> None:
             ctx.start_retries.pop((job_name, getattr(event, "purpose", "")), None)
             events.apply(ctx, job, event, now)
             if isinstance(event, lifecycle.Started):
-                note_placed(ctx, job, event)
+                note_placed(ctx, job, event, now)
 
 
 def start_later(ctx: Context, job: Job, event: lifecycle.StartDeferred, now: float) -> None:
@@ -226,13 +228,15 @@ def retry_starts(ctx: Context, now: float) -> None:
             del ctx.start_retries[key]
         elif due <= now and not job.inflight and lifecycle.Start(key[1]) not in job.effects:
             # (Its result reschedules or ends it; one lost to an error is tried again.)
-            job.effects.append(lifecycle.Start(key[1]))
+            events.apply(ctx, job, lifecycle.StartAgain(key[1]), now)
 
 
-def note_placed(ctx: Context, job: Job, event: lifecycle.Started) -> None:
+def note_placed(ctx: Context, job: Job, event: lifecycle.Started, now: float) -> None:
     record = lifecycle.attempt_record(job.state, event.purpose)
     if record is not None and (what := describe(ctx, str(record["kind"]), event.handle)):
-        events.record_note(ctx, job, "PLACED", f"attempt {job.state.attempt} on {what}")
+        events.apply(
+            ctx, job, lifecycle.Noted("PLACED", f"attempt {job.state.attempt} on {what}"), now
+        )
 
 
 def describe(ctx: Context, kind: str, handle: dict[str, Any] | None) -> str | None:

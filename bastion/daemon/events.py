@@ -43,7 +43,9 @@ def apply(ctx: Context, job: Job, event: lifecycle.Event, now: float) -> None:
         ctx.inputs_changed = True  # what the policy sees of this job moved: plan again
     job.state = result.state
     for name, reason in result.events:
-        record_event(ctx, job, name, reason)
+        log.info("%s: %s: %s", job.name, name, reason)
+    for name, text, _ in result.notes:
+        log.info("%s: %s: %s", job.name, name, text)
     for effect in result.effects:
         if isinstance(effect, lifecycle.Log):
             log_line(ctx, job, effect.purpose, effect.text)
@@ -76,28 +78,6 @@ def log_line(ctx: Context, job: Job, purpose: str, text: str) -> None:
             job.pending_log.pop(0)
     except OSError as e:  # a full work-dir disk: the line waits, the job goes on
         log.error("%s: could not write to the local log mirror (retrying): %s", job.name, e)
-
-
-def record_event(ctx: Context, job: Job, event: str, reason: str) -> None:
-    """Record a lifecycle event in the job's state: written with it, at no extra cost."""
-    job.state.reason = reason
-    record_note(ctx, job, event, reason)
-
-
-def record_note(ctx: Context, job: Job, event: str, text: str, attempt: int | None = None) -> None:
-    """A history line that leaves the job's reason as it is (where its attempt runs);
-    ``attempt``: the attempt it is about, when not the current one (an old node deleted
-    after the job was requeued)."""
-    job.state.add_event(
-        {
-            "time": time.time(),
-            "event": event,
-            "status": job.state.status.value,
-            "attempt": attempt or job.state.attempt,
-            "reason": text,
-        }
-    )
-    log.info("%s: %s: %s", job.name, event, text)
 
 
 def runner_kind(ctx: Context, job: Job) -> str:

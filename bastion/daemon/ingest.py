@@ -90,9 +90,8 @@ def absorb_spec(
 ) -> None:
     job = ctx.jobs.get(name)
     spec, problem = (None, problem) if problem else parse_spec(ctx, name, raw)
-    if job is None:
-        state = JobState(submit_time=now, submission=uuid.uuid4().hex[:12])
-        job = ctx.jobs[name] = Job(name=name, state=state)
+    if job is None:  # born: what the table knows of a job before its first event
+        job = ctx.jobs[name] = Job(name=name, state=JobState(submit_time=now))
     job.token = token
     job.gone_from_bucket = False
     state = job.state
@@ -100,18 +99,19 @@ def absorb_spec(
         if job.spec is None and not state.attempt:
             events.apply(ctx, job, lifecycle.Reject(f"spec rejected: {problem}"), now)
         else:
-            state.reason = (
+            refused = lifecycle.SpecRefused(
                 f"spec update ignored, the job keeps its last good spec: {problem}; "
                 f"fix {ctx.store.url('jobs', 'active', name)}"
             )
-            log.error("%s: %s", name, state.reason)
+            log.error("%s: %s", name, refused.reason)
+            events.apply(ctx, job, refused, now)
         return
     if not state.job_identity:
-        state.job_identity = spec.identity
-        state.spec_digest = spec.digest()
-        state.submission = state.submission or uuid.uuid4().hex[:12]
         job.spec = spec
-        events.record_event(ctx, job, "PENDING", f"spec detected (job_id={spec.metadata.job_id})")
+        detected = lifecycle.Detected(
+            spec.identity, spec.digest(), uuid.uuid4().hex[:12], str(spec.metadata.job_id)
+        )
+        events.apply(ctx, job, detected, now)
         return
     if state.job_identity != spec.identity:
         log.warning("%s: a new submission replaced job %s", name, state.job_identity)
@@ -123,9 +123,7 @@ def absorb_spec(
     what = lifecycle.attributed("spec updated", spec.metadata.updated_by, owner)
     what += f": {', '.join(changes)} changed" if changes else ""
     if state.status is Status.PENDING:
-        state.spec_digest = spec.digest()
-        state.job_identity = spec.identity
-        events.record_event(ctx, job, "UPDATED", f"{what} (while pending)")
+        events.apply(ctx, job, lifecycle.SpecChanged(spec.identity, spec.digest(), what), now)
     elif state.status is Status.ACTIVE and state.runner:
         update = lifecycle.Update(f"{what}; restarting with it", ctx.grace_seconds)
         events.apply(ctx, job, update, now)

@@ -56,6 +56,14 @@ class Daemon:
         ``daemon.runners``...), as tools and tests do; the steps get the context itself."""
         return getattr(self.__dict__["ctx"], name)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        """What the context holds is set on the context (``daemon.info = ...``), so the
+        steps see it; only ``ctx`` itself lives on the daemon."""
+        if name != "ctx" and hasattr(self.__dict__.get("ctx"), name):
+            setattr(self.__dict__["ctx"], name, value)
+        else:
+            object.__setattr__(self, name, value)
+
     def run(self, poll_seconds: float, once: bool = False) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.ctx.stop.set())

@@ -40,15 +40,15 @@ def observe(ctx: Context, now: float) -> None:
             log.error("%s: could not watch its %s attempt: %s", job.name, purpose, result)
             if job.reason_before_blind is None:
                 job.reason_before_blind = job.state.reason
-            job.state.reason = f"could not watch attempt {job.state.attempt}: {result}"[:500]
+            blind = f"could not watch attempt {job.state.attempt}: {result}"[:500]
+            events.apply(ctx, job, lifecycle.Blind(blind), now)
             continue
         if job.reason_before_blind is not None:  # watching again: the failure is over
-            if job.state.reason.startswith("could not watch attempt"):
-                job.state.reason = job.reason_before_blind
+            events.apply(ctx, job, lifecycle.Sighted(job.reason_before_blind), now)
             job.reason_before_blind = None
         try:
             if result.note and result.finished:  # before the outcome it belongs to
-                events.record_note(ctx, job, "LEFTOVERS", result.note)
+                events.apply(ctx, job, lifecycle.Noted("LEFTOVERS", result.note), now)
             events.apply(ctx, job, lifecycle.Observed(purpose, result), now)
         except Exception:
             log.exception("%s: could not take in what its runner reported", job.name)

@@ -45,7 +45,8 @@ def run_pass(ctx: Context, now: float) -> bool:
     if config is None:
         for job in ctx.jobs.values():
             if job.state.status is Status.PENDING:
-                job.state.reason = f"waiting for a valid quota file: {ctx.quota.error}"
+                invalid = f"waiting for a valid quota file: {ctx.quota.error}"
+                events.apply(ctx, job, lifecycle.QuotaInvalid(invalid), now)
         return True
     plan = schedule(config, requests, ctx.quota.usage_for(requests, now), now)
     ctx.replan_at = replan_by(config, requests, now, now + REPLAN_SECONDS)
@@ -68,7 +69,8 @@ def run_pass(ctx: Context, now: float) -> bool:
                 events.apply(ctx, job, event, now)
         except Exception as e:
             log.exception("%s: acting on %s failed", name, decision.verdict)
-            job.state.reason = f"could not {decision.verdict.value.lower()}: {e}"
+            failed_act = lifecycle.ActFailed(f"could not {decision.verdict.value.lower()}: {e}")
+            events.apply(ctx, job, failed_act, now)
             failed = True
         if (job.state.status, job.state.reason) != before:
             changed.append(decision)
@@ -115,9 +117,6 @@ def event_for(ctx: Context, job: Job, decision: Decision, grace: float) -> lifec
     if verdict is Verdict.START and state.status is Status.PENDING:
         if job.spec is None:
             return None
-        state.spec_digest = job.spec.digest()
-        if state.attempt == 0:
-            state.log_start = ctx.logs.total(job.name)
         name = attempt_name(ctx.store.root_url, job.name, state.submission, state.attempt + 1, RUN)
         return lifecycle.Admit(
             tier=decision.tier,
@@ -126,6 +125,8 @@ def event_for(ctx: Context, job: Job, decision: Decision, grace: float) -> lifec
             runner_kind=events.runner_kind(ctx, job),
             log_size=ctx.logs.total(job.name),
             backfill_for=tuple(decision.backfill_for),
+            spec_digest=job.spec.digest(),
+            log_start=ctx.logs.total(job.name) if state.attempt == 0 else None,
         )
     if verdict is Verdict.PREEMPT:
         return lifecycle.Preempt(decision.reason, decision.preempted_by, grace)
@@ -135,8 +136,8 @@ def event_for(ctx: Context, job: Job, decision: Decision, grace: float) -> lifec
         # The stable part only: positions and free capacity go to the queue summary.
         return lifecycle.Wait(decision.wait or decision.reason)
     if verdict is Verdict.KEEP and decision.tier is not None and state.tier != decision.tier:
-        state.tier = decision.tier  # recorded, never a restart
         ctx.inputs_changed = True
+        return lifecycle.TierKept(decision.tier)  # recorded, never a restart
     return None
 
 

@@ -63,13 +63,12 @@ def recover(ctx: Context, specs: dict[str, ObjectInfo]) -> None:
                 )
         log.info("%s: recovered in state %s (attempt %d)", name, state.status.value, state.attempt)
     sweep.sweep(ctx)
+    now = time.time()
     for job in ctx.jobs.values():
         for purpose in (RUN, CLEANUP):
-            record = lifecycle.attempt_record(job.state, purpose)
-            if record is not None and record.get("handle") is None:
-                # Recorded before the start, which may or may not have happened: start is
-                # idempotent by name (a runner that has it adopts it), so it happens once.
-                job.effects.append(lifecycle.Start(purpose))
+            # Recorded before the start, which may or may not have happened: start is
+            # idempotent by name (a runner that has it adopts it), so it happens once.
+            events.apply(ctx, job, lifecycle.StartAgain(purpose), now)
 
 
 def check_states(ctx: Context) -> None:
