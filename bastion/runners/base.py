@@ -284,7 +284,11 @@ def factory_for(kind: str) -> RunnerFactory:
 
 
 class Runners:
-    """The daemon's runners, one per kind, made on first use from the daemon's settings."""
+    """The daemon's runners, one per kind, made on first use from the daemon's settings.
+
+    Every factory is also handed the host's one GPU ledger (``settings["gpu_ledger"]``,
+    bastion/runners/gpus.py), so runners that place work on this machine's GPUs (local,
+    docker) never give one GPU to two attempts; a runner that places none ignores it."""
 
     def __init__(
         self,
@@ -292,15 +296,21 @@ class Runners:
         default: str = "local",
         configured: frozenset[str] = frozenset(),
     ) -> None:
+        from bastion.runners.gpus import GpuLedger
+
         self.settings = settings
         self.default = default
         self.configured = configured  # kinds the daemon's settings name: swept for orphans
+        self.gpu_ledger = GpuLedger()
         self._made: dict[str, Runner] = {}
 
     def get(self, kind: str | None) -> Runner:
+        from bastion.runners.gpus import SETTING
+
         kind = kind or self.default
         if kind not in self._made:
-            self._made[kind] = factory_for(kind)(self.settings.get(kind, {}))
+            settings = {**self.settings.get(kind, {}), SETTING: self.gpu_ledger}
+            self._made[kind] = factory_for(kind)(settings)
         return self._made[kind]
 
     def made(self) -> list[Runner]:

@@ -24,7 +24,8 @@ that marker (:mod:`bastion.leftovers`), gets SIGTERM, SIGKILL after ``leftover_g
 named in the attempt's history; ``delete`` is true only once a fresh scan finds none.
 
 Processes are identified by (pid, create time), so a recycled pid is never signalled. Runners
-know nothing of quotas: they are told what to start and how many GPUs it may use.
+know nothing of quotas: they are told what to start and how many GPUs it may use; which GPUs,
+the host's GPU ledger says (bastion/runners/gpus.py), shared with the Docker runner.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -61,6 +61,7 @@ from bastion.runners.base import (
     name_prefix,
 )
 from bastion.runners.fence import fenced
+from bastion.runners.gpus import GpuLedger, ledger_of
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,8 @@ def from_settings(settings: Mapping[str, Any]) -> LocalRunner:
     """Settings: ``root`` (the daemon's root URL), ``attempts_dir`` (default: per root, in the
     user's state directory), ``gpus`` (indices this runner hands out; default: nvidia-smi),
     ``leftover_grace`` (seconds between the SIGTERM and the SIGKILL of what an attempt left
-    running after its command ended; default 10)."""
+    running after its command ended; default 10). ``gpu_ledger``: the host's GPU ledger, which
+    the daemon's ``Runners`` hands to every runner (bastion/runners/gpus.py)."""
     root = str(settings.get("root") or "")
     attempts_dir = settings.get("attempts_dir") or default_attempts_dir(root)
     gpus = settings.get("gpus")
@@ -118,6 +120,7 @@ def from_settings(settings: Mapping[str, Any]) -> LocalRunner:
         gpus=None if gpus is None else list(gpus),
         root=root,
         leftover_grace=float(grace),
+        ledger=ledger_of(settings),
     )
 
 
@@ -130,6 +133,7 @@ class LocalRunner(Runner):
         gpus: Sequence[int] | None = None,
         root: str = "",
         leftover_grace: float = LEFTOVER_GRACE,
+        ledger: GpuLedger | None = None,
     ) -> None:
         self.attempts_dir = os.path.abspath(attempts_dir)  # wrappers' argv names it: one spelling
         self.prefix = name_prefix(root) if root else ""
@@ -138,17 +142,14 @@ class LocalRunner(Runner):
         self.host = socket.gethostname()
         self.gpus = list(detect_gpus() if gpus is None else gpus)
         self._children: dict[str, subprocess.Popen[bytes]] = {}  # by attempt; reaped by poll()
-        self._gpus_in_use: dict[str, list[int]] = {}  # attempt name -> GPU indices
+        self.ledger = ledger or GpuLedger()  # the host's GPUs, shared with other runners
         self._termed: set[str] = set()
         self.leftover_grace = leftover_grace
         self._scanner = leftovers.Scanner(self.prefix)  # one /proc scan for many askers
         self._deadlines: dict[str, float] = {}  # attempt -> its stop's deadline
         self._left: dict[str, dict[str, Any]] = {}  # attempt -> its left_behind record
-        self._lock = threading.Lock()  # attempts start in parallel
         os.makedirs(self.attempts_dir, exist_ok=True)
-        for owned in self.list_owned():  # a restarted daemon: GPUs of live attempts stay taken
-            if not owned.finished:
-                self._gpus_in_use[owned.name] = list(owned.handle.get("gpus") or [])
+        self.ledger.join(self.kind, self._holding)  # a restarted daemon: live GPUs stay taken
 
     # -- the contract ----------------------------------------------------------------------
 
@@ -180,16 +181,20 @@ class LocalRunner(Runner):
             if found is not None:
                 return found
             try:
-                gpus = self._allocate_gpus(attempt.name, int(attempt.resources.get("gpu") or 0))
-            except RunnerError:
+                gpus = self.ledger.allocate(
+                    attempt.name,
+                    int(attempt.resources.get("gpu") or 0),
+                    self.gpus,
+                    where=self.host,
+                )
+            except (RunnerError, TryAgain):
                 if created:  # leave no trace of an attempt that never started
                     shutil.rmtree(directory, ignore_errors=True)
                 raise
             try:
                 return self._spawn(attempt, directory, gpus)
             except BaseException:
-                with self._lock:
-                    self._gpus_in_use.pop(attempt.name, None)  # nothing started: GPUs stay free
+                self.ledger.free(attempt.name)  # nothing started: its GPUs stay free
                 raise
 
     def poll(self, handle: Handle) -> Observation:
@@ -403,8 +408,15 @@ class LocalRunner(Runner):
 
     def _free_gpus(self, name: str) -> None:
         """Only once nothing of the attempt runs: a process it left behind may hold them."""
-        with self._lock:
-            self._gpus_in_use.pop(name, None)
+        self.ledger.free(name)
+
+    def _holding(self) -> list[tuple[str, list[int]]]:
+        """For the ledger: the GPUs of this root's attempts that still run here."""
+        return [
+            (owned.name, list(owned.handle.get("gpus") or []))
+            for owned in self.list_owned()
+            if not owned.finished
+        ]
 
     def _signal_group(self, handle: Handle, sig: int) -> None:
         """Signal the finished attempt's group: what is left in it is ours."""
@@ -503,20 +515,6 @@ class LocalRunner(Runner):
 
     def _exit_status(self, handle: Handle) -> int | None:
         return _read_int(os.path.join(self._dir(handle["name"]), "exit"))
-
-    def _allocate_gpus(self, name: str, count: int) -> list[int]:
-        if count <= 0:
-            return []
-        with self._lock:
-            busy = {gpu for gpus in self._gpus_in_use.values() for gpu in gpus}
-            free = [gpu for gpu in self.gpus if gpu not in busy]
-            if len(free) < count:
-                raise RunnerError(
-                    f"job needs {count} GPUs but only {len(free)} of {len(self.gpus)} are free "
-                    f"on {self.host}"
-                )
-            self._gpus_in_use[name] = free[:count]
-            return free[:count]
 
 
 @contextlib.contextmanager
