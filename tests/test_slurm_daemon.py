@@ -167,7 +167,7 @@ def test_cancel_stops_the_job_and_its_processes(rig: Rig) -> None:
 def test_a_low_partition_job_preempted_by_a_high_one_is_requeued_as_attempt_2(
     rig: Rig,
 ) -> None:
-    marker = rig.tmp / "ran-once"
+    marker = f"{rig.tmp}/ran-once-$BASTION_WORKER"  # per worker: the two nodes race
     low = (f"if [ -e {marker} ]; then echo second run; else touch {marker}; echo first run; "
            "sleep 300; fi")  # fmt: skip
     whole = {"cpu": 2 * CPUS}

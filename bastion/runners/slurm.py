@@ -406,8 +406,8 @@ class SlurmRunner(Runner):
             return self._left_squeue(handle)
         state, where = row.state, f"Slurm job {row.job_id}"
         if state in _QUEUED:
-            return Observation(Phase.QUEUED, f"{where} pending in partition {row.partition} "
-                               f"({row.reason})")  # fmt: skip
+            why = f" ({row.reason})" if row.reason and row.reason != "None" else ""
+            return Observation(Phase.QUEUED, f"{where} pending in partition {row.partition}{why}")
         if state == "CONFIGURING":
             return Observation(Phase.PROVISIONING, f"{where} configuring {row.nodes}")
         seen = self.agents(handle)
