@@ -374,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--worker", type=int, default=None, help="default: agent-worker-number, else 0"
     )
+    parser.add_argument("--worker_env", default=None,
+                        help="take the worker index from this environment variable (a Slurm "
+                             "step's SLURM_PROCID: one agent per node through srun)")
     parser.add_argument("--num_workers", type=int, default=1)
     parser.add_argument("--num_slices", type=int, default=1,
                         help="slices of a multislice attempt; the worker's slice is tpu-env's")
@@ -392,6 +395,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         log.error("%s", e)
         return 2
+    if args.worker is None and args.worker_env:
+        value = os.environ.get(args.worker_env, "")
+        if not value.isdigit():
+            log.error("--worker_env=%s: the variable is %r, not a worker index",
+                      args.worker_env, value)  # fmt: skip
+            return 2
+        args.worker = int(value)
     worker = worker_index(args.worker)
     if args.worker is None:  # agent-worker-number counts within the slice
         worker += slice_id * (args.num_workers // max(1, args.num_slices))

@@ -264,6 +264,7 @@ RUNNERS: Registry[RunnerFactory] = Registry(
         "tpu": "bastion.runners.tpu:from_settings",
         "tpu-qr": "bastion.runners.queued:from_settings",
         "gce": "bastion.runners.gce:from_settings",
+        "slurm": "bastion.runners.slurm:from_settings",
     },
     error=RunnerError,
 )
