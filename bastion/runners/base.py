@@ -261,9 +261,9 @@ RUNNERS: Registry[RunnerFactory] = Registry(
         "local": "bastion.runners.local:from_settings",
         "docker": "bastion.runners.docker:from_settings",
         "fake": "bastion.runners.fake:from_settings",
-        "tpu": "bastion.runners.tpu:from_settings",
-        "tpu-qr": "bastion.runners.queued:from_settings",
-        "gce": "bastion.runners.gce:from_settings",
+        "tpu": "bastion.runners.google.tpu:from_settings",
+        "tpu-qr": "bastion.runners.google.queued:from_settings",
+        "gce": "bastion.runners.google.gce:from_settings",
     },
     error=RunnerError,
 )
