@@ -175,21 +175,12 @@ class Instances:
             filter=f'labels.bastion-root="{self.config.tag}"',
             maxResults=self.config.page_size, pageToken=token), "items")  # fmt: skip
 
-    def labels(self, resource: dict) -> dict[str, str]:
-        return resource.get("labels") or {}
-
-    def legacy_ours(self, resource: dict) -> bool:
-        return True
-
     def job_of(self, resource: dict) -> str | None:
         items = (resource.get("metadata") or {}).get("items") or []
         return next((i.get("value") for i in items if i.get("key") == "bastion-job-name"), None)
 
     def workers(self, attempt: Attempt) -> int:
         return 1
-
-    def extra(self, attempt: Attempt) -> dict[str, Any]:
-        return {}
 
     def create(
         self, flow: ZonalProvisioner, attempt: Attempt, zone: str, workers: int

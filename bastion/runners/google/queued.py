@@ -113,11 +113,6 @@ class QueuedResources:
         """A queued resource has no labels of its own: its node template's say whose it is."""
         return _node(resource).get("labels") or {}
 
-    def legacy_ours(self, resource: dict) -> bool:
-        """A queued resource of this root without a runner label (an older daemon's, one
-        ``nodeSpec`` per slice included) is this runner's: only it makes queued resources."""
-        return True
-
     def job_of(self, resource: dict) -> str | None:
         return (_node(resource).get("metadata") or {}).get("bastion-job-name")
 
@@ -166,9 +161,6 @@ class QueuedResources:
 
     def quota_reason(self, error: HttpError) -> str | None:
         return quota_failure(error)
-
-    def startup_output(self, handle: Handle, worker: int) -> str | None:
-        return None  # the bucket's copy is all there is
 
     # -- poll ----------------------------------------------------------------------------------
     def poll(self, flow: ZonalProvisioner, handle: Handle) -> Observation:

@@ -135,9 +135,6 @@ class TpuNodes:
             parent=parent(self.config, zone), pageSize=self.config.page_size, pageToken=token),
             "nodes")  # fmt: skip
 
-    def labels(self, resource: dict) -> dict[str, str]:
-        return resource.get("labels") or {}
-
     def legacy_ours(self, resource: dict) -> bool:
         """A node of this root without a runner label (an older daemon made it) is this
         runner's only if no queued resource made it: a node with ``queuedResource`` (the
@@ -157,9 +154,6 @@ class TpuNodes:
             )
         return hosts(accelerator_type(attempt.options))
 
-    def extra(self, attempt: Attempt) -> dict[str, Any]:
-        return {}
-
     def create(
         self, flow: ZonalProvisioner, attempt: Attempt, zone: str, workers: int
     ) -> str | None:
@@ -170,9 +164,6 @@ class TpuNodes:
 
     def quota_reason(self, error: HttpError) -> str | None:
         return quota_failure(error)
-
-    def startup_output(self, handle: Handle, worker: int) -> str | None:
-        return None  # the bucket's copy is all there is
 
     # -- poll ----------------------------------------------------------------------------------
     def poll(self, flow: ZonalProvisioner, handle: Handle) -> Observation:

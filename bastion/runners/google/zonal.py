@@ -148,27 +148,25 @@ class ZonalConfig:
 class ZonalProvider(Protocol):
     """One API resource type (TPU nodes, queued resources, Compute instances) as plain
     functions. ``flow`` is the :class:`ZonalProvisioner` whose shared stages (the listing,
-    the agent channel, failover, capacity, the startup script) the provider may use."""
+    the agent channel, failover, capacity, the startup script) the provider may use.
+
+    Optional functions (looked up, with these defaults): ``labels(resource)`` (the labels
+    that say whose a listed resource is; default its ``labels``), ``legacy_ours(resource)``
+    (a resource of this root without a runner label, an older daemon's: ours? default yes),
+    ``extra(attempt)`` (keys the provider's poll reads from the handle, fixed at start;
+    default none), ``startup_output(handle, worker)`` (the provider's own record of a
+    worker's startup; default none: the bucket's copy)."""
 
     noun: str  # what one attempt occupies, for people: "TPU node", "VM"
 
     def list_zone(self, zone: str) -> list[dict]:
         """Every resource of this root in ``zone`` (all pages): raw API dicts."""
 
-    def labels(self, resource: dict) -> dict[str, str]:
-        """The labels that say whose the listed resource is."""
-
-    def legacy_ours(self, resource: dict) -> bool:
-        """A resource of this root without a runner label (an older daemon's): ours?"""
-
     def job_of(self, resource: dict) -> str | None:
         """The full job name (kept in metadata: labels hold only a slug)."""
 
     def workers(self, attempt: Attempt) -> int:
         """Hosts the attempt runs on (one agent each)."""
-
-    def extra(self, attempt: Attempt) -> dict[str, Any]:
-        """Keys the provider's poll reads from the handle, fixed at start."""
 
     def create(
         self, flow: ZonalProvisioner, attempt: Attempt, zone: str, workers: int
@@ -189,9 +187,6 @@ class ZonalProvider(Protocol):
 
     def inventory(self, resource: dict) -> tuple[int, bool]:
         """(workers, finished) of a listed resource, for ``list_owned``."""
-
-    def startup_output(self, handle: Handle, worker: int) -> str | None:
-        """The provider's own record of the worker's startup (None: the bucket's copy)."""
 
 
 class ZonalProvisioner:
@@ -235,8 +230,15 @@ class ZonalProvisioner:
 
     def ours(self, resource: dict) -> bool:
         provider = self.provider
-        return ours(provider.labels(resource), short_name(resource), self.tag, self.kind,
-                    lambda: provider.legacy_ours(resource))  # fmt: skip
+        legacy = getattr(provider, "legacy_ours", None)
+        return ours(self.labels(resource), short_name(resource), self.tag, self.kind,
+                    lambda: legacy is None or legacy(resource))  # fmt: skip
+
+    def labels(self, resource: dict) -> dict[str, str]:
+        """The labels that say whose the listed resource is (the provider's, if it says)."""
+        if (labels := getattr(self.provider, "labels", None)) is not None:
+            return labels(resource)
+        return resource.get("labels") or {}
 
     def listing(self, zone: str, fresh: bool = False) -> dict[str, dict]:
         """The zone's resources of this runner by short name, listed once per cycle."""
@@ -264,8 +266,9 @@ class ZonalProvisioner:
         handle: Handle = {"name": name, "job": job, "zone": zone, "workers": workers, "op": op}
         if created is not None:
             handle["created"] = created  # when the create was issued: deadlines count from it
-        if attempt is not None:
-            handle.update(self.provider.extra(attempt))
+        extra = getattr(self.provider, "extra", None)
+        if attempt is not None and extra is not None:
+            handle.update(extra(attempt))
         return handle
 
     def start(self, attempt: Attempt) -> Handle:
@@ -385,7 +388,8 @@ class ZonalProvisioner:
                  f"{self.provider.noun} coming up: fix its startup (the {self.kind} runner "
                  "settings python, image / runtime_version, package_url) or raise "
                  "start_timeout_seconds")  # fmt: skip
-        said = self.provider.startup_output(handle, w) or self.channel.startup_output(handle, w)
+        own = getattr(self.provider, "startup_output", None)
+        said = (own and own(handle, w)) or self.channel.startup_output(handle, w)
         why = brief + (f"; worker {w}'s startup script printed: {said}" if said
                        else f"; worker {w} left no startup output")  # fmt: skip
         why += f" (all of it: bastion logs {job} --worker={w})"
@@ -414,8 +418,11 @@ class ZonalProvisioner:
     # -- stop, delete, list --------------------------------------------------------------------
     def stop(self, handle: Handle, deadline: float) -> None:
         """Delete the resource: the VMs' shutdown gives every agent SIGTERM, and it flushes.
-        The attempt's end is ours from now on (no backoff, no dead man's switch)."""
+        The attempt's end is ours from now on (no backoff, no dead man's switch). A handle
+        without a zone (records alone, see list_owned) has no machines left to stop."""
         self.failover.stopped(handle["name"])
+        if not handle.get("zone"):
+            return
         resource = self.listing(handle["zone"]).get(handle["name"])
         if resource is not None and not self.provider.going(resource):
             self._request_delete(handle)
@@ -455,7 +462,7 @@ class ZonalProvisioner:
     def owned(self, resource: dict, zone: str, workers: int, finished: bool) -> Owned:
         """The item the sweep sees: named after the attempt (its label, which :meth:`ours`
         holds equal to the resource's name; a legacy resource's own name)."""
-        name = self.provider.labels(resource).get(ATTEMPT_LABEL) or short_name(resource)
+        name = self.labels(resource).get(ATTEMPT_LABEL) or short_name(resource)
         job = self.provider.job_of(resource) or name
         return Owned(name, self.handle(None, job, name, zone, workers, None), finished)
 
@@ -520,6 +527,8 @@ class ZonalRunner(Runner):
         return self.flow.start(attempt)
 
     def poll(self, handle: Handle) -> Observation:
+        if not handle.get("zone"):  # records alone (list_owned): the machines are gone
+            return self.channel.gone(handle, f"{self.provider.noun} {handle['name']} is gone")
         return self.provider.poll(self.flow, handle)
 
     def stop(self, handle: Handle, deadline: float) -> None:
