@@ -504,7 +504,8 @@ class ZonalRunner(Runner):
         self.flow = ZonalProvisioner(self.config, self.provider, self.api)
         # what tools, tests and benchmarks look at
         self.channel, self.blocks = self.flow.channel, self.flow.failover.blocks
-        self.root, self.tag, self.store = self.config.root, self.config.tag, self.flow.store
+        self.settings, self.store = self.config.settings, self.flow.store
+        self.root, self.tag = self.config.root, self.config.tag
         self.endpoint, self.listing_ttl = self.config.endpoint, self.config.listing_ttl
 
     @property
