@@ -484,7 +484,7 @@ class Store:
     #                                                 was lost (idempotent)
     #
     # Names in a listing are relative to the attempt; run_name/parse_run_name are the only
-    # code that builds or reads them, so readers (runners/remote.py) know no paths.
+    # code that builds or reads them, so readers (runners/kit/records.py) know no paths.
 
     RUN_RECORDS = ("started", "heartbeat", "progress", "exit")
 

@@ -81,7 +81,7 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # before gcsfs loads
 
 from bastion.daemon import Daemon  # noqa: E402
-from bastion.runners.tpu import TpuRunner, hosts  # noqa: E402
+from bastion.runners.google.tpu import TpuRunner, hosts  # noqa: E402
 from bastion.service import build_daemon  # noqa: E402
 from bastion.store import Store  # noqa: E402
 from benchmarks.bench_bucket import LatencyBucket, percentile  # noqa: E402

@@ -17,7 +17,7 @@ from bundlers.base import BundleError, Bundler
 
 # AXLearn's instance types: tpu-<version>-<cores> (with --num_replicas slices) and
 # gpu-<Compute Engine machine type or AXLearn GPU name>: whatever the gce runner maps to a GPU
-# machine type (bastion.runners.gce.gpu_machine), which also says how many GPUs it has.
+# machine type (bastion.runners.google.gce.gpu_machine), which also says how many GPUs it has.
 _TPU = re.compile(r"tpu-(v\d+[a-z]*(?:litepod)?)-(\d+)")
 
 
@@ -58,7 +58,7 @@ def _gpu_machine(instance_type: str) -> tuple[str, int] | None:
     (the runner brings the Google API client with it)."""
     if not instance_type.startswith("gpu-"):
         return None
-    from bastion.runners.gce import gpu_machine
+    from bastion.runners.google.gce import gpu_machine
 
     return gpu_machine(instance_type)
 

@@ -14,8 +14,20 @@ A subclass provides:
 - ``make_runner(self, tmp_path) -> Runner``: a NEW runner instance for the root ``self.root``,
   its state under ``tmp_path``. Two calls in one test give two instances on the same state,
   which is how the suite simulates a daemon restart.
+- ``kind``: the registered runner kind it holds to the contract (a meta-test in
+  tests/test_runner_contract.py fails for a kind of ``base.RUNNERS`` that no class names; the
+  modules that hold contract classes are listed in :data:`CONTRACT_MODULES`);
+- optionally ``make_root(self, tmp_path)``: the root URL of a test (default a ``gs://`` name
+  that no runner writes to; a runner whose agents write to the root gives a real one);
 - optionally ``isolates_roots = False``, where the kind cannot tell two roots apart on the
   same state (the root-isolation test is then skipped);
+- optionally ``deletes_at_once = False``, where ``delete`` is verified on a later call (a
+  cloud delete: the resource is gone a while after the call); the suite then calls it again,
+  as the daemon does every cycle, until it says True;
+- optionally ``stop_waits_for_deadline = False``, where ``stop`` ends the attempt at once
+  whatever the deadline (a cloud runner deletes the machines: the VMs' shutdown is the grace
+  the agent has, and the provider ends what ignores it), so the test that a command ignoring
+  TERM runs until the deadline does not apply;
 - optionally ``timeout`` (seconds) for each bounded wait, for runners slow to provision.
 
 The suite provides, per test, ``self.root`` (a root URL of its own, so runners sharing a host,
@@ -26,6 +38,7 @@ and deleted, and is closed, when the test ends.
 
 from __future__ import annotations
 
+import copy
 import time
 import uuid
 from collections.abc import Callable
@@ -53,12 +66,27 @@ def read_all(runner: Runner, handle: Handle) -> bytes:
     return runner.read_output(handle, 0, 1 << 24)
 
 
+# The test modules that hold RunnerContract classes (the meta-test imports them all).
+CONTRACT_MODULES = (
+    "tests.test_runner_contract",
+    "tests.test_docker_runner",
+    "tests.test_cloud_contract",
+    "tests.test_slurm_runner",
+)
+
+
 class RunnerContract:
     """Tests every runner must pass; see the module docstring for what a subclass provides."""
 
     __test__ = False  # abstract: subclasses set __test__ = True
+    kind = ""
     isolates_roots = True
+    deletes_at_once = True
+    stop_waits_for_deadline = True
     timeout = 30.0
+
+    def make_root(self, tmp_path) -> str:
+        return f"gs://bastion-contract/{uuid.uuid4().hex}"
 
     def make_runner(self, tmp_path) -> Runner:
         raise NotImplementedError
@@ -76,7 +104,7 @@ class RunnerContract:
     @pytest.fixture(autouse=True)
     def _contract_context(self, tmp_path):
         self.tmp_path = tmp_path
-        self.root = f"gs://bastion-contract/{uuid.uuid4().hex}"
+        self.root = self.make_root(tmp_path)
         self.submission = uuid.uuid4().hex[:12]
         self._made: list[Runner] = []
         yield
@@ -121,6 +149,12 @@ class RunnerContract:
         return wait_until(
             lambda: (obs := runner.poll(handle)).finished and obs, self.timeout, "the end"
         )
+
+    def deleted(self, runner: Runner, handle: Handle) -> bool:
+        """``delete``, called until it says True when the kind verifies it later."""
+        if self.deletes_at_once:
+            return runner.delete(handle)
+        return wait_until(lambda: runner.delete(handle), self.timeout, "the verified delete")
 
     def wait_output(self, runner: Runner, handle: Handle, output: bytes) -> None:
         """Until the attempt has printed ``output`` (so it is running, past that point)."""
@@ -178,6 +212,8 @@ class RunnerContract:
         assert obs.phase != Phase.SUCCEEDED
 
     def test_stop_forces_a_command_ignoring_term_once_the_deadline_passes(self, runner):
+        if not self.stop_waits_for_deadline:
+            pytest.skip(f"{type(self).__name__}: stop ends the attempt at once")
         command = "trap '' TERM; echo up; sleep 30  # ignore-term"
         handle = runner.start(self.attempt("ignore-term", command))
         self.wait_output(runner, handle, b"up\n")  # the trap is in place
@@ -211,7 +247,7 @@ class RunnerContract:
         attempt = self.attempt("delete", "echo bye")
         handle = runner.start(attempt)
         self.wait_finished(runner, handle)
-        assert runner.delete(handle) is True
+        assert self.deleted(runner, handle) is True
         assert attempt.name not in [o.name for o in runner.list_owned()]
         assert runner.delete(handle) is True
 
@@ -223,8 +259,17 @@ class RunnerContract:
         runner.stop(handle, time.time() - 1)
         assert runner.poll(handle) == obs
         assert read_all(runner, handle) == b"done\n"
+        assert self.deleted(runner, handle) is True
         assert runner.delete(handle) is True
-        assert runner.delete(handle) is True
+
+    def test_handle_is_not_changed_after_start_returns(self, runner):
+        handle = runner.start(self.attempt("frozen", "echo still"))
+        kept = copy.deepcopy(handle)
+        self.wait_finished(runner, handle)
+        read_all(runner, handle)
+        runner.stop(handle, time.time() - 1)
+        self.deleted(runner, handle)
+        assert handle == kept  # the daemon stores it once; a change would be lost on restart
 
     def test_list_owned_reports_only_this_root(self, runner):
         if not self.isolates_roots:

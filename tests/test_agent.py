@@ -17,7 +17,7 @@ import pytest
 
 from bastion.agent import Agent
 from bastion.runners.base import Phase
-from bastion.runners.remote import RemoteRecords
+from bastion.runners.kit.records import RemoteRecords
 from bastion.store import Store
 from tests.harness import REPO, kill_all, processes_with_env, wait_for
 from tests.standins.metadata import MetadataServer

@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 
 from bastion.runners.base import Attempt, Phase, TryAgain, attempt_name
-from bastion.runners.cloud import CloudRunner
-from bastion.runners.gce import GceRunner
-from bastion.runners.queued import QueuedRunner
-from bastion.runners.tpu import TpuRunner
+from bastion.runners.google.gce import GceRunner
+from bastion.runners.google.queued import QueuedRunner
+from bastion.runners.google.tpu import TpuRunner
+from bastion.runners.google.zonal import ZonalRunner
 from tests.standins.compute import ComputeServer
 from tests.standins.tpu import TpuServer
 
@@ -50,7 +50,7 @@ class Clock:
 @dataclass
 class Case:
     server: type
-    runner: type[CloudRunner]
+    runner: type[ZonalRunner]
     options: dict[str, Any]
     code: Any  # the operation error's code, as the API writes it
     message: str
@@ -105,7 +105,7 @@ def cloud(request: pytest.FixtureRequest, tmp_path):
 Made = list[tuple[float, str]]  # (time, zone) of each create call
 
 
-def _drive(case: Case, server: Any, runner: CloudRunner, clock: Clock, root: str, n: int,
+def _drive(case: Case, server: Any, runner: ZonalRunner, clock: Clock, root: str, n: int,
            rounds: int, step: float = 10.0) -> tuple[int, list[str], Made]:  # fmt: skip
     """The daemon's handling of one job for ``rounds`` cycles ``step`` seconds apart, from
     attempt ``n``: (an attempt number not used yet, each TryAgain's message, (time, zone) of

@@ -26,7 +26,7 @@ import pytest
 
 from bastion.daemon import SWEEP_EVERY_CYCLES, Daemon
 from bastion.runners.base import Attempt
-from bastion.runners.tpu import TpuRunner
+from bastion.runners.google.tpu import TpuRunner
 from bastion.service import build_daemon
 from bastion.store import Store
 from launch.api import Client, new_jobspec

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from bastion.daemon import Daemon
-from bastion.runners.cloud import CloudRunner
+from bastion.runners.google.zonal import ZonalRunner
 from bastion.service import build_daemon
 from tests.standins.common import ApiError
 from tests.standins.compute import ComputeServer
@@ -155,9 +155,9 @@ class Faults(Cloud):
         self.runner(daemon).sleep = self.sleeps.append
         return daemon
 
-    def runner(self, daemon: Daemon) -> CloudRunner:  # type: ignore[override]
+    def runner(self, daemon: Daemon) -> ZonalRunner:  # type: ignore[override]
         runner = daemon.runners.get(getattr(self, "kind", "tpu"))
-        assert isinstance(runner, CloudRunner)
+        assert isinstance(runner, ZonalRunner)
         return runner
 
     def submit(self, name: str, command: str, **options: Any) -> None:  # type: ignore[override]

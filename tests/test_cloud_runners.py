@@ -31,9 +31,9 @@ from bastion.runners.base import (
     TryAgain,
     attempt_name,
 )
-from bastion.runners.gce import GceRunner, request_id
-from bastion.runners.queued import QueuedRunner, node_prefix
-from bastion.runners.tpu import TpuRunner
+from bastion.runners.google.gce import GceRunner, request_id
+from bastion.runners.google.queued import QueuedRunner, node_prefix
+from bastion.runners.google.tpu import TpuRunner
 from bastion.store import Store
 from tests.harness import REPO, kill_all, processes_with_env
 from tests.standins.compute import ComputeServer
@@ -226,7 +226,7 @@ def test_tpu_happy_path_four_workers(any_root, tpu_server, tpu_any, guests):
     assert seen == Observation(Phase.SUCCEEDED, "all 4 workers exited 0", 0, workers=done)
     assert len(guests.workers[a.name]) == 4 and guests.wait(a.name) == [0, 0, 0, 0]
     assert tpu.read_output(handle, 0, 1 << 20) == b"hello from 0 of 4: it's a 'test'\n"
-    records = tpu.records(handle)
+    records = tpu.channel.records(handle)
     for w in range(4):
         expected = f"hello from {w} of 4: it's a 'test'\n".encode()
         assert records.read_output(0, 100, worker=w) == expected
@@ -634,7 +634,7 @@ def test_qr_multislice_is_one_node_spec_and_every_worker_knows_its_slice(
     assert sorted(guests.workers) == [f"{a.name}-0", f"{a.name}-1"]
     first = tpu_server.nodes[f"projects/{P}/locations/{ZA}/nodes/{a.name}-0"]
     coordinator = first["networkEndpoints"][0]["ipAddress"]
-    records = qr.records(handle)
+    records = qr.channel.records(handle)
     assert [records.read_output(0, 200, worker=w) for w in range(4)] == [
         f"w {w} of 4 slice {w // 2} of 2 megascale {w // 2} of 2 at {coordinator}\n".encode()
         for w in range(4)
@@ -671,7 +671,7 @@ def test_qr_made_by_an_older_daemon_with_a_spec_per_slice_is_adopted_counted_and
     assert [o.name for o in tpu.list_owned()] == []  # queuedResource: the queued resource's
     handle = qr.start(a)
     assert len(qr_creates(tpu_server)) == 1 and handle["workers"] == 4  # adopted
-    assert qr.poll(handle) == Observation(Phase.RUNNING, "waiting for the agents")
+    assert qr.poll(handle) == Observation(Phase.RUNNING, "waiting for workers to start (0 of 4)")
     assert qr.delete(handle) is False
     tpu_server.tick()
     assert qr.delete(handle) is True and tpu_server.nodes == {} and tpu_server.qrs == {}

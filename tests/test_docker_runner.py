@@ -377,6 +377,7 @@ class TestDockerContract(RunnerContract):
     """The shared runner contract (tests/runner_contract.py) on the real engine."""
 
     __test__ = True
+    kind = "docker"
 
     @pytest.fixture(autouse=True)
     def _engine(self, docker_engine):

@@ -146,7 +146,7 @@ def test_a_gpu_instance_type_without_known_gpus_is_refused_naming_the_forms(inst
 
 
 def test_every_axlearn_gpu_name_the_gce_runner_maps_is_an_instance_type():
-    from bastion.runners.gce import _AXLEARN, machine_type
+    from bastion.runners.google.gce import _AXLEARN, machine_type
 
     for name, machine in _AXLEARN.items():
         runner, resources = instance_type_runner(f"gpu-{name}")

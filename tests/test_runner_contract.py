@@ -3,19 +3,22 @@ runner's own injections, which the daemon's lifecycle tests rely on."""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
 from bastion.runners import base
 from bastion.runners import local as local_runner
 from bastion.runners.base import Attempt, Phase, RunnerError
 from bastion.runners.fake import FakeRunner
-from tests.runner_contract import RunnerContract
+from tests.runner_contract import CONTRACT_MODULES, RunnerContract
 
 ROOT = "gs://bastion-test/fake"
 
 
 class TestFakeContract(RunnerContract):
     __test__ = True
+    kind = "fake"
 
     def make_runner(self, tmp_path):
         return base.factory_for("fake")({"root": self.root, "state_dir": str(tmp_path / "fake")})
@@ -27,10 +30,32 @@ class TestFakeContract(RunnerContract):
 )
 class TestLocalContract(RunnerContract):
     __test__ = True
+    kind = "local"
 
     def make_runner(self, tmp_path):
         settings = {"root": self.root, "attempts_dir": str(tmp_path / "attempts"), "gpus": []}
         return base.factory_for("local")(settings)
+
+
+# Kinds whose backend cannot run on a test machine, so no contract class holds them. Each entry
+# says why. None of the built-in kinds is here: each one's backend or stand-in runs locally.
+EXEMPT: dict[str, str] = {}
+
+
+def test_every_registered_kind_has_a_contract_class():
+    for module in CONTRACT_MODULES:
+        importlib.import_module(module)
+    held, todo = set(), list(RunnerContract.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        if cls.__dict__.get("__test__") and cls.kind:
+            held.add(cls.kind)
+    missing = sorted(set(base.RUNNERS.names()) - held - EXEMPT.keys())
+    assert not missing, (
+        f"runner kinds {missing} have no RunnerContract class: add one (see "
+        "tests/runner_contract.py and docs/runners.md) in a module of CONTRACT_MODULES"
+    )
 
 
 # -- the fake runner alone, on a clock the test moves ------------------------------------------

@@ -31,6 +31,7 @@ class TestSlurmContract(RunnerContract):
     """The shared runner contract, every attempt a real Slurm job."""
 
     __test__ = True
+    kind = "slurm"
     timeout = 40.0
 
     @pytest.fixture(autouse=True)

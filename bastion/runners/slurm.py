@@ -11,7 +11,7 @@ with borrowing, one bucket for specs, logs and history); Slurm keeps doing what 
 - *One agent per node*: the batch script is ``srun --ntasks-per-node=1`` of the startup script
   the cloud runners use (:mod:`bastion.runners.startup`), the agent taking its worker index
   from ``SLURM_PROCID`` (``--worker_env``). Output, heartbeats and exit records reach the
-  bucket through the agents (:class:`bastion.runners.remote.RemoteRecords`): the compute nodes
+  bucket through the agents (:class:`bastion.runners.kit.records.RemoteRecords`): the compute nodes
   must reach the bucket.
 - *Create if absent*: Slurm has no idempotent submit (a second ``sbatch`` with the same name is
   accepted), so ``start`` writes the provisioning record, looks for a job of that name first
@@ -88,7 +88,7 @@ from bastion.runners.base import (
     name_prefix,
     root_tag,
 )
-from bastion.runners.remote import RemoteRecords
+from bastion.runners.kit.records import RemoteRecords
 from bastion.store import ObjectInfo, Store
 
 COMMAND_TIMEOUT = 60.0

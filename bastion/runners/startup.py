@@ -94,8 +94,8 @@ def bootstrap_lines(
     background, before anything that can fail or hang, and again when the script exits
     without handing over to the agent (which then reports on its own). ``gcloud storage
     cp`` for ``gs://``, ``cp`` for a local root (other schemes: not copied). The daemon
-    shows its last lines when a worker never starts (:meth:`bastion.runners.cloud.
-    CloudRunner.up`), and ``bastion logs NAME --worker=K`` all of it."""
+    shows its last lines when a worker never starts (:meth:`bastion.runners.google.zonal.
+    ZonalProvisioner.not_started`), and ``bastion logs NAME --worker=K`` all of it."""
     q = shlex.quote
     before, _, after = url.rpartition("{worker}")
     attributes = "http://${GCE_METADATA_HOST:-metadata.google.internal}/computeMetadata/v1/"

@@ -1,4 +1,4 @@
-"""What the daemon reads back from a remote attempt's agents (shared by the cloud runners).
+"""What the daemon reads back from a remote attempt's agents (the agent channel's reader).
 
 The in-guest agent (:mod:`bastion.agent`) reports only through the bucket, per worker:
 ``started``, ``heartbeat``, ``progress`` and ``exit`` records, and numbered output chunks
@@ -9,7 +9,7 @@ health, and serves a worker's output by byte offset.
 Cost, so that a cycle costs what changed:
 
 - The records of every live attempt come from one listing of ``ROOT/agents/`` per cycle
-  (made by the runner, :meth:`bastion.runners.cloud.CloudRunner.agent_listing`); output chunks
+  (made by :meth:`bastion.runners.kit.channel.AgentChannel.agent_listing`); output chunks
   live elsewhere, so that listing grows with the running workers, not with their output.
 - A heartbeat is never read: its listing token changing is the beat, timed on the daemon's
   own clock (``now``), so a worker's skewed clock cannot make it look lost or alive.

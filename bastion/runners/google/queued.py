@@ -2,8 +2,9 @@
 
 Queued resources are how to wait for scarce capacity (the request waits in the zone's queue
 instead of failing on a stockout) and the only way to get several slices at once (per-job
-option ``num_replicas``). Everything else is the TPU VM runner's (:mod:`bastion.runners.tpu`):
-the node body, labels, startup script, agents' records, one listing per zone per cycle.
+option ``num_replicas``). Everything else is the TPU VM runner's
+(:mod:`bastion.runners.google.tpu`): the node body, labels, startup script, agents' records,
+one listing per zone per cycle.
 
 Create: ``queuedResources.create(queuedResourceId=<attempt name>, requestId=uuid5(...))`` with
 one ``tpu.nodeSpec``: for one slice, ``nodeId`` = the attempt name; for ``num_replicas`` = N > 1,
@@ -28,7 +29,8 @@ Poll, from the zone's listing of queued resources (one call per zone per cycle):
 
 - CREATING / ACCEPTED / WAITING_FOR_RESOURCES: QUEUED, "waiting for capacity in ZONE"; past
   a client-side deadline, ``queue_seconds`` + ``queue_margin_seconds`` (setting, default 300)
-  after the create was issued (the handle's ``created``), FAILED, retryable, "queued resource
+  after the create was issued (the handle's ``created``; the handle's ``queue_seconds``, fixed at
+  start), FAILED, retryable, "queued resource
   waited past its deadline of N s in ZONE": a service that never expires the request (or
   forgets it in ACCEPTED) cannot hold the job forever;
 - PROVISIONING: PROVISIONING; ACTIVE: the agents' records (all slices' workers), with the
@@ -36,7 +38,7 @@ Poll, from the zone's listing of queued resources (one call per zone per cycle):
 - FAILED (e.g. past its validUntil): FAILED, retryable, with ``failedData.error``'s message;
   a capacity failure (code 8/9) blocks the zone like a stockout; any other failure, and the
   client-side deadline, back the zone off exponentially
-  (:meth:`bastion.runners.cloud.CloudRunner.create_failed`); either way the next attempt (the
+  (:class:`bastion.runners.kit.failover.Failover`); either way the next attempt (the
   daemon requeues it) tries the next zone, and waits when every zone is blocked;
 - SUSPENDING / SUSPENDED by the SERVICE: PREEMPTED (after the agents' last flush); by the
   USER, or DELETING, or absent: what the agents reported, or LOST.
@@ -54,9 +56,11 @@ from typing import Any
 
 from googleapiclient.errors import HttpError
 
-from bastion.runners.base import MAX_ATTEMPT_NAME, Attempt, Handle, Observation, Owned, Phase
-from bastion.runners.gce import request_id
-from bastion.runners.tpu import TpuRunner, accelerator_type, hosts
+from bastion.runners.base import MAX_ATTEMPT_NAME, Attempt, Handle, Observation, Phase
+from bastion.runners.google.api import GoogleApi, quota_failure
+from bastion.runners.google.gce import request_id
+from bastion.runners.google.tpu import accelerator_type, hosts, node_body, parent, tpu_client
+from bastion.runners.google.zonal import ZonalConfig, ZonalProvisioner, ZonalRunner
 
 _WAITING = frozenset({"CREATING", "ACCEPTED", "WAITING_FOR_RESOURCES", "STATE_UNSPECIFIED"})
 _ENDED = frozenset({"FAILED", "SUSPENDING", "SUSPENDED", "DELETING"})
@@ -78,71 +82,68 @@ def from_settings(settings: Mapping[str, Any]) -> QueuedRunner:
     return QueuedRunner(settings)
 
 
-class QueuedRunner(TpuRunner):
-    kind = "tpu-qr"
-    resource_noun = "queued resource"
+def _node(qr: dict) -> dict:
+    specs = (qr.get("tpu") or {}).get("nodeSpec") or [{}]
+    return specs[0].get("node") or {}
 
-    def __init__(self, settings: Mapping[str, Any], client: Any = None) -> None:
-        super().__init__(settings, client)
-        self.queue_margin = float(settings.get("queue_margin_seconds", 300))
 
-    def _list_zone(self, zone: str) -> list[dict]:
-        found, token = [], None
-        while True:
-            request = self.client.queuedResources().list(
-                parent=self._parent(zone), pageSize=self.page_size, pageToken=token
-            )
-            page = self.execute(request)
-            found += page.get("queuedResources") or []
-            if not (token := page.get("nextPageToken")):
-                return found
+def _slices(options: Mapping[str, Any]) -> int:
+    return max(1, int(options.get("num_replicas", 1)))
 
-    @staticmethod
-    def _node(qr: dict) -> dict:
-        specs = (qr.get("tpu") or {}).get("nodeSpec") or [{}]
-        return specs[0].get("node") or {}
 
-    def _labels(self, resource: dict) -> dict[str, str]:
-        """A queued resource has no labels of its own: its node template's say whose it is."""
-        return self._node(resource).get("labels") or {}
+class QueuedResources:
+    """The ``tpu-qr`` runner's provider: ``projects.locations.queuedResources``."""
 
-    def _legacy_ours(self, resource: dict) -> bool:
-        """A queued resource of this root without a runner label (an older daemon's, one
-        ``nodeSpec`` per slice included) is this runner's: only it makes queued resources."""
-        return True
+    noun = "queued resource"
 
-    def job_of(self, resource: dict) -> str | None:
-        return (self._node(resource).get("metadata") or {}).get("bastion-job-name")
-
-    @staticmethod
-    def _slices(options: Mapping[str, Any]) -> int:
-        return max(1, int(options.get("num_replicas", 1)))
-
-    def _workers(self, attempt: Attempt) -> int:
-        return hosts(accelerator_type(attempt.options)) * self._slices(attempt.options)
+    def __init__(self, config: ZonalConfig, api: GoogleApi) -> None:
+        self.config, self.api = config, api
+        self.queue_margin = float(config.settings.get("queue_margin_seconds", 300))
 
     def _option(self, attempt: Attempt, key: str, default: Any = None) -> Any:
-        return attempt.options.get(key, self.settings.get(key, default))
+        return attempt.options.get(key, self.config.settings.get(key, default))
 
-    def _create(self, attempt: Attempt, zone: str, workers: int) -> str | None:
-        slices = self._slices(attempt.options)
-        spec: dict[str, Any] = {"parent": self._parent(zone)}
+    def list_zone(self, zone: str) -> list[dict]:
+        qrs = self.api.client.queuedResources()
+        return self.api.paginate(lambda token: qrs.list(
+            parent=parent(self.config, zone), pageSize=self.config.page_size, pageToken=token),
+            "queuedResources")  # fmt: skip
+
+    def labels(self, resource: dict) -> dict[str, str]:
+        """A queued resource has no labels of its own: its node template's say whose it is."""
+        return _node(resource).get("labels") or {}
+
+    def job_of(self, resource: dict) -> str | None:
+        return (_node(resource).get("metadata") or {}).get("bastion-job-name")
+
+    def workers(self, attempt: Attempt) -> int:
+        return hosts(accelerator_type(attempt.options)) * _slices(attempt.options)
+
+    def extra(self, attempt: Attempt) -> dict[str, Any]:
+        """The request's ``queue_seconds``, for the client-side deadline (:meth:`poll`)."""
+        return {"queue_seconds": int(self._option(attempt, "queue_seconds", 3600))}
+
+    def create(
+        self, flow: ZonalProvisioner, attempt: Attempt, zone: str, workers: int
+    ) -> str | None:
+        slices = _slices(attempt.options)
+        spec: dict[str, Any] = {"parent": parent(self.config, zone)}
         if slices == 1:
             spec["nodeId"] = attempt.name
-            script = self.script(attempt, workers)
+            script = flow.script(attempt, workers)
         else:  # one multislice: the API makes <prefix>-0 ... and sets up their DCN mesh
             spec["multisliceParams"] = {"nodeCount": slices,
                                         "nodeIdPrefix": node_prefix(attempt.name, slices)}
-            script = self.script(attempt, workers, [f"--num_slices={slices}"])
-        spec["node"] = self.node_body(attempt, script)
+            script = flow.script(attempt, workers, [f"--num_slices={slices}"])
+        spec["node"] = node_body(flow, attempt, script)
         body: dict[str, Any] = {
             "tpu": {"nodeSpec": [spec]},
             "queueingPolicy": {
                 "validUntilDuration": f"{int(self._option(attempt, 'queue_seconds', 3600))}s"
             },
         }
-        kind, reservation = self.capacity(attempt)
-        reservation = reservation or self.settings.get("reservation")
+        kind, reservation = flow.capacity(attempt)
+        reservation = reservation or self.config.settings.get("reservation")
         if kind == "spot":
             body["spot"] = {}
         elif self._option(attempt, "guaranteed") or kind == "reserved":
@@ -150,78 +151,71 @@ class QueuedRunner(TpuRunner):
             spec["node"].pop("schedulingConfig", None)  # it breaks queued resources
         if reservation and kind != "spot":
             body["reservationName"] = str(reservation)
-        request = self.client.queuedResources().create(
-            parent=self._parent(zone),
+        request = self.api.client.queuedResources().create(
+            parent=parent(self.config, zone),
             queuedResourceId=attempt.name,
-            requestId=request_id(self.root, attempt.name, "create"),
+            requestId=request_id(self.config.root, attempt.name, "create"),
             body=body,
         )
-        return self.execute(request, retries=0).get("name")
+        return self.api.execute(request, retries=0).get("name")
 
-    def start(self, attempt: Attempt) -> Handle:
-        """As the TPU runner's; the handle also carries the request's ``queue_seconds``, for
-        the client-side deadline (:meth:`poll`)."""
-        handle = super().start(attempt)
-        handle["queue_seconds"] = int(self._option(attempt, "queue_seconds", 3600))
-        return handle
+    def quota_reason(self, error: HttpError) -> str | None:
+        return quota_failure(error)
 
-    # -- poll --------------------------------------------------------------------------------
-    def poll(self, handle: Handle) -> Observation:
+    # -- poll ----------------------------------------------------------------------------------
+    def poll(self, flow: ZonalProvisioner, handle: Handle) -> Observation:
         zone, name = handle["zone"], handle["name"]
-        qr = self.listing(zone).get(name)
+        qr = flow.listing(zone).get(name)
         if qr is None:
-            return self.gone(handle, f"queued resource {name} is gone from {zone}")
+            return flow.channel.gone(handle, f"queued resource {name} is gone from {zone}")
         st = qr.get("state") or {}
         state = st.get("state", "STATE_UNSPECIFIED")
         if state in _WAITING:
             queue_seconds = int(handle.get("queue_seconds")
-                                or self.settings.get("queue_seconds", 3600))  # fmt: skip
-            created = self.created(handle)
+                                or self.config.settings.get("queue_seconds", 3600))  # fmt: skip
+            created = flow.created(handle)
             if created is not None and time.time() > created + queue_seconds + self.queue_margin:
-                return self.create_failed(handle, f"queued resource waited past its deadline "
+                return flow.create_failed(handle, f"queued resource waited past its deadline "
                                           f"of {queue_seconds} s in {zone}")  # fmt: skip
             return Observation(Phase.QUEUED, f"waiting for capacity in {zone}")
         if state == "PROVISIONING":
             return Observation(Phase.PROVISIONING, f"provisioning in {zone}")
         if state == "ACTIVE":
-            return self.up(handle)
+            return flow.up(handle)
         if state == "FAILED":
             error = (st.get("failedData") or {}).get("error") or {}
             message = str(error.get("message") or "queued resource failed")
             if error.get("code") in _CAPACITY_CODES:
-                return self.stockout(handle, message)
-            return self.create_failed(handle, f"queued resource failed in {zone}: "
+                return flow.stockout(handle, message)
+            return flow.create_failed(handle, f"queued resource failed in {zone}: "
                                       f"error code {error.get('code')}: {message}")  # fmt: skip
         if state in ("SUSPENDING", "SUSPENDED") and st.get("stateInitiator") == "SERVICE":
-            return self.preempted(handle, f"queued resource {name} {state} by the service")
-        return self.gone(handle, f"queued resource {name} {state}")
+            return flow.channel.preempted(handle, f"queued resource {name} {state} by the service")
+        return flow.channel.gone(handle, f"queued resource {name} {state}")
 
-    # -- stop, delete, list ------------------------------------------------------------------
-    def _qr_name(self, handle: Handle) -> str:
-        return f"{self._parent(handle['zone'])}/queuedResources/{handle['name']}"
-
-    def _going(self, resource: dict) -> bool:
+    # -- delete, list --------------------------------------------------------------------------
+    def going(self, resource: dict) -> bool:
         return (resource.get("state") or {}).get("state") == "DELETING"
 
-    def _request_delete(self, handle: Handle) -> None:
-        try:
-            self.execute(self.client.queuedResources().delete(name=self._qr_name(handle),
-                                                              force=True))  # fmt: skip
-        except HttpError as e:
-            if e.status_code != 404:
-                raise
-        self.deleted(handle["zone"])
+    def request_delete(self, handle: Handle) -> None:
+        name = f"{parent(self.config, handle['zone'])}/queuedResources/{handle['name']}"
+        self.api.delete(self.api.client.queuedResources().delete(name=name, force=True))
 
-    def _list_resources(self) -> list[Owned]:
-        owned = []
-        for zone in self.zones:
-            for qr in self.listing(zone).values():
-                specs = (qr.get("tpu") or {}).get("nodeSpec") or []
-                workers = sum(
-                    hosts(s.get("node", {}).get("acceleratorType", "v4-8"))
-                    * int((s.get("multisliceParams") or {}).get("nodeCount", 1))
-                    for s in specs
-                )
-                ended = (qr.get("state") or {}).get("state") in _ENDED
-                owned.append(self.owned(qr, zone, max(1, workers), ended))
-        return owned
+    def inventory(self, resource: dict) -> tuple[int, bool]:
+        specs = (resource.get("tpu") or {}).get("nodeSpec") or []
+        workers = sum(
+            hosts(s.get("node", {}).get("acceleratorType", "v4-8"))
+            * int((s.get("multisliceParams") or {}).get("nodeCount", 1))
+            for s in specs
+        )
+        return max(1, workers), (resource.get("state") or {}).get("state") in _ENDED
+
+
+class QueuedRunner(ZonalRunner):
+    """Kind ``tpu-qr``: :class:`QueuedResources` in the zonal flow (no behaviour of its own)."""
+
+    kind = "tpu-qr"
+
+    def __init__(self, settings: Mapping[str, Any], client: Any = None) -> None:
+        super().__init__(self.kind, settings, "BASTION_TPU_API_ENDPOINT", tpu_client,
+                         QueuedResources, client)  # fmt: skip

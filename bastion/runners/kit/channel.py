@@ -1,0 +1,222 @@
+"""The agent channel: what the in-guest agents say about an attempt, and when it wins.
+
+Why: a remote attempt has two witnesses. The provider says whether the machines exist (up,
+being repaired, preempted, gone); the agents (:mod:`bastion.agent`) say, through the bucket,
+whether the command started, is alive, and how it ended. The rule for which one to believe is
+the same for every provider, so it is written once here:
+
+- machines up: the agents' word, and "waiting for workers to start (k of N)" until every
+  worker said ``started``; ``start_timeout`` seconds after the machines were first seen up
+  with a worker still silent, the attempt fails (:meth:`AgentChannel.up`);
+- machines in a transient state (repairing, restarting): the agents' word once any worker
+  started, else provisioning (:meth:`AgentChannel.transient`);
+- machines gone without a preemption: what the agents reported if they all finished, else
+  LOST (:meth:`AgentChannel.gone`);
+- machines preempted or otherwise ended by the provider: the provider's outcome, unless every
+  worker had already succeeded; and only once every started worker flushed its exit record,
+  or ``flush_seconds`` after the end was first seen (:meth:`AgentChannel.ended`).
+
+Cost: the agents' records of every live attempt come from one listing of ``ROOT/agents/``
+per cycle (:class:`bastion.runners.kit.listing.CycleListing`), read through one
+:class:`bastion.runners.kit.records.RemoteRecords` per attempt.
+
+A handle here is any runner's handle with ``job``, ``name`` and ``workers``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from bastion.runners.base import Handle, Observation, Phase
+from bastion.runners.kit.listing import CycleListing
+from bastion.runners.kit.records import RemoteRecords
+from bastion.store import ObjectInfo, Store
+
+AgentListing = dict[tuple[str, str], dict[str, ObjectInfo]]
+
+
+def last_lines(text: str, lines: int = 8, limit: int = 800) -> str:
+    """The last non-blank ``lines`` of ``text`` as one line (" | " between them), at most
+    ``limit`` characters from its end: what a failure reason can carry."""
+    kept = [" ".join(line.split()) for line in text.splitlines() if line.strip()][-lines:]
+    joined = " | ".join(kept)
+    return joined if len(joined) <= limit else "..." + joined[-(limit - 3):]
+
+
+class AgentChannel:
+    def __init__(
+        self,
+        store: Store,
+        heartbeat_timeout: float,
+        flush_seconds: float,
+        start_timeout: float,
+        listing_ttl: float,
+    ) -> None:
+        self.store = store
+        self.heartbeat_timeout = heartbeat_timeout
+        self.flush_seconds = flush_seconds
+        self.start_timeout = start_timeout
+        self.listing: CycleListing[None, AgentListing] = CycleListing(
+            lambda _key: store.list_agents(), listing_ttl
+        )
+        self._lock = threading.Lock()
+        self._records: dict[str, RemoteRecords] = {}
+        self._ended_at: dict[str, float] = {}  # attempt -> when its end was first seen
+        self._up_at: dict[str, float] = {}  # attempt -> when its machines were first seen up
+        self._not_started: dict[str, Observation] = {}  # attempts failed by start_timeout
+
+    def begin_cycle(self) -> None:
+        self.listing.begin_cycle()
+
+    def agent_listing(self) -> AgentListing:
+        """Every live attempt's agent records, listed once per cycle for all polls."""
+        return self.listing.get(None)
+
+    def attempt_records(self, handle: Handle) -> dict[str, ObjectInfo]:
+        return self.agent_listing().get((handle["job"], handle["name"]), {})
+
+    def records(self, handle: Handle) -> RemoteRecords:
+        with self._lock:
+            found = self._records.get(handle["name"])
+            if found is None:
+                found = RemoteRecords(self.store, handle["job"], handle["name"],
+                                      int(handle["workers"]), self.heartbeat_timeout)  # fmt: skip
+                self._records[handle["name"]] = found
+            return found
+
+    def agents(self, handle: Handle) -> Observation | None:
+        """What the agents say (None: none started yet)."""
+        return self.records(handle).observe(self.attempt_records(handle), time.time())
+
+    def gone(self, handle: Handle, why: str) -> Observation:
+        """The machines are gone (or going) without a preemption: what the agents reported
+        if they all finished, else LOST (requeued as a new attempt)."""
+        seen = self.agents(handle)
+        if seen is not None and seen.finished and seen.phase is not Phase.LOST:
+            return seen
+        return Observation(Phase.LOST, why, retryable=True)
+
+    def preempted(self, handle: Handle, why: str) -> Observation:
+        """Preempted: not the job's failure, unless every worker had already succeeded."""
+        return self.ended(handle, Observation(Phase.PREEMPTED, why, retryable=True))
+
+    def ended(self, handle: Handle, outcome: Observation) -> Observation:
+        """The provider ended the machines (a preemption, a dead man's switch): ``outcome``,
+        unless every worker had already succeeded.
+
+        The agents flush their last output and exit records within the spot window, after
+        the provider already says so; the daemon reads the log to its end once an attempt is
+        finished and never again, so the attempt is reported finished only once every
+        started worker has its exit record, or ``flush_seconds`` after the end was seen."""
+        name = handle["name"]
+        seen = self.agents(handle)
+        if seen is not None and seen.phase is Phase.SUCCEEDED:
+            return seen
+        if seen is not None and not self.flushed(handle):
+            with self._lock:
+                first = self._ended_at.setdefault(name, time.monotonic())
+            if time.monotonic() - first < self.flush_seconds:
+                return Observation(Phase.RUNNING, f"{outcome.reason}; the agents are flushing",
+                                   workers=seen.workers)  # fmt: skip
+        with self._lock:
+            self._ended_at.pop(name, None)
+        return outcome
+
+    def flushed(self, handle: Handle) -> bool:
+        """Every worker that started has its exit record."""
+        listing = self.attempt_records(handle)
+        started = [w for w in range(int(handle["workers"]))
+                   if Store.run_name(w, "started") in listing]  # fmt: skip
+        return all(Store.run_name(w, "exit") in listing for w in started)
+
+    def up(
+        self,
+        handle: Handle,
+        came_up: Callable[[], None],
+        timed_out: Callable[[list[int]], Observation],
+    ) -> Observation:
+        """The machines are up: what the agents say, and "waiting for workers to start (k of
+        N)" while some have not said ``started``. ``came_up()`` once every worker started.
+
+        A worker that never starts (its startup failed: an image whose Python cannot run the
+        agent, a package install that failed or hangs) would otherwise hold the machines and
+        the quota forever with nothing running: ``start_timeout`` seconds after the machines
+        were first seen up, the attempt is ``timed_out(silent workers)``, and stays so."""
+        name, n = handle["name"], int(handle["workers"])
+        with self._lock:
+            failed = self._not_started.get(name)
+            first = self._up_at.setdefault(name, time.monotonic())
+        if failed is not None:
+            return failed
+        seen = self.agents(handle)
+        if seen is not None and seen.finished:
+            return seen
+        listing = self.attempt_records(handle)
+        waiting = [w for w in range(n) if Store.run_name(w, "started") not in listing]
+        if not waiting and seen is not None:
+            came_up()
+            return seen
+        if time.monotonic() - first > self.start_timeout:
+            failed = timed_out(waiting)
+            with self._lock:
+                self._not_started[name] = failed
+            return failed
+        return Observation(Phase.RUNNING, f"waiting for workers to start ({n - len(waiting)} "
+                           f"of {n})", workers=seen.workers if seen else ())  # fmt: skip
+
+    def transient(self, handle: Handle, what: str) -> Observation:
+        """The machines are in ``what`` state between create and delete other than up (a TPU
+        node REPAIRING after a maintenance event, RESTARTING, ...): the agents' word once any
+        started (a worker that stays silent is lost after ``heartbeat_timeout``), else
+        PROVISIONING."""
+        seen = self.agents(handle)
+        if seen is None:
+            return Observation(Phase.PROVISIONING, what)
+        if seen.finished:
+            return seen
+        return Observation(Phase.RUNNING, f"{seen.reason}; {what}", workers=seen.workers)
+
+    def startup_output(self, handle: Handle, worker: int) -> str | None:
+        """The last lines the worker's startup script printed, as one line: what the script
+        copied to the bucket (:func:`bastion.runners.startup.bootstrap_lines`)."""
+        try:
+            data = self.store.read_bootstrap(handle["job"], handle["name"], worker)
+        except OSError:
+            return None
+        return last_lines(data.decode(errors="replace")) if data else None
+
+    def read_output(self, handle: Handle, offset: int, limit: int) -> bytes:
+        """Worker 0's output (the job's log), from the cycle's listing of the records."""
+        return self.records(handle).read_output(
+            offset, limit, worker=0, listing=self.attempt_records(handle)
+        )
+
+    def owned_records(self, prefix: str, names: set[str]) -> list[tuple[str, str, int]]:
+        """(job, attempt, workers) of every attempt named ``prefix...`` whose records are
+        listed but which is not in ``names``: records that outlived their machines (a
+        daemon that died between the two deletions), for the sweep to delete."""
+        found = []
+        for (job, name), records in self.agent_listing().items():
+            if name not in names and name.startswith(prefix):
+                workers = 1 + max((p[0] for r in records if (p := Store.parse_run_name(r))),
+                                  default=0)  # fmt: skip
+                found.append((job, name, workers))
+        return found
+
+    def delete(self, handle: Handle) -> None:
+        """The machines are verified gone: their agents' records go too (output stays)."""
+        self.store.delete_agent_records(handle["job"], handle["name"])
+        self.forget(handle["name"])
+
+    def forget(self, name: str) -> None:
+        with self._lock:
+            self._records.pop(name, None)
+            self._ended_at.pop(name, None)
+            self._up_at.pop(name, None)
+            self._not_started.pop(name, None)
+
+    def close(self) -> None:
+        with self._lock:
+            self._records.clear()
