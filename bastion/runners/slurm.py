@@ -77,7 +77,6 @@ from typing import Any
 from bastion.runners import startup
 from bastion.runners.base import (
     Attempt,
-    Fenced,
     Handle,
     Observation,
     Owned,
@@ -88,6 +87,7 @@ from bastion.runners.base import (
     name_prefix,
     root_tag,
 )
+from bastion.runners.kit.lease_fence import check_term
 from bastion.runners.kit.records import RemoteRecords
 from bastion.store import ObjectInfo, Store
 
@@ -297,7 +297,7 @@ class SlurmRunner(Runner):
             record = {"kind": self.kind, "name": attempt.name, "workers": nodes,
                       "root_tag": self.tag, "time": created}  # fmt: skip
             self.store.write_provision(attempt.job, attempt.name, record)
-            self._check_term(attempt)
+            check_term(self.store, attempt)  # sbatch takes no fencing token
             out = self.run("sbatch", *args, input=self.batch_script(attempt, nodes))
             job_id = int(out.strip().split(";")[0])
             self.store.write_provision(attempt.job, attempt.name, {**record, "job_id": job_id})
@@ -328,19 +328,6 @@ class SlurmRunner(Runner):
         if not self._per_cycle:
             with self._listing_lock:
                 self._listing = None
-
-    def _check_term(self, attempt: Attempt) -> None:
-        """sbatch takes no fencing token: the lease is read just before the submit, so a
-        daemon that froze mid-start and resumes after a newer one took over submits nothing
-        (what is left is the instant between this read and the call; a job made in it
-        belongs to no live attempt and the successor's sweep cancels it)."""
-        if attempt.fence <= 0:
-            return
-        found = self.store.read_lease()
-        term = int((found[0] if found else {}).get("term") or 0)
-        if term > attempt.fence:
-            raise Fenced(f"lease term {term} is newer than this daemon's {attempt.fence}: "
-                         f"not submitting {attempt.name}")  # fmt: skip
 
     def placement(self, attempt: Attempt) -> dict[str, str]:
         """partition, qos, account: the settings' defaults, then the tier's, then the job's."""
