@@ -213,6 +213,7 @@ RUNNERS: Registry[RunnerFactory] = Registry(
         "tpu": "bastion.runners.tpu:from_settings",
         "tpu-qr": "bastion.runners.queued:from_settings",
         "gce": "bastion.runners.gce:from_settings",
+        "gke": "bastion.runners.gke:from_settings",
     },
     error=RunnerError,
 )
