@@ -377,14 +377,20 @@ def _observed(result: Result, event: Observed, now: float, has_cleanup: bool) ->
             # so the state is rewritten only when a worker's health changes.
             record = {**record, "workers": list(obs.workers)}
             _set_record(state, event.purpose, record)
+        waiting = f"attempt {state.attempt}: {obs.phase.value.lower()}" + (
+            f": {obs.reason}" if obs.reason else ""
+        )
         if record.get("phase") != obs.phase.value:
             _set_record(state, event.purpose, {**record, "phase": obs.phase.value})
             if event.purpose == RUN and obs.phase is Phase.RUNNING:
                 state.running_since = now
             if event.purpose == RUN and obs.phase is not Phase.RUNNING:
-                state.reason = f"attempt {state.attempt}: {obs.phase.value.lower()}" + (
-                    f": {obs.reason}" if obs.reason else ""
-                )
+                state.reason = waiting
+        elif (event.purpose == RUN and obs.phase in (Phase.QUEUED, Phase.PROVISIONING)
+              and state.reason != waiting):  # fmt: skip
+            # Progress while waiting ("3 of 32 pods scheduled", a queue's name): shown by
+            # list; rewritten only when the runner's words change, never per cycle.
+            state.reason = waiting
         return
     _set_record(state, event.purpose, None)
     _delete(result, event.purpose, record)

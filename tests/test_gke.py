@@ -97,7 +97,8 @@ class Gke:
 
     def names(self) -> list[str]:
         states = self.root / "jobs" / "states"
-        return sorted(p.name for p in states.iterdir()) if states.exists() else []
+        return sorted(p.name for p in states.iterdir()
+                      if not p.name.startswith(".")) if states.exists() else []  # fmt: skip
 
     def finished(self, name: str) -> bool:
         return (self.root / "jobs" / "complete" / name).exists()
@@ -400,7 +401,7 @@ def test_unscheduled_pods_show_provisioning_with_counts(gke: Gke) -> None:
     gke.cluster.hold = True
     gke.submit("wait", "echo finally", resources={"v5p": 32}, instance_type="tpu-v5p-32")
     daemon = gke.daemon()
-    gke.drive(daemon, lambda: "pods scheduled" in gke.info("wait").reason, "PROVISIONING")
+    gke.drive(daemon, lambda: "unschedulable" in gke.info("wait").reason, "PROVISIONING")
     assert gke.runner_record("wait")["phase"] == "PROVISIONING"
     assert "0 of 4 pods scheduled (unschedulable: 0/3 nodes are available" in (
         gke.info("wait").reason)

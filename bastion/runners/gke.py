@@ -355,10 +355,10 @@ class GkeRunner(Runner):
             if token:
                 kwargs["_continue"] = token
             page = self._call(fn, *args, **kwargs)
-            page = page if isinstance(page, dict) else page.to_dict()
+            if not isinstance(page, dict):  # a model (pods): the API's own camelCase JSON
+                page = self.client().sanitize_for_serialization(page)
             items += page.get("items") or []
-            token = (page.get("metadata") or {}).get("continue") or (
-                page.get("metadata") or {}).get("_continue")  # fmt: skip
+            token = (page.get("metadata") or {}).get("continue")
             if not token:
                 return items
 
@@ -370,6 +370,8 @@ class GkeRunner(Runner):
                 try:
                     items = self._list_all(self.custom().list_namespaced_custom_object,
                                            GROUP, VERSION, self.namespace, PLURAL)  # fmt: skip
+                except RunnerError:
+                    raise
                 except Exception as e:
                     if hasattr(e, "status"):
                         raise refusal(e, "list", f"{PLURAL} in namespace {self.namespace}") from e
