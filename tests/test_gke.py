@@ -456,3 +456,22 @@ def test_missing_jobset_crd_is_one_clear_reason(gke: Gke) -> None:
         assert "JobSet CRD (jobsets.jobset.x-k8s.io/v1alpha2) is not installed" in info.reason
     finally:
         gke.kube.install_crd()
+
+
+# -- 10. AXLearn's launch line with --runner=gke ---------------------------------------------
+
+
+def test_launch_with_instance_type_and_runner_gke_writes_a_gke_spec(tmp_path: Path) -> None:
+    import json
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-m", "launch.cli", "launch", f"--root={tmp_path / 'root'}", "--dry_run",
+         "--name=train", "--instance_type=tpu-v5p-128", "--num_replicas=2", "--runner=gke",
+         "--bundler=none", "--", "python3", "train.py"],
+        cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    spec = json.loads(done.stdout)
+    assert spec["runner"] == {"kind": "gke", "instance_type": "tpu-v5p-128", "num_replicas": 2}
+    assert spec["metadata"]["resources"] == {"v5p": 256}
