@@ -21,6 +21,13 @@ On SIGTERM (the VM's shutdown: 30 s on Spot) or when the metadata server says
 ``instance/preempted`` is TRUE, the command's process group gets SIGTERM, SIGKILL after
 ``--grace_seconds``, then the last chunk and the exit record are written inside the window.
 
+Whatever of the command still runs once its main process has ended (a ``setsid`` or ``nohup``
+child, a background process it did not wait for) is ended too: every process the command
+starts carries ``BASTION_ATTEMPT_NAME`` and ``BASTION_WORKER`` in its environment, so a scan
+of ``/proc`` finds it wherever it went (:mod:`bastion.leftovers`); SIGTERM, SIGKILL after
+:data:`LEFTOVER_GRACE` (less when stopping: the Spot window), and the exit record names what
+was killed (``left_behind``), which the job's history shows.
+
     python -m bastion.agent --root=gs://b/r --job=train --attempt=NAME -- python3 train.py
 """
 
@@ -43,10 +50,12 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+from bastion import leftovers
 from bastion.store import Store
 
 log = logging.getLogger("bastion.agent")
 
+LEFTOVER_GRACE = 5.0  # SIGTERM to SIGKILL for what outlived the command (2 s when stopping)
 MAX_CHUNK = 8 << 20  # bound memory per upload; the rest goes in the next chunk right after
 SPOT_WINDOW_SECONDS = 30.0  # from the shutdown notice to the VM's power-off
 
@@ -248,7 +257,8 @@ class Agent:
                      self.worker, self.attempt)  # fmt: skip
             return 0
         env = dict(os.environ, BASTION_WORKER=str(self.worker),
-                   BASTION_NUM_WORKERS=str(self.num_workers), **self.slice_env)  # fmt: skip
+                   BASTION_NUM_WORKERS=str(self.num_workers), **self.slice_env,
+                   **{leftovers.MARKER: self.attempt})  # fmt: skip
         cwd = None
         if self.bundle:
             try:
@@ -267,6 +277,7 @@ class Agent:
             )
         log.info("worker %d of %s: started pid %d", self.worker, self.attempt, proc.pid)
         code = self._supervise(proc)
+        left = self._end_left_behind(proc)
         self._confirm_preemption()
         # After a stop request everything must land inside the Spot window; else be patient.
         end = self.stopped_at + SPOT_WINDOW_SECONDS - 1 if self.stop.is_set() else time.time() + 600
@@ -280,6 +291,8 @@ class Agent:
             code=code, preempted=self.preempted, reason=reason, output_bytes=self.uploaded,
             chunks=self.seq,
         )
+        if left:
+            exit_record["left_behind"] = leftovers.describe(left)
         self._retry("exit record", lambda: self.store.write_run_record(
             self.job, self.attempt, self.worker, "exit", exit_record), end)  # fmt: skip
         log.info("worker %d of %s: %s (code %d)", self.worker, self.attempt, reason, code)
@@ -330,9 +343,21 @@ class Agent:
                 except Exception as e:
                     log.warning("upload failed, will retry: %s", e)
             time.sleep(0.1)
-        self._signal(proc, signal.SIGKILL)  # anything the command left behind in its group
         code = proc.returncode
         return 128 - code if code < 0 else code
+
+    def _end_left_behind(self, proc: subprocess.Popen[bytes]) -> list[leftovers.Process]:
+        """The command's main process has ended: end what it left running, in its group or
+        out of it (found by the marker), and return those processes for the exit record."""
+        stopping = self.stop.is_set()
+        grace = min(LEFTOVER_GRACE, 2.0) if stopping else LEFTOVER_GRACE
+        left = leftovers.end(
+            self.attempt, grace, worker=str(self.worker), group=proc.pid, group_termed=stopping
+        )
+        if left:
+            log.warning("worker %d of %s: %s", self.worker, self.attempt,
+                        leftovers.describe(left))  # fmt: skip
+        return left
 
     @staticmethod
     def _signal(proc: subprocess.Popen[bytes], sig: int) -> None:

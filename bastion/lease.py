@@ -16,11 +16,17 @@ The rules, and why no two daemons ever act at once:
   (``sent + duration - margin``), even if the holder is frozen (SIGSTOP, a long GC, a VM
   pause): a frozen holder wakes to an expired lease on its own clock and acts no more.
   ``margin`` covers clock-rate differences and the longest single effect.
-- **Identity** is unique per daemon process (host, pid, process start time, boot id, and a
-  random id), never "host plus path": a VM cloned from the holder's image has the same host
-  name and paths. A restarted installation takes over at once only when it proves the old
-  process gone: same boot id (the same running kernel) and that pid no longer alive with that
-  start time. Anything else waits the full duration.
+- **Identity** is unique per daemon process (host, pid, process start time, boot id, PID
+  namespace, and a random id), never "host plus path": a VM cloned from the holder's image has
+  the same host name and paths, and two containers on one host (host networking) have the same
+  host name, boot id and paths besides. A restarted installation takes over at once only when
+  it proves the old process gone: same host, same boot id (the same running kernel), same work
+  directory, same PID and time namespace (a pid means something only inside its namespace: the
+  holder's pid missing from *our* namespace proves nothing), and that pid no longer alive with
+  that start time (field 22 of ``/proc/<pid>/stat``, clock ticks since boot: exact, unlike a
+  wall-clock create time). Anything else waits the full duration. A lease written before the
+  namespace was recorded cannot prove the same namespace, so it is never taken early: an
+  upgrade waits one lease term once, rather than risk two daemons acting at once.
 - **Term.** Each takeover writes a ``term`` above the previous record's (with compare-and-swap,
   so terms are unique and increase): the wall clock in milliseconds, or the previous term plus
   one if that is not above it, so a lease object deleted and made anew still gets a term above
@@ -56,6 +62,36 @@ def _boot_id() -> str:
         return ""
 
 
+def _namespace(kind: str) -> int | None:
+    """The inode of this process's ``kind`` namespace (``pid``, ``time``); None if unknown.
+
+    For ``pid``, also None when the /proc mounted here is another PID namespace's (a namespace
+    made without its own /proc): ``/proc/<pid>`` would then name other processes than our pids.
+    """
+    try:
+        if kind == "pid" and int(os.readlink("/proc/self")) != os.getpid():
+            return None
+        return os.stat(f"/proc/self/ns/{kind}").st_ino
+    except (OSError, ValueError):
+        return None
+
+
+def start_ticks(pid: int | str) -> int | None:
+    """Field 22 of ``/proc/<pid>/stat``: when the process started, in clock ticks since boot.
+    None when no such process is visible here (or /proc cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: count from the last ')'.
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    try:
+        return int(fields[19])  # fields[0] is field 3
+    except (IndexError, ValueError):
+        return None
+
+
 def process_identity(work_dir: str) -> dict[str, Any]:
     """Who this daemon process is, as written into the lease."""
     me = psutil.Process()
@@ -64,24 +100,44 @@ def process_identity(work_dir: str) -> dict[str, Any]:
         "host": socket.gethostname(),
         "pid": me.pid,
         "pid_started": me.create_time(),
+        "pid_start_ticks": start_ticks("self"),
+        "pid_ns": _namespace("pid"),
+        "time_ns": _namespace("time"),
         "boot_id": _boot_id(),
         "work_dir": work_dir,
     }
 
 
 def provably_gone(record: dict[str, Any], me: dict[str, Any]) -> bool:
-    """The lease's holder was an earlier process of this installation and is dead for sure."""
+    """The lease's holder was an earlier process of this installation and is dead for sure.
+
+    Only a process of the same kernel and the same PID namespace can say "that pid is not
+    alive": in a container (its own PID namespace, the host's name and boot id) another
+    daemon's pid is absent, or names an unrelated process, whether or not that daemon lives."""
     if not me.get("boot_id") or record.get("boot_id") != me["boot_id"]:
         return False  # another machine (or a reboot we cannot see through): wait it out
-    if record.get("work_dir") != me.get("work_dir"):
+    if record.get("host") != me.get("host") or record.get("work_dir") != me.get("work_dir"):
         return False
+    if me.get("pid_ns") is None or record.get("pid_ns") != me["pid_ns"]:
+        return False  # another PID namespace, or a lease that does not say which: wait it out
+    if record.get("time_ns") != me.get("time_ns"):
+        return False  # start ticks are shifted by a time namespace's offset: not comparable
     try:
-        proc = psutil.Process(int(record.get("pid", 0)))
-        return abs(proc.create_time() - float(record.get("pid_started", 0))) > 0.05
-    except (psutil.NoSuchProcess, ValueError, TypeError):
-        return True
-    except psutil.AccessDenied:
+        pid, started = int(record["pid"]), int(record["pid_start_ticks"])
+    except (KeyError, TypeError, ValueError):
         return False
+    if pid <= 0:
+        return False
+    ticks = start_ticks(pid)
+    if ticks is not None:
+        return ticks != started  # alive: gone only if the pid was reused since
+    try:  # /proc says nothing (hidden, unreadable): only the kernel's "no such process" proves
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 class Lease:

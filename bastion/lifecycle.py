@@ -7,14 +7,26 @@ deciding them. Every legal move is in the table below; an event that has no row 
 job's status changes nothing.
 
     status      event                           -> status       effects
+    any         Detected (first spec)           -> same         -   (identity, digest, PENDING line)
+    PENDING     SpecChanged                     -> PENDING      -   (digest, UPDATED line)
+    unfinished  SpecRefused (update unparsable) -> same         -   (reason only)
     PENDING     Admit(tier)                     -> ACTIVE       Log(start), Start(run)
     PENDING     Reject | Cancel                 -> COMPLETED    -
-    PENDING     Wait(reason)                    -> PENDING      -   (reason only)
+    PENDING     Wait(reason) | QuotaInvalid     -> PENDING      -   (reason only)
     ACTIVE      Started(handle)                 -> ACTIVE       -   (handle recorded)
+    any         StartAgain (recorded, unstarted) -> same        Start
     ACTIVE      StartFailed (the job's error)   -> COMPLETED    Log(failed), Delete(run)
-    ACTIVE      StartDeferred (transient)       -> ACTIVE       -   (reason; the daemon retries)
+    ACTIVE      StartDeferred (transient)       -> ACTIVE       -   (reason; the first deferral's
+                                                                 time in the record; the daemon
+                                                                 retries, backing off)
+    ACTIVE      StartDeferred past give_up_after -> COMPLETED   Log(failed), Delete(run)
+    CANCELLING  StartDeferred                   -> COMPLETED (CANCELLED)   Log, Delete(run)
+    CANCELLING  Tick, its start deferred        -> COMPLETED (CANCELLED)   Log, Delete(run)
     ACTIVE      Observed(queued|provisioning|running) -> ACTIVE -   (phase; running_since;
                                                                  each worker's health)
+    unfinished  Blind / Sighted                 -> same         -   (could-not-watch reason, undone)
+    ACTIVE      TierKept(tier)                  -> ACTIVE       -   (tier; never a restart)
+    unfinished  ActFailed                       -> same         -   (reason only)
     ACTIVE      Preempt | Update                -> ACTIVE       Stop(run)   (stop recorded)
     ACTIVE      Cancel                          -> CANCELLING   Stop(run)
     ACTIVE      Observed(finished), stopped for preempt/update -> PENDING   Log(end), Delete
@@ -25,6 +37,10 @@ job's status changes nothing.
     CANCELLING  Observed(finished)              -> CLEANING or COMPLETED (CANCELLED)
     CLEANING    Observed(finished) on cleanup   -> COMPLETED    Delete(cleanup)
     any active  Tick                            -> same         Stop(run) again while stopping
+    any         Noted(event, text)              -> same         -   (a history line only)
+
+The rows are data (:data:`ROWS`, first match wins); every history line and every change of a
+job's state, the daemon's own included, goes through :func:`transition`.
 
 The attempt record (``state.runner`` / ``state.cleanup_runner``) is the daemon's own:
 ``{"kind", "name", "handle", "origin", "phase"}``; ``handle`` is the runner's and opaque here.
@@ -36,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +75,8 @@ class Admit:
     runner_kind: str
     log_size: int  # bytes in the job's log before the start marker
     backfill_for: tuple[str, ...] = ()  # started as backfill in capacity held for these jobs
+    spec_digest: str = ""  # the spec this attempt runs
+    log_start: int | None = None  # where the job's log begins (its first attempt only)
 
 
 @dataclass(frozen=True)
@@ -104,10 +123,14 @@ class StartFailed:
 @dataclass(frozen=True)
 class StartDeferred:
     """The runner cannot start the attempt yet (TryAgain: a blocked region, a busy claim, an
-    unreachable engine); the daemon tries again next cycle. Only the reason changes."""
+    unreachable engine); the daemon tries again, backing off. The reason changes, and the
+    record keeps when the first try failed: once ``give_up_after`` seconds have passed since,
+    the attempt fails with the last reason (None: no bound, a wait for capacity). A job
+    cancelled meanwhile ends CANCELLED: nothing was started, so there is nothing to stop."""
 
     purpose: str
     reason: str
+    give_up_after: float | None = None
 
 
 @dataclass(frozen=True)
@@ -132,7 +155,114 @@ class Tick:
     pass
 
 
-Event = Admit | Reject | Wait | Preempt | Update | Cancel | Started | StartFailed | Observed | Tick
+@dataclass(frozen=True)
+class Detected:
+    """A new job's first spec: its identity, digest and submission id (the daemon draws the
+    id: the table has no randomness)."""
+
+    identity: str
+    digest: str
+    submission: str
+    job_id: str
+
+
+@dataclass(frozen=True)
+class SpecChanged:
+    """A spec replaced while the job waits: the new one is what will run (``what``: who
+    changed what, for the history)."""
+
+    identity: str
+    digest: str
+    what: str
+
+
+@dataclass(frozen=True)
+class SpecRefused:
+    """A spec update that does not parse: the job keeps its last good spec; the reason says
+    so and how to fix it."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Blind:
+    """The job's attempt could not be watched this cycle (the runner's call failed)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Sighted:
+    """Watching works again: the reason from before the failure comes back."""
+
+    reason_before: str
+
+
+@dataclass(frozen=True)
+class QuotaInvalid:
+    """No valid quota file: a waiting job waits for one."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class ActFailed:
+    """Acting on the policy's decision for the job failed (the daemon's own error)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class TierKept:
+    """The policy keeps a running job on another tier: recorded, never a restart."""
+
+    tier: int
+
+
+@dataclass(frozen=True)
+class StartAgain:
+    """Start an attempt recorded but not known to be started: at recovery (the daemon died
+    between the state write and the start; starts are idempotent by name, so a runner that
+    has it adopts it) and when a deferred start's next try is due."""
+
+    purpose: str
+
+
+@dataclass(frozen=True)
+class Noted:
+    """A history line that changes nothing else (where an attempt was placed, which node was
+    deleted, what was killed after it ended); ``attempt``: the one it is about, when not the
+    current one."""
+
+    event: str
+    text: str
+    attempt: int | None = None
+
+
+Event = (
+    Admit
+    | Reject
+    | Wait
+    | Preempt
+    | Update
+    | Cancel
+    | Started
+    | StartFailed
+    | StartDeferred
+    | Observed
+    | CleanupAdmit
+    | Tick
+    | Detected
+    | SpecChanged
+    | SpecRefused
+    | Blind
+    | Sighted
+    | QuotaInvalid
+    | ActFailed
+    | TierKept
+    | StartAgain
+    | Noted
+)
 
 
 def attributed(what: str, by: Any, owner: Any) -> str:
@@ -186,6 +316,7 @@ class Result:
     state: JobState
     effects: list[Effect] = field(default_factory=list)
     events: list[tuple[str, str]] = field(default_factory=list)  # (event, reason) for history
+    notes: list[tuple[str, str, int | None]] = field(default_factory=list)  # history lines only
 
 
 def fmt_time(t: float) -> str:
@@ -205,59 +336,228 @@ def attempt_record(state: JobState, purpose: str) -> dict[str, Any] | None:
 # -- the table -------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Row:
+    """One legal move: an event of type ``event``, in one of ``statuses`` (None: any), when
+    ``when`` holds, is carried out by ``then``. The first row that matches wins; an event with
+    no matching row changes nothing (tests/test_lifecycle.py walks every pair)."""
+
+    event: type
+    statuses: frozenset[Status] | None
+    then: Callable[[Result, Any, float, str, bool], None]
+    when: Callable[[JobState, Any], bool] = lambda state, event: True
+    says: str = ""  # the move, as the module's table says it
+
+
+def _only(*statuses: Status) -> frozenset[Status]:
+    return frozenset(statuses)
+
+
+def _reason(result: Result, event: Any, *_: Any) -> None:
+    result.state.reason = event.reason
+
+
+def _cancel_pending(result: Result, event: Cancel, now: float, *_: Any) -> None:
+    _complete(result, Outcome.CANCELLED, event.reason, now)
+
+
+def _cancel_active(result: Result, event: Cancel, now: float, *_: Any) -> None:
+    result.state.status = Status.CANCELLING
+    _stop(result, StopKind.CANCEL, event.reason, now, None, event.grace, force=True)
+
+
+def _preempt(result: Result, event: Preempt, now: float, *_: Any) -> None:
+    result.state.preemptions += 1
+    _stop(result, StopKind.PREEMPT, event.reason, now, event.by, event.grace)
+
+
+def _update(result: Result, event: Update, now: float, *_: Any) -> None:
+    _stop(result, StopKind.UPDATE, event.reason, now, None, event.grace)
+
+
+def _started(result: Result, event: Started, *_: Any) -> None:
+    record = attempt_record(result.state, event.purpose) or {}
+    _set_record(result.state, event.purpose, {**record, "handle": event.handle})
+
+
+def _unstarted(state: JobState, event: Started) -> bool:
+    record = attempt_record(state, event.purpose)
+    return record is not None and record.get("handle") is None
+
+
+def _cleanup_admit(result: Result, event: CleanupAdmit, *_: Any) -> None:
+    result.state.cleanup_runner = {
+        "kind": event.runner_kind,
+        "name": event.attempt_name,
+        "handle": None,
+        "origin": event.log_size,
+        "phase": "STARTING",
+    }
+    result.effects.append(Start(CLEANUP))
+
+
+def _tick_cancelled(result: Result, event: Tick, now: float, job: str, cleanup: bool) -> None:
+    # Cancelled while its start waits for its next try (the daemon ticks only a job with no
+    # effect in flight): no attempt exists, so it ends now, not after a start.
+    _start_failed(result, StartFailed(RUN, "it was cancelled while waiting to start"), now, cleanup)
+
+
+def _tick_stopping(result: Result, event: Tick, now: float, *_: Any) -> None:
+    new = result.state
+    deadline = float(new.stop["deadline"])
+    if now >= deadline and not new.stop.get("forced"):
+        new.stop = {**new.stop, "forced": True}
+        grace = deadline - float(new.stop["since"])
+        result.events.append(
+            ("KILLED", f"still running {grace:g}s after it was asked to stop; forced")
+        )
+    result.effects.append(Stop(RUN, deadline))
+
+
+def _detected(result: Result, event: Detected, *_: Any) -> None:
+    state = result.state
+    state.job_identity, state.spec_digest = event.identity, event.digest
+    state.submission = state.submission or event.submission
+    _event(result, "PENDING", f"spec detected (job_id={event.job_id})")
+
+
+def _spec_changed(result: Result, event: SpecChanged, *_: Any) -> None:
+    result.state.spec_digest, result.state.job_identity = event.digest, event.identity
+    _event(result, "UPDATED", f"{event.what} (while pending)")
+
+
+def _sighted(result: Result, event: Sighted, *_: Any) -> None:
+    result.state.reason = event.reason_before
+
+
+def _tier_kept(result: Result, event: TierKept, *_: Any) -> None:
+    result.state.tier = event.tier
+
+
+def _start_again(result: Result, event: StartAgain, *_: Any) -> None:
+    result.effects.append(Start(event.purpose))
+
+
+def _noted(result: Result, event: Noted, *_: Any) -> None:
+    result.notes.append((event.event, event.text, event.attempt))
+
+
+_ACTIVE = _only(Status.ACTIVE)
+_PENDING = _only(Status.PENDING)
+_UNFINISHED = _only(Status.PENDING, Status.ACTIVE, Status.CANCELLING, Status.CLEANING)
+
+ROWS: tuple[Row, ...] = (
+    Row(Admit, _PENDING, lambda r, e, now, job, _: _admit(r, e, job, now), says="-> ACTIVE"),
+    Row(
+        Reject,
+        _PENDING,
+        lambda r, e, now, *_: _complete(r, Outcome.REJECTED, e.reason, now),
+        says="-> COMPLETED (REJECTED)",
+    ),
+    Row(Wait, _PENDING, _reason, says="reason only"),
+    Row(Cancel, _PENDING, _cancel_pending, says="-> COMPLETED (CANCELLED)"),
+    Row(Cancel, _ACTIVE, _cancel_active, says="-> CANCELLING, Stop(run)"),
+    Row(Preempt, _ACTIVE, _preempt, lambda s, e: not s.stop, says="Stop(run), stop recorded"),
+    Row(Update, _ACTIVE, _update, says="Stop(run), stop recorded"),
+    Row(Started, None, _started, _unstarted, says="handle recorded"),
+    Row(
+        StartFailed,
+        None,
+        lambda r, e, now, job, c: _start_failed(r, e, now, c),
+        says="-> COMPLETED, Log(failed), Delete(run)",
+    ),
+    Row(
+        StartDeferred,
+        None,
+        lambda r, e, now, job, c: _start_deferred(r, e, now, c),
+        lambda s, e: bool(attempt_record(s, e.purpose)),
+        says="reason; or gives up",
+    ),
+    Row(
+        Observed,
+        None,
+        lambda r, e, now, job, c: _observed(r, e, now, c),
+        says="phase, health; at the end -> PENDING, CLEANING or COMPLETED",
+    ),
+    Row(
+        CleanupAdmit,
+        _only(Status.CLEANING),
+        _cleanup_admit,
+        lambda s, e: not s.cleanup_runner,
+        says="Start(cleanup)",
+    ),
+    Row(
+        Tick,
+        None,
+        _tick_cancelled,
+        lambda s, e: _cancelled_before_start(s),
+        says="-> COMPLETED (CANCELLED)",
+    ),
+    Row(
+        Tick,
+        None,
+        _tick_stopping,
+        lambda s, e: bool(s.stop and s.runner),
+        says="Stop(run) again; KILLED past the deadline",
+    ),
+    Row(Detected, None, _detected, lambda s, e: not s.job_identity, says="identity recorded"),
+    Row(SpecChanged, _PENDING, _spec_changed, says="digest recorded, UPDATED"),
+    Row(SpecRefused, _UNFINISHED, _reason, says="reason only"),
+    Row(Blind, _UNFINISHED, _reason, says="reason only"),
+    Row(
+        Sighted,
+        None,
+        _sighted,
+        lambda s, e: s.reason.startswith("could not watch attempt"),
+        says="reason from before",
+    ),
+    Row(QuotaInvalid, _PENDING, _reason, says="reason only"),
+    Row(ActFailed, _UNFINISHED, _reason, says="reason only"),
+    Row(TierKept, _ACTIVE, _tier_kept, lambda s, e: s.tier != e.tier, says="tier recorded"),
+    Row(StartAgain, None, _start_again, _unstarted, says="Start again (idempotent by name)"),
+    Row(Noted, None, _noted, says="history line only"),
+)
+
+
+def row_for(state: JobState, event: Any) -> Row | None:
+    """The row that carries ``event`` out in ``state``; None: it changes nothing."""
+    for row in ROWS:
+        fits = row.statuses is None or state.status in row.statuses
+        if isinstance(event, row.event) and fits and row.when(state, event):
+            return row
+    return None
+
+
 def transition(
     state: JobState, event: Event, now: float, *, job: str = "", has_cleanup: bool = False
 ) -> Result:
-    """The next state and the effects to carry out; ``state`` itself is not modified."""
+    """The next state and the effects to carry out; ``state`` itself is not modified. The
+    history lines the move produced are in the new state (and in ``Result.events`` /
+    ``Result.notes`` for the daemon's log)."""
+    row = row_for(state, event)
+    if row is None:
+        return Result(state)
     new = dataclasses.replace(state, events=list(state.events))
     result = Result(new)
-    status = new.status
-    if isinstance(event, Admit) and status is Status.PENDING:
-        _admit(result, event, job, now)
-    elif isinstance(event, Reject) and status is Status.PENDING:
-        _complete(result, Outcome.REJECTED, event.reason, now)
-    elif isinstance(event, Wait) and status is Status.PENDING:
-        new.reason = event.reason
-    elif isinstance(event, Cancel):
-        if status is Status.PENDING:
-            _complete(result, Outcome.CANCELLED, event.reason, now)
-        elif status is Status.ACTIVE:
-            new.status = Status.CANCELLING
-            _stop(result, StopKind.CANCEL, event.reason, now, None, event.grace, force=True)
-    elif isinstance(event, Preempt) and status is Status.ACTIVE and not new.stop:
-        new.preemptions += 1
-        _stop(result, StopKind.PREEMPT, event.reason, now, event.by, event.grace)
-    elif isinstance(event, Update) and status is Status.ACTIVE:
-        _stop(result, StopKind.UPDATE, event.reason, now, None, event.grace)
-    elif isinstance(event, Started):
-        record = attempt_record(new, event.purpose)
-        if record is not None and record.get("handle") is None:
-            _set_record(new, event.purpose, {**record, "handle": event.handle})
-    elif isinstance(event, StartFailed):
-        _start_failed(result, event, now, has_cleanup)
-    elif isinstance(event, StartDeferred) and attempt_record(new, event.purpose):
-        new.reason = f"attempt {new.attempt} waits to start: {event.reason}"
-    elif isinstance(event, Observed):
-        _observed(result, event, now, has_cleanup)
-    elif isinstance(event, CleanupAdmit) and status is Status.CLEANING and not new.cleanup_runner:
-        new.cleanup_runner = {
-            "kind": event.runner_kind,
-            "name": event.attempt_name,
-            "handle": None,
-            "origin": event.log_size,
-            "phase": "STARTING",
-        }
-        result.effects.append(Start(CLEANUP))
-    elif isinstance(event, Tick) and new.stop and new.runner:
-        deadline = float(new.stop["deadline"])
-        if now >= deadline and not new.stop.get("forced"):
-            new.stop = {**new.stop, "forced": True}
-            grace = deadline - float(new.stop["since"])
-            result.events.append(
-                ("KILLED", f"still running {grace:g}s after it was asked to stop; forced")
-            )
-        result.effects.append(Stop(RUN, deadline))
+    row.then(result, event, now, job, has_cleanup)
+    for name, reason in result.events:  # an event's reason is the job's reason from now on
+        new.reason = reason
+        _history(new, now, name, reason)
+    for name, text, attempt in result.notes:
+        _history(new, now, name, text, attempt)
     return result
+
+
+def _history(state: JobState, now: float, event: str, text: str, attempt: int | None = None):
+    state.add_event(
+        {
+            "time": now,
+            "event": event,
+            "status": state.status.value,
+            "attempt": attempt or state.attempt,
+            "reason": text,
+        }
+    )
 
 
 def _event(result: Result, event: str, reason: str) -> None:
@@ -274,6 +574,10 @@ def _set_record(state: JobState, purpose: str, record: dict[str, Any] | None) ->
 
 def _admit(result: Result, event: Admit, job: str, now: float) -> None:
     state = result.state
+    if event.spec_digest:
+        state.spec_digest = event.spec_digest
+    if state.attempt == 0 and event.log_start is not None:
+        state.log_start = event.log_start
     state.attempt += 1
     state.status = Status.ACTIVE
     state.tier = event.tier
@@ -351,6 +655,41 @@ def _start_failed(result: Result, event: StartFailed, now: float, has_cleanup: b
     _complete(result, Outcome.FAILED, f"could not start the command: {event.error}", now)
 
 
+def _cancelled_before_start(state: JobState) -> bool:
+    record = state.runner
+    return bool(
+        state.stop
+        and state.stop["kind"] == StopKind.CANCEL.value
+        and record
+        and record.get("handle") is None
+        and record.get("deferred_since") is not None
+    )
+
+
+def _start_deferred(result: Result, event: StartDeferred, now: float, has_cleanup: bool) -> None:
+    state = result.state
+    record = attempt_record(state, event.purpose)
+    if record is None or record.get("handle") is not None:
+        return
+    stop = state.stop
+    if event.purpose == RUN and stop and stop["kind"] == StopKind.CANCEL.value:
+        _start_failed(result, StartFailed(event.purpose, event.reason), now, has_cleanup)
+        return
+    since = float(record.get("deferred_since") or now)
+    bound = event.give_up_after
+    if bound is not None and now - since >= bound:
+        error = (
+            f"{event.reason} (still failing after {now - since:.0f}s of tries; gave up: the "
+            f"daemon's start_give_up_seconds is {bound:g})"
+        )
+        _start_failed(result, StartFailed(event.purpose, error), now, has_cleanup)
+        return
+    if record.get("deferred_since") is None:
+        _set_record(state, event.purpose, {**record, "deferred_since": now})
+    until = f"; gives up at {fmt_time(since + bound)}" if bound is not None else ""
+    state.reason = f"attempt {state.attempt} waits to start: {event.reason}{until}"
+
+
 def _end_marker(state: JobState, obs: Observation, now: float) -> str:
     if obs.phase is Phase.PREEMPTED:
         how = f"was preempted by the provider ({obs.reason})"
@@ -377,20 +716,12 @@ def _observed(result: Result, event: Observed, now: float, has_cleanup: bool) ->
             # so the state is rewritten only when a worker's health changes.
             record = {**record, "workers": list(obs.workers)}
             _set_record(state, event.purpose, record)
-        waiting = f"attempt {state.attempt}: {obs.phase.value.lower()}" + (
-            f": {obs.reason}" if obs.reason else ""
-        )
         if record.get("phase") != obs.phase.value:
             _set_record(state, event.purpose, {**record, "phase": obs.phase.value})
             if event.purpose == RUN and obs.phase is Phase.RUNNING:
                 state.running_since = now
-            if event.purpose == RUN and obs.phase is not Phase.RUNNING:
-                state.reason = waiting
-        elif (event.purpose == RUN and obs.phase in (Phase.QUEUED, Phase.PROVISIONING)
-              and state.reason != waiting):  # fmt: skip
-            # Progress while waiting ("3 of 32 pods scheduled", a queue's name): shown by
-            # list; rewritten only when the runner's words change, never per cycle.
-            state.reason = waiting
+        if event.purpose == RUN:
+            _follow_runner(state, obs)
         return
     _set_record(state, event.purpose, None)
     _delete(result, event.purpose, record)
@@ -453,6 +784,22 @@ def _observed(result: Result, event: Observed, now: float, has_cleanup: bool) ->
         said = obs.reason if obs.reason and obs.reason != how else ""  # e.g. which worker
         reason = f"command {how}" + (f" ({said})" if said else "")
         _finish_run(result, Outcome.FAILED, reason, now, has_cleanup)
+
+
+def _follow_runner(state: JobState, obs: Observation) -> None:
+    """The reason follows what the runner says now, not what it said first: while the
+    attempt waits (queued, provisioning) and, once the runner's words are the reason, while it
+    runs ("provisioning: node CREATING" must not outlive the node's creation: "running:
+    waiting for workers to start (0 of 1)", then "running: 1 of 1 workers running"). A
+    runner's words are stable between changes, so the state is rewritten only on a change.
+    A runner that goes straight to running keeps the admission's reason, as before, and a
+    stop in progress keeps its own (why it is being stopped)."""
+    prefix = f"attempt {state.attempt}: "
+    if state.stop or (obs.phase is Phase.RUNNING and not state.reason.startswith(prefix)):
+        return
+    reason = f"{prefix}{obs.phase.value.lower()}" + (f": {obs.reason}" if obs.reason else "")
+    if state.reason != reason:
+        state.reason = reason
 
 
 def _requeue(result: Result, reason: str, event: str = "REQUEUED") -> None:

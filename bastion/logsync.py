@@ -27,6 +27,20 @@ _MAX_CHUNK = 8 << 20  # bound memory per log per sync; the rest goes next cycle
 log = logging.getLogger(__name__)
 
 
+# Said by a line of ours that follows output without a final newline: the newline before
+# the line is ours, not the job's (see LogSync.write).
+ADDED_NEWLINE = "(bastion added the newline before this line: the output did not end with one)"
+
+
+def _noting_added_newline(line: bytes) -> bytes:
+    """``=== [bastion] ... ===\\n`` with :data:`ADDED_NEWLINE` inside its closing ``===``."""
+    body = line.rstrip(b"\n")
+    note = ADDED_NEWLINE.encode()
+    if body.endswith(b" ==="):
+        return body[: -len(b" ===")] + b" " + note + b" ===\n"
+    return body + b" " + note + b"\n"
+
+
 class LogSync:
     def __init__(self, store: Store, directory: str) -> None:
         self.store = store
@@ -136,7 +150,16 @@ class LogSync:
         """Append a line of our own (attempt markers) to the mirror, on a line of its own even
         when the job's last output had no final newline. Kept in memory until the next sync
         or output append puts it on disk (a line lost in a crash belongs to a state that
-        was not written either: the log's bytes are uploaded before the job's state)."""
+        was not written either: the log's bytes are uploaded before the job's state).
+
+        When the output did not end with a newline, the one we put before the marker is not
+        the job's, and the marker says so (:data:`ADDED_NEWLINE`). We chose this over keeping
+        the newline out of the bucket (the marker glued to the output's last line, split off
+        only when ``bastion logs`` renders it): the log object is read by any bucket tool
+        (``gsutil cat``, a notebook) and by tools that find markers at the start of a line,
+        and a marker glued to a partial line would be lost to them. The job's bytes are still
+        exact: they are what lies between the markers, less the newline before any marker
+        that carries this note."""
         self._known(log_name)
         line = (text if text.endswith("\n") else text + "\n").encode()
         with self._lock(log_name):
@@ -148,7 +171,7 @@ class LogSync:
             else:
                 last = self._last_byte(self._mirror(log_name))
             if last not in (b"", b"\n"):
-                line = b"\n" + line
+                line = b"\n" + _noting_added_newline(line)
             self._pending.setdefault(log_name, bytearray()).extend(line)
 
     @staticmethod

@@ -3,6 +3,7 @@
 Daemon-wide runner settings come from a TOML file (``--settings``)::
 
     default_runner = "local"          # for jobs whose spec names no runner
+    start_give_up_seconds = 600       # a start failing transiently this long fails its job
 
     [runners.local]
     gpus = [0, 1]                     # default: what nvidia-smi reports
@@ -28,7 +29,7 @@ import tomllib
 from collections.abc import Mapping
 from typing import Any
 
-from bastion.daemon import Daemon
+from bastion.daemon import DEFAULT_START_GIVE_UP_SECONDS, Daemon
 from bastion.lease import Lease, process_identity
 from bastion.quotas import QuotaSource, machine_pool
 from bastion.runners.base import Runners, known_kinds
@@ -59,7 +60,11 @@ def _lock_work_dir(work_dir: str) -> int:
 
 
 def _setup_logging(path: str) -> None:
-    handler = logging.FileHandler(path)
+    """The daemon's log file (mirrored to ``ROOT/logs/<bastion-name>``). Lines can carry
+    names from the bucket that are not UTF-8 (a spec file named ``b'bad\\xff'`` is listed as
+    ``'bad\\udcff'``): the file writes them as ``\\udcff`` instead of failing with "Logging
+    error: surrogates not allowed" and losing the line that says why the spec was rejected."""
+    handler = logging.FileHandler(path, encoding="utf-8", errors="backslashreplace")
     handler.setFormatter(
         logging.Formatter(f"%(asctime)s {socket.gethostname()} %(levelname)s %(name)s: %(message)s")
     )
@@ -86,11 +91,17 @@ def load_settings(path: str | None) -> dict[str, Any]:
         raise SettingsError(f"{path}: cannot read the settings file: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
         raise SettingsError(f"{path}: not valid TOML: {e}") from None
-    unknown = set(data) - {"default_runner", "runners"}
+    unknown = set(data) - {"default_runner", "start_give_up_seconds", "runners"}
     if unknown:
         raise SettingsError(
             f"{path}: unknown key(s) {', '.join(sorted(unknown))}; "
-            "use default_runner and [runners.KIND] tables"
+            "use default_runner, start_give_up_seconds and [runners.KIND] tables"
+        )
+    give_up = data.get("start_give_up_seconds", DEFAULT_START_GIVE_UP_SECONDS)
+    if isinstance(give_up, bool) or not isinstance(give_up, int | float) or not give_up >= 0:
+        raise SettingsError(
+            f"{path}: start_give_up_seconds = {give_up!r} must be a number of seconds >= 0 "
+            f"(default {DEFAULT_START_GIVE_UP_SECONDS:g})"
         )
     runners = data.get("runners", {})
     if not isinstance(runners, Mapping):
@@ -142,7 +153,17 @@ def build_daemon(
     lease = None
     if lease_seconds:
         lease = Lease(store, process_identity(work_dir), duration=lease_seconds)
-    return Daemon(store, runners, work_dir, quota, grace_seconds=grace_seconds, lease=lease)
+    return Daemon(
+        store,
+        runners,
+        work_dir,
+        quota,
+        grace_seconds=grace_seconds,
+        lease=lease,
+        start_give_up_seconds=float(
+            settings.get("start_give_up_seconds", DEFAULT_START_GIVE_UP_SECONDS)
+        ),
+    )
 
 
 def start_daemon(
@@ -172,7 +193,7 @@ def start_daemon(
         daemon.quota.url,
         poll_seconds,
     )
-    daemon.info = {
+    daemon.ctx.info = {
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "started": time.time(),

@@ -548,6 +548,35 @@ class Store:
             with contextlib.suppress(OSError):  # the job's directory, once it is empty
                 os.rmdir(self._path("agents", job))
 
+    # A worker's startup script copies what it printed before the agent took over to
+    # ``runs/<job>/<attempt>/workers/<w>/bootstrap`` (kept with the output): the one trace of
+    # a worker whose interpreter or package install failed, since no agent ever wrote a word.
+
+    def bootstrap_url(self, job: str, attempt: str, worker: int | None = None) -> str:
+        """Where worker ``worker``'s startup script copies its own output; with None, the URL
+        with ``{worker}`` in the worker's place (the script learns its index at boot)."""
+        w = "{worker}" if worker is None else str(int(worker))
+        return self.url("runs", job, attempt, "workers", w, "bootstrap")
+
+    @staticmethod
+    def bootstrap_worker(name: str) -> int | None:
+        """The worker of a ``workers/<w>/bootstrap`` name in a run listing; None otherwise."""
+        parts = name.split("/")
+        if len(parts) == 3 and parts[0] == "workers" and parts[1].isdigit():
+            return int(parts[1]) if parts[2] == "bootstrap" else None
+        return None
+
+    def read_bootstrap(
+        self, job: str, attempt: str, worker: int, tail: int = 16384
+    ) -> bytes | None:
+        """The last ``tail`` bytes of what the worker's startup script printed; None when it
+        copied nothing (no such worker, or a script that never got that far)."""
+        parts = ("runs", job, attempt, "workers", str(int(worker)), "bootstrap")
+        info = self._info(*parts)
+        if info is None:
+            return None
+        return self._read_range(max(0, info.size - tail), *parts)
+
     def write_provision(self, job: str, attempt: str, record: dict[str, Any]) -> None:
         self._write(
             json.dumps(record, sort_keys=True).encode(), "runs", job, attempt, "provision.json"

@@ -313,7 +313,7 @@ def measure(run: Run) -> Sample:
     run.requests.reset()
     cpu = time.process_time()
     report = daemon.cycle(time.time())
-    concurrent.futures.wait(list(daemon._futures), timeout=120)
+    concurrent.futures.wait(list(daemon.ctx.futures), timeout=120)
     cpu = time.process_time() - cpu
     routes = run.requests.read()
     after = attempts_by_job(daemon)

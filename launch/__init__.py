@@ -1,6 +1,6 @@
 """The client side of Bastion: build, submit, watch and tail jobs from Python."""
 
-from bastion.jobspec import JobSpec, SpecError
+from bastion.jobspec import ExecLimitError, JobSpec, SpecError
 from bastion.jobstate import JobState, Outcome, Status
 from launch.api import (
     Client,
@@ -16,6 +16,7 @@ from launch.api import (
 
 __all__ = [
     "Client",
+    "ExecLimitError",
     "JobExists",
     "JobInfo",
     "JobSpec",

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from bastion import jobspec as _jobspec
-from bastion.jobspec import JobSpec, SpecError, check_name, shorten
+from bastion.jobspec import ExecLimitError, JobSpec, SpecError, check_name, shorten
 from bastion.jobstate import JobState, Outcome, Status
 from bastion.specwatch import FULL_LISTING_SECONDS
 from bastion.store import Store, UnacceptableObject, resolve_root
@@ -37,6 +37,7 @@ from quota.capacity import fmt_units
 
 __all__ = [
     "Client",
+    "ExecLimitError",
     "JobExists",
     "JobInfo",
     "NoDaemon",

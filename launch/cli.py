@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 
 from absl import app, flags
 
-from bastion.jobspec import SpecError, parse_resources
+from bastion.jobspec import ExecLimitError, SpecError, parse_resources
 from bastion.store import resolve_root
 from launch.api import (
     Client,
@@ -783,6 +783,9 @@ def main(argv: Sequence[str]) -> int:
         return 2
     except NotOwner as e:  # refused before writing anything, as a usage error is
         print(f"bastion: error: {e.message('--force', '--user_id=')}", file=sys.stderr)
+        return 2
+    except ExecLimitError as e:  # what was typed can never start: a usage error, said at once
+        print(f"bastion: error: {e}", file=sys.stderr)
         return 2
     except (SpecError, UnknownJob, JobExists, RootProblem, NoDaemon) as e:
         print(f"bastion: error: {e}", file=sys.stderr)

@@ -8,6 +8,9 @@ reads those chunks for every attempt of the current submission, in order. It onl
 - ``--worker=K``: worker K's output, each attempt under a header line.
 - ``--worker=all``: every worker's lines, each prefixed ``[a<attempt> w<worker>]``; within
   an attempt, worker by worker when printed at once, chunk by chunk as they come with --follow.
+- A worker with no output of its own in an attempt (its agent never started): what its
+  startup script printed (``workers/<w>/bootstrap``), once the job has ended or without
+  --follow, which says why it never started.
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ class WorkerOutput:
                 parsed = Store.parse_run_name(name)
                 if parsed and parsed[1] == "log":
                     found.add(parsed[0])
+                elif (w := Store.bootstrap_worker(name)) is not None:
+                    found.add(w)
         return found
 
     def new_output(self, attempts: int, final: bool = False) -> Iterator[bytes]:
@@ -59,13 +64,19 @@ class WorkerOutput:
         ended; an unfinished last line is printed too."""
         for number, attempt in self.attempts(attempts):
             chunks: dict[int, list[int]] = {}
+            booted: set[int] = set()
             for name in self.store.list_run(self.name, attempt):
                 parsed = Store.parse_run_name(name)
                 if parsed and parsed[1] == "log" and parsed[2] is not None:
                     chunks.setdefault(parsed[0], []).append(parsed[2])
-            workers = sorted(chunks) if self.worker is None else [self.worker]
+                elif (b := Store.bootstrap_worker(name)) is not None:
+                    booted.add(b)
+            workers = sorted(chunks.keys() | booted) if self.worker is None else [self.worker]
             for w in workers:
                 stream = self.streams.setdefault((number, w), _Stream())
+                if final and w in booted and w not in chunks and not stream.header_done:
+                    yield from self._bootstrap(number, attempt, w, stream)
+                    continue
                 seqs = set(chunks.get(w, []))
                 while stream.next_seq in seqs:  # contiguous only: a gap is filled later
                     data = self.store.read_run_chunk(self.name, attempt, w, stream.next_seq)
@@ -73,6 +84,18 @@ class WorkerOutput:
                     yield from self._emit(number, w, stream, data)
                 if final:
                     yield from self._emit(number, w, stream, b"", flush=True)
+
+    def _bootstrap(self, number: int, attempt: str, w: int, stream: _Stream) -> Iterator[bytes]:
+        """A worker with no output of its own (one that never started): what its startup
+        script printed, which says why (see bastion.runners.startup)."""
+        data = self.store.read_bootstrap(self.name, attempt, w) or b""
+        stream.header_done = True
+        if self.worker is None:
+            yield from self._emit(number, w, stream, data, flush=True)
+            return
+        yield (f"=== [bastion] attempt {number}, worker {w} wrote no output; its startup "
+               "script printed ===\n").encode()  # fmt: skip
+        yield data if data.endswith(b"\n") or not data else data + b"\n"
 
     def _emit(
         self, number: int, worker: int, stream: _Stream, data: bytes, flush: bool = False

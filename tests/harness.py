@@ -72,6 +72,128 @@ def ticks_complete(log: str) -> list[str]:
     return [] if lines == expected else [f"expected tick 1..{n}, end {n}; got {lines}"]
 
 
+def unshare_refused() -> str:
+    """Why a PID namespace of our own cannot be made here ("" when it can): tests skip with it."""
+    try:
+        proc = subprocess.run(
+            ["unshare", "--pid", "--fork", "--mount-proc", "true"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"unshare cannot run: {e}"
+    if proc.returncode:
+        return f"unshare --pid --fork --mount-proc is refused (root needed): {proc.stderr.strip()}"
+    return ""
+
+
+def pid_namespace(pid: int | str = "self") -> int:
+    """The inode of the PID namespace of process ``pid`` (what the lease records)."""
+    return os.stat(f"/proc/{pid}/ns/pid").st_ino
+
+
+# The init of a PidNamespace: it only reaps what is reparented to it, so the daemons started
+# in it can be killed and started again while their jobs live on.
+_REAPER = (
+    "import os, time\n"
+    "while True:\n"
+    "    try:\n"
+    "        os.waitpid(-1, 0)\n"
+    "    except ChildProcessError:\n"
+    "        time.sleep(0.2)\n"
+)
+
+# Bind-mounts "$1" on "$2" in the new mount namespace, then runs the rest (as pid 1 if exec'd).
+_PRIVATE = 'if [ -n "$1" ]; then mount --bind "$1" "$2" || exit 97; fi; shift 2; exec "$@"'
+
+
+def _in_new_namespace(private: tuple[Path, Path] | None, argv: list[str]) -> list[str]:
+    """``argv`` as pid 1 of a new PID and mount namespace (its own /proc); with ``private``
+    (source, target), the target path shows the source inside it only: two such namespaces
+    see one path, each its own directory, as two containers with the same default paths."""
+    source, target = (str(private[0]), str(private[1])) if private else ("", "")
+    return [
+        "unshare", "--pid", "--mount-proc", "--kill-child", "--propagation", "private",
+        "/bin/sh", "-c", _PRIVATE, "sh", source, target, *argv,
+    ]
+
+
+class PidNamespace:
+    """A PID namespace of its own (with its own /proc), kept alive by a reaping init: a
+    container on this host whose supervisor may restart the daemon in it."""
+
+    def __init__(self, private: tuple[Path, Path] | None = None) -> None:
+        argv = _in_new_namespace(private, [sys.executable, "-c", _REAPER])
+        self.launcher = subprocess.Popen(argv)
+        init = wait_for(
+            lambda: next(iter(psutil.Process(self.launcher.pid).children()), None),
+            timeout=10,
+            what="the namespace's init",
+        )
+        self.init_pid = init.pid
+        wait_for(lambda: pid_namespace(self.init_pid) != pid_namespace(), timeout=10,
+                 what="the namespace's init to be in its namespace")
+        self.inode = pid_namespace(self.init_pid)
+
+    def enter(self, argv: list[str]) -> list[str]:
+        return ["nsenter", "-t", str(self.init_pid), "--pid", "--mount", "--", *argv]
+
+    def close(self) -> None:
+        if self.launcher.poll() is None:
+            self.launcher.kill()  # --kill-child: the init dies, and the kernel ends the rest
+            self.launcher.wait()
+
+
+class NamespacedDaemon:
+    """A daemon in a PID namespace of its own, driven like a Popen: signals go to the daemon
+    process itself (by its pid here), its exit comes from the launcher that waits for it."""
+
+    def __init__(self, launcher: subprocess.Popen[bytes]) -> None:
+        self.launcher = launcher
+
+        def daemon() -> psutil.Process | None:
+            with contextlib.suppress(psutil.Error):
+                for proc in psutil.Process(launcher.pid).children(recursive=True):
+                    if "launch.cli" in proc.cmdline():
+                        return proc
+            if launcher.poll() is not None:
+                raise AssertionError(f"the namespaced daemon exited {launcher.returncode}")
+            return None
+
+        self.process: psutil.Process = wait_for(daemon, timeout=20, what="the daemon to start")
+        self.pid = self.process.pid
+        self.pid_ns = pid_namespace(self.pid)
+        with open(f"/proc/{self.pid}/status") as f:
+            nspid = next(line for line in f if line.startswith("NSpid:"))
+        self.ns_pid = int(nspid.split()[-1])  # its pid inside its own namespace
+
+    def send_signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, sig)
+        if sig in (signal.SIGCONT, signal.SIGKILL):
+            # nsenter stops itself when its child stops, and only a SIGCONT of its own resumes
+            # it (to reap the child, say after a kill -9)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.launcher.pid, signal.SIGCONT)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def poll(self) -> int | None:
+        return self.launcher.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.launcher.wait(timeout)
+
+
+def lease_names(record: dict[str, Any], daemon: subprocess.Popen[bytes] | NamespacedDaemon) -> bool:
+    """Whether the lease ``record`` was written by ``daemon`` (its pid is namespace-local)."""
+    if isinstance(daemon, NamespacedDaemon):
+        return (record.get("pid_ns"), record.get("pid")) == (daemon.pid_ns, daemon.ns_pid)
+    return record.get("pid") == daemon.pid and record.get("pid_ns") in (None, pid_namespace())
+
+
 class Bastion:
     """One ROOT, one work dir, and the CLI and daemon processes that use them."""
 
@@ -86,7 +208,7 @@ class Bastion:
             "XDG_STATE_HOME": str(tmp / "state"),
             "PYTHONPATH": str(REPO),
         }
-        self.daemons: list[subprocess.Popen[bytes]] = []
+        self.daemons: list[subprocess.Popen[bytes] | NamespacedDaemon] = []
         self._store: Store | None = None
 
     def cli(
@@ -114,24 +236,46 @@ class Bastion:
         env: dict[str, str] | None = None,
     ) -> subprocess.Popen[bytes]:
         """A daemon subprocess; ``env`` overrides variables (e.g. a proxy's emulator host)."""
-        out = open(self.tmp / f"daemon-{len(self.daemons)}.out", "wb")  # noqa: SIM115
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "launch.cli",
-                "start",
-                f"--poll_seconds={poll}",
-                f"--work_dir={work_dir or self.work_dir}",
-                *args,
-            ],
-            env={**self.env, **(env or {})},
-            cwd=REPO,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+        proc = self._launch(self._daemon_argv(args, poll, work_dir), env)
         self.daemons.append(proc)
         return proc
+
+    def start_namespaced(
+        self,
+        *args: str,
+        poll: float = 0.2,
+        work_dir: str | None = None,
+        env: dict[str, str] | None = None,
+        namespace: PidNamespace | None = None,
+        private: tuple[Path, Path] | None = None,
+    ) -> NamespacedDaemon:
+        """A daemon in a PID namespace of its own: in ``namespace`` (it can be killed and
+        started there again while its jobs run on), or else as pid 1 of a new one, with
+        ``private`` bind-mounted there (a container: killing it ends everything in it)."""
+        argv = self._daemon_argv(args, poll, work_dir)
+        launcher = self._launch(
+            namespace.enter(argv) if namespace else _in_new_namespace(private, argv), env
+        )
+        daemon = NamespacedDaemon(launcher)
+        self.daemons.append(daemon)
+        return daemon
+
+    def _daemon_argv(self, args: tuple[str, ...], poll: float, work_dir: str | None) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "launch.cli",
+            "start",
+            f"--poll_seconds={poll}",
+            f"--work_dir={work_dir or self.work_dir}",
+            *args,
+        ]
+
+    def _launch(self, argv: list[str], env: dict[str, str] | None) -> subprocess.Popen[bytes]:
+        out = open(self.tmp / f"daemon-{len(self.daemons)}.out", "wb")  # noqa: SIM115
+        return subprocess.Popen(
+            argv, env={**self.env, **(env or {})}, cwd=REPO, stdout=out, stderr=subprocess.STDOUT
+        )
 
     def daemon_output(self) -> str:
         return "".join(p.read_text(errors="replace") for p in sorted(self.tmp.glob("daemon-*.out")))

@@ -12,6 +12,7 @@ import time
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 
 from bastion.agent import Agent
@@ -216,6 +217,49 @@ def test_all_workers_exit_zero_is_success(tmp_path, agents):
     assert [finished(p) for p in procs] == [0, 0]
     remote = records(root, workers=2)
     assert remote.observe(remote.list(), time.time()).phase == Phase.SUCCEEDED
+
+
+def escaped_sleep(pidfile: Path) -> int:
+    """The pid of a ``sleep 300`` the command started in a session of its own."""
+    pid = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="pid"))
+
+    def settled() -> bool:
+        try:
+            return os.getsid(pid) == pid and psutil.Process(pid).name() == "sleep"
+        except (OSError, psutil.Error):
+            return False
+
+    wait_for(settled, what="the escaped sleep")
+    return pid
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("how", ["exits 0", "is stopped"])
+def test_what_a_workers_command_left_behind_is_ended_and_named(tmp_path, agents, how):
+    """A `setsid` child is out of the command's process group: it ran on after the agent had
+    reported the worker's exit. Now the agent ends it by its marker and says so."""
+    root = str(tmp_path / "root")
+    pidfile, gate = tmp_path / "escaped.pid", tmp_path / "gate"
+    command = f"setsid sleep 300 & echo $! > {pidfile}; while [ ! -e {gate} ]; do sleep 0.05; done"
+    proc = agents(root, command)
+    escaped = escaped_sleep(pidfile)
+    if how == "exits 0":
+        gate.touch()
+        assert finished(proc) == 0
+    else:
+        proc.send_signal(signal.SIGTERM)
+        assert finished(proc) == 143
+    assert gone(escaped)
+    said = f"killed 1 process left behind: sleep (pid {escaped})"
+    assert Store(root).read_run_record("train", "a1", 0, "exit")["left_behind"] == said
+    observed = records(root).observe(records(root).list(), time.time())
+    assert observed.finished and observed.note == said
 
 
 def test_a_worker_that_stops_heartbeating_is_lost(tmp_path, agents):

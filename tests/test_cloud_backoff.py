@@ -165,7 +165,9 @@ def test_a_create_failing_with_an_internal_error_everywhere_makes_a_bounded_numb
     assert len(UNTIL.findall(last)) == 2, last
 
 
-def test_a_create_that_comes_up_resets_its_zones_backoff(cloud, tmp_path):
+def test_a_create_whose_workers_start_resets_its_zones_backoff(cloud, tmp_path):
+    """Machines that come up are not yet a success (a broken image brings VMs up whose
+    workers never start, and its retries must keep backing off); the workers' start is."""
     case, server, runner, clock = cloud
     root = runner.root
     server.fail_creates(case.code, case.message)
@@ -178,7 +180,11 @@ def test_a_create_that_comes_up_resets_its_zones_backoff(cloud, tmp_path):
     for _ in range(case.up_ticks):
         server.tick()
     seen = runner.poll(handle)
-    assert seen.phase is Phase.RUNNING and seen.reason.startswith("waiting for the agent")
+    assert (seen.phase, seen.reason) == (Phase.RUNNING, "waiting for workers to start (0 of 1)")
+    assert runner.blocks.failures(ZA) >= 4
+    runner.store.claim_run_worker("train", handle["name"], 0, {"time": time.time()})
+    seen = runner.poll(handle)
+    assert (seen.phase, seen.reason) == (Phase.RUNNING, "1 of 1 workers running")
     assert runner.blocks.failures(ZA) == 0 and runner.blocks.failures(ZB) >= 4
     server.fail_creates(case.code, case.message, zone=ZA)
     handle = runner.start(attempt(root, n + 1, case.options))

@@ -12,6 +12,7 @@ daemon cycle; agents run in real time, so every wait is bounded.
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -30,6 +31,7 @@ from bastion.service import build_daemon
 from bastion.store import Store
 from launch.api import Client, new_jobspec
 from launch.why import explain_job
+from tests.standins.compute import ComputeServer
 from tests.standins.tpu import TpuServer
 from tests.test_cloud_runners import FAST, SLICE_ECHO, ZA, ZB, Guests, P
 
@@ -732,3 +734,180 @@ def test_multislice_job_keeps_its_nodes_through_sweeps_with_both_tpu_runners_on_
     ]
     assert cloud.node_names() == [f"{name}-s9"] and not cloud.server.qrs
     cloud.drive(daemon, node_gone(cloud, f"{name}-s9"), "the stray, orphaned now, to go")
+# -- a worker that never starts (issue 20, defect 3) ------------------------------------------
+
+BOOT_QUOTA = QUOTA.replace("cpu = 64\n", "cpu = 64\ngpu = 64\n").replace(
+    "cpu = 1.0\n", "cpu = 1.0\ngpu = 1.0\n"
+)
+# seconds for every worker to start: a pip install that fails takes seconds on a busy test
+# machine, and on gs:// each of the script's copies to the bucket (gcloud) a few more; the
+# failure's output must land before the deadline to be shown
+START_TIMEOUT = {"local": 20, "gcs": 40}
+
+
+class Boot:
+    """The daemon with one cloud runner (``tpu``: a v4-8 node, ``gce``: a GPU VM) in one
+    zone, on a local or gs:// root; its workers' startup scripts run by bash (``Guests``)."""
+
+    def __init__(self, tmp: Path, kind: str, root: str, server: Any, guests: Guests) -> None:
+        self.tmp, self.kind, self.root, self.server, self.guests = tmp, kind, root, server, guests
+        self.root_kind = "gcs" if root.startswith("gs://") else "local"
+        self.client = Client(root)
+        self.put("project-quotas/project-quotas.config", BOOT_QUOTA.encode())
+        self.daemons: list[Daemon] = []
+
+    def put(self, path: str, data: bytes) -> str:
+        """An object in the root, written as a user would; its URL."""
+        store = self.client.store
+        full = f"{store.root}/{path}"
+        if self.root_kind == "local":
+            store.fs.makedirs(full.rsplit("/", 1)[0], exist_ok=True)
+        store.fs.pipe_file(full, data)
+        return store.url(*path.split("/"))
+
+    def daemon(self, **more: Any) -> Daemon:
+        runner = {"project": P, "zones": [ZA], "api_endpoint": self.server.endpoint,
+                  "agent_args": FAST, "listing_ttl": 0, "heartbeat_timeout": 30, **more}
+        daemon = build_daemon(self.root, work_dir=str(self.tmp / "work"), gpus=[],
+                              settings={"default_runner": "local",
+                                        "runners": {self.kind: runner}})  # fmt: skip
+        daemon.runners.get(self.kind).sleep = lambda _s: None
+        self.daemons.append(daemon)
+        return daemon
+
+    def submit(self, name: str, command: str) -> None:
+        tpu = self.kind == "tpu"
+        self.client.submit(new_jobspec(
+            name=name, command=command, user_id="tester", project_id="default",
+            resources={"v4": 8} if tpu else {"gpu": 8},
+            runner={"kind": "tpu", "accelerator_type": "v4-8"} if tpu
+            else {"kind": "gce", "machine_type": "a3-highgpu-8g"}))  # fmt: skip
+
+    def creates(self) -> list[tuple]:
+        collection = "/nodes" if self.kind == "tpu" else "/instances"
+        return [r for r in self.server.requests if r[0] == "POST" and r[1].endswith(collection)]
+
+    def history(self, name: str) -> list[tuple[str, str]]:
+        return [(e["event"], e["reason"]) for e in self.client.history(name)]
+
+    def drive(self, daemon: Daemon, done: Callable[[], bool], what: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}: {self.history('boot')}")
+            daemon.cycle(time.time())
+            daemon.settle()
+            self.server.tick()
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        for daemon in self.daemons:
+            daemon.close()
+
+
+@pytest.fixture(params=["tpu-local", "tpu-gcs", "gce-local", "gce-gcs"])
+def boot(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Boot]:
+    kind, where = request.param.split("-")
+    root = str(tmp_path / "root")
+    if where == "gcs":
+        request.getfixturevalue("gcs_emulator")
+        root = f"gs://bastion-test/{uuid.uuid4().hex[:12]}"
+    guests = Guests(tmp_path)
+    server = TpuServer(on_ready=guests.on_ready) if kind == "tpu" else ComputeServer(
+        on_ready=guests.on_ready, console=guests.console)  # fmt: skip
+    with server:
+        b = Boot(tmp_path, kind, root, server, guests)
+        try:
+            yield b
+        finally:
+            b.close()
+            guests.close()
+
+
+@pytest.fixture(scope="session")
+def bare_python(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A bare image's ``python3``: new enough, with pip, without the agent or any of its
+    dependencies (a virtual environment of this interpreter), so its startup script must
+    ``pip install`` the agent."""
+    where = tmp_path_factory.mktemp("bare") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
+    return str(where / "bin" / "python")
+
+
+def _fails_to_start(boot: Boot, more: dict[str, Any]) -> tuple[str, float, set[str]]:
+    """Submit a job whose worker never starts; drive the daemon until its attempt fails.
+    The failure's reason, the seconds from the machines' coming up (as the job shows it) to
+    the failure, and every reason the job showed meanwhile."""
+    timeout = START_TIMEOUT[boot.root_kind]
+    boot.submit("boot", "echo never")
+    daemon = boot.daemon(start_timeout_seconds=timeout, **more)
+    reasons: set[str] = set()
+    up: list[float] = []
+
+    def failed() -> bool:
+        reason = boot.client.get("boot").reason
+        reasons.add(reason)
+        if not up and "waiting for workers to start" in reason:
+            up.append(time.monotonic())
+        return any(e == "PROVISIONING_FAILED" for e, _ in boot.history("boot"))
+
+    boot.drive(daemon, failed, "the attempt to fail", timeout=timeout + 90)
+    (why,) = [r for e, r in boot.history("boot") if e == "PROVISIONING_FAILED"]
+    assert up, reasons
+    return why, time.monotonic() - up[0], reasons
+
+
+def test_a_worker_whose_startup_script_exits_1_is_reported_at_the_deadline_with_its_output(
+    boot: Boot, bare_python: str
+) -> None:
+    """The issue's bare image: the script's ``pip install`` of the agent fails (a package
+    that is not a wheel stands for google-re2's failed build on Python 3.9) and the script
+    exits 1. Before: ``provisioning: node CREATING`` for ever, the node READY and the quota
+    held. Now: "waiting for workers to start (0 of 1)" while the machines are up, then at
+    ``start_timeout_seconds`` the attempt fails with pip's own words, requeued, its zone
+    backing off (no second create while it does), and ``why`` says what to fix."""
+    url = boot.put("packages/broken/bastion-0.0.0-py3-none-any.whl", b"not a wheel")
+    why, took, reasons = _fails_to_start(boot, {"python": bare_python, "package_url": url})
+    timeout = START_TIMEOUT[boot.root_kind]
+    assert "attempt 1: running: waiting for workers to start (0 of 1)" in reasons
+    noun = "TPU node" if boot.kind == "tpu" else "VM"
+    assert f"worker 0 did not start within {timeout} s of its {noun} coming up" in why
+    assert "bastion-0.0.0-py3-none-any.whl" in why and "ERROR" in why  # pip's words
+    assert "bastion logs boot --worker=0" in why
+    assert timeout - 1 <= took <= timeout + 30, took
+    assert len(boot.creates()) == 1
+    daemon = boot.daemons[0]
+    for _ in range(5):  # requeued: the next attempt waits for the zone's backoff
+        daemon.cycle(time.time())
+        daemon.settle()
+    assert len(boot.creates()) == 1
+    now = explain_job(boot.client, "boot").splitlines()[-1]
+    assert now.startswith("  now: ") and "attempt 2 waits to start" in now
+    assert "worker 0 did not start" in now and "settings python, image / runtime_version" in now
+    assert "start_timeout_seconds" in now and "backing off" in now
+    shown = b"".join(boot.client.worker_output("boot", 0)).decode()
+    assert "worker 0 wrote no output; its startup script printed" in shown
+    assert "ERROR" in shown and "boots on" in shown
+
+
+def test_a_worker_whose_startup_script_hangs_is_reported_at_the_deadline(
+    boot: Boot, bare_python: str
+) -> None:
+    """The script hangs in its ``pip install`` (a package index that accepts the connection
+    and never answers): the attempt fails at ``start_timeout_seconds`` with what the script
+    printed before it hung (copied to the bucket before anything that can hang; for a GCE VM
+    also on its serial port)."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # connections complete in the backlog; nothing ever answers
+    try:
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/bastion-0.0.0-py3-none-any.whl"
+        why, took, reasons = _fails_to_start(boot, {"python": bare_python, "package_url": url})
+    finally:
+        silent.close()
+    timeout = START_TIMEOUT[boot.root_kind]
+    assert "attempt 1: running: waiting for workers to start (0 of 1)" in reasons
+    assert f"worker 0 did not start within {timeout} s" in why
+    assert "worker 0's startup script printed: bastion: worker 0 of " in why and "boots on" in why
+    assert timeout - 1 <= took <= timeout + 30, took
+    assert len(boot.creates()) == 1

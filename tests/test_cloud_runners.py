@@ -59,6 +59,10 @@ class Guests:
             attributes["tpu-env"] = metadata["tpu-env"]
         md = MetadataServer(attributes).start()
         env = dict(os.environ, GCE_METADATA_HOST=md.host, CLOUD_TEST_TAG=self.tag)
+        if emulator := os.environ.get("STORAGE_EMULATOR_HOST"):  # the VM's gcloud: this bucket
+            env.update(CLOUDSDK_API_ENDPOINT_OVERRIDES_STORAGE=f"{emulator}/storage/v1/",
+                       CLOUDSDK_AUTH_DISABLE_CREDENTIALS="True", CLOUDSDK_CORE_PROJECT=P,
+                       CLOUDSDK_CONFIG=str(self.tmp / "gcloud-config"))  # fmt: skip
         out = open(self.tmp / f"{name}.{worker}.boot", "wb")  # noqa: SIM115 (closed by the child)
         proc = subprocess.Popen(
             ["bash", "-c", metadata["startup-script"]],
@@ -70,6 +74,12 @@ class Guests:
         )
         out.close()
         self.workers.setdefault(name, []).append((proc, md))
+
+    def console(self, name: str) -> bytes:
+        """What worker 0 of ``name`` printed so far: its VM's console (the Compute stand-in's
+        serial port output)."""
+        path = self.tmp / f"{name}.0.boot"
+        return path.read_bytes() if path.exists() else b""
 
     def preempt(self, name: str) -> None:
         for _, md in self.workers[name]:
@@ -995,3 +1005,55 @@ def test_gce_listing_pages_through_the_runner(root, gce_server):
         assert sorted(o.name for o in runner.list_owned()) == sorted(h["name"] for h in handles)
     finally:
         runner.close()
+
+
+# --- the startup script checks its interpreter first ------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def old_python(tmp_path_factory) -> str:
+    """Debian 11's ``/usr/bin/python3`` (3.9, on which the agent's dependencies do not
+    install): a real Python 3.9 where this machine has one (pyenv), else a program that
+    answers the script's version query as that interpreter would."""
+    found = sorted(Path("/root/.pyenv/versions").glob("3.9.*/bin/python3.9"))
+    if found:
+        return str(found[0])
+    fake = tmp_path_factory.mktemp("py39") / "python3"
+    fake.write_text('#!/bin/sh\necho 3.9.2\n')
+    fake.chmod(0o755)
+    return str(fake)
+
+
+@pytest.fixture(scope="session")
+def no_pip_python(tmp_path_factory) -> str:
+    """A bare image's ``python3`` without ``python3-pip`` (Debian and Ubuntu ship pip apart):
+    a real, new enough interpreter in a virtual environment made without pip, with none of
+    the agent's dependencies, so the agent must be installed and cannot be."""
+    where = tmp_path_factory.mktemp("nopip") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
+    return str(where / "bin" / "python")
+
+
+@pytest.mark.parametrize("case", ["too_old", "no_pip"])
+def test_the_startup_script_fails_fast_naming_the_python_setting(
+    case, root, guests, tpu_server, old_python, no_pip_python
+):
+    """An interpreter that cannot run the agent: the script exits 1 at once with one line
+    naming the settings to change (not minutes later inside a pip install, or never), and
+    the attempt fails at the start deadline with that line in its reason."""
+    python = old_python if case == "too_old" else no_pip_python
+    said = (f"the python setting {python} is Python 3.9" if case == "too_old"
+            else f"the python setting {python} has no pip")  # fmt: skip
+    runner = no_sleep(TpuRunner(settings(root, tpu_server.endpoint, python=python,
+                                         start_timeout_seconds=2)))  # fmt: skip
+    handle = runner.start(attempt(root, "echo never", accelerator_type="v4-8"))
+    seen = poll_until(runner, handle, tpu_server, {Phase.RUNNING})
+    assert seen.reason == "waiting for workers to start (0 of 1)"
+    assert guests.wait(handle["name"]) == [1]
+    boot = guests.console(handle["name"]).decode()
+    (line,) = [x for x in boot.splitlines() if said in x]
+    assert "set the runner setting python" in line and "runtime_version (tpu)" in line
+    seen = poll_until(runner, handle, tpu_server, {Phase.FAILED}, timeout=30)
+    assert seen.retryable and seen.exit_code is None
+    assert seen.reason.startswith("worker 0 did not start within 2 s of its TPU node coming up")
+    assert said in seen.reason and "set the runner setting python" in seen.reason

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from bastion.daemon import SWEEP_EVERY_CYCLES, Daemon
+from bastion.daemon import SWEEP_EVERY_CYCLES, Daemon, effects
 from bastion.runners.base import Attempt, name_prefix
 from bastion.runners.fake import FakeRunner
 from bastion.service import build_daemon
@@ -286,7 +286,7 @@ def test_unknown_runner_kind_leaves_nothing_to_delete(
             rig.step(daemon)
     retries = [r.getMessage() for r in caplog.records if "could not delete" in r.getMessage()]
     assert retries == []
-    assert not daemon._deleting
+    assert not daemon.ctx.deleting
 
 
 # -- cancel ---------------------------------------------------------------------------------
@@ -420,12 +420,13 @@ def test_the_state_names_the_attempt_before_it_is_started(rig: Rig) -> None:
 
 
 def test_a_daemon_dying_between_state_write_and_start_starts_the_attempt_once(
-    rig: Rig,
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rig.submit("fake-crash", "echo once; sleep 0.2")
     old = rig.daemon()
-    old._carry_out = lambda now: None  # type: ignore[method-assign]  # dies before acting
-    old.cycle(time.time())
+    with monkeypatch.context() as patched:  # the daemon dies before acting: no effect runs
+        patched.setattr(effects, "carry_out", lambda ctx, now: None)
+        old.cycle(time.time())
     state = rig.state("fake-crash")
     assert state["status"] == "ACTIVE" and state["runner"]["handle"] is None
     name = state["runner"]["name"]
@@ -542,13 +543,13 @@ def test_a_cycle_does_not_wait_for_the_starts_the_last_one_handed_off(rig: Rig) 
 
     fake.start = slow_start
     try:
-        for i in range(daemon._workers):  # one start per effect thread, all of them stuck
+        for i in range(daemon.ctx.workers):  # one start per effect thread, all of them stuck
             rig.submit(f"held-{i}", "sleep 60")
         deadline = time.monotonic() + 20
-        while len(held) < daemon._workers and time.monotonic() < deadline:
+        while len(held) < daemon.ctx.workers and time.monotonic() < deadline:
             daemon.cycle(time.time())
             time.sleep(0.02)
-        assert len(held) == daemon._workers
+        assert len(held) == daemon.ctx.workers
         rig.client.cancel("watched", user_id="tester")
         cycle = threading.Thread(target=daemon.cycle, args=(time.time(),), daemon=True)
         cycle.start()

@@ -167,7 +167,7 @@ class Rig:
     def close(self) -> None:
         kill_all(self.processes())
         for daemon in self.daemons:
-            daemon._pool.shutdown(wait=True)
+            daemon.ctx.pool.shutdown(wait=True)
         FlakyFileSystem.uninstall(str(self.root))
         logging.getLogger("bastion").removeHandler(self.errors)
 

@@ -496,3 +496,24 @@ def test_a_spec_that_is_no_regular_file_ends_rejected_with_what_it_is(local_bast
         assert local_bastion.listdir("jobs", "active") == []
     finally:
         unblock(Path(local_bastion.root, "jobs", "active", "a-fifo"))
+
+
+def test_a_spec_file_named_in_bytes_that_are_not_utf8_is_rejected_in_the_daemons_log(
+    local_bastion, tmp_path
+) -> None:
+    """A name like b'bad\\xff' is listed as 'bad\\udcff': the log file's handler failed on the
+    surrogate ("--- Logging error --- UnicodeEncodeError") and the rejection line was lost,
+    from the local file and from its mirror in the bucket."""
+    Store(local_bastion.root)  # makes the layout
+    active = os.path.join(os.fsencode(local_bastion.root), b"jobs", b"active")
+    with open(os.path.join(active, b"bad\xff"), "wb") as f:
+        f.write(json.dumps(spec_dict(name="bad")).encode())
+    run = local_bastion.cli("start", "--once", f"--work_dir={local_bastion.work_dir}")
+    assert "Logging error" not in run.stdout + run.stderr, run.stderr[-2000:]
+    assert "UnicodeEncodeError" not in run.stdout + run.stderr
+    line = "bad\\udcff: REJECTED: spec rejected: file name: job name 'bad\\udcff' is not a safe"
+    logs = Path(local_bastion.work_dir, "logs")
+    (local,) = [p for p in logs.glob("_bastion-*") if not p.name.endswith(".base")]
+    assert line in local.read_text()
+    (mirrored,) = [n for n in local_bastion.listdir("logs") if n.startswith("_bastion-")]
+    assert line in (local_bastion.read("logs", mirrored) or b"").decode()

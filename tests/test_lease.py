@@ -16,8 +16,18 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 
-from tests.harness import Bastion, gated, ticks_complete, wait_for
+from launch.api import Client, new_jobspec
+from tests.harness import (
+    Bastion,
+    NamespacedDaemon,
+    gated,
+    lease_names,
+    ticks_complete,
+    unshare_refused,
+    wait_for,
+)
 
 SHORT = "--lease_seconds=3"
 LONG = "--lease_seconds=60"  # longer than any wait here: a takeover cannot be an expiry
@@ -162,3 +172,120 @@ def test_restart_on_the_same_host_and_work_dir_takes_over_at_once(bastion, tmp_p
     assert "expired" not in output(bastion, 1)
     assert "took the lease" in output(bastion, 1)
     finish(bastion, "restarted", marker, gate)
+
+
+def flock_job(side: Path, seconds: float) -> str:
+    """A job that records its start (and the PID namespace it runs in), then holds a lock of its
+    own (``flock -n`` on a side file named after it) while it runs: a second copy running at the
+    same time finds the lock held and records a violation."""
+    return (
+        f'echo "$BASTION_JOB_NAME $(stat -L -c %i /proc/self/ns/pid)" >> {side}/starts; '
+        f'flock -n -E 75 {side}/"$BASTION_JOB_NAME".lock sleep {seconds:g}; '
+        f'[ $? -ne 75 ] || echo "$BASTION_JOB_NAME" >> {side}/violations'
+    )
+
+
+def test_daemons_in_two_pid_namespaces_on_one_host_never_run_a_job_twice(bastion, tmp_path):
+    """Two containers on one host (host networking): each daemon in its own PID namespace, with
+    the same host name, boot id and default paths, each path its own directory behind it. The
+    holder's pid proves nothing in the other namespace, so the other never takes a live lease
+    at once: it waits a whole term. Then the holder is killed with -9 (its container ends, its
+    jobs with it), twice, so the roles swap and swap back; no job ever runs twice."""
+    refused = unshare_refused()
+    if refused:
+        pytest.skip(refused)
+    side = tmp_path / "side"
+    side.mkdir()
+    (side / "starts").touch()
+    (side / "violations").touch()
+    shared = tmp_path / "container"  # the path each daemon sees, its own directory behind it
+    shared.mkdir()
+    env = {"XDG_STATE_HOME": str(shared / "state")}
+
+    where: dict[int, int] = {}  # daemon pid -> which container (private directory) it is in
+
+    def container(index: int) -> NamespacedDaemon:
+        own = tmp_path / f"container-{index}"
+        own.mkdir(exist_ok=True)
+        daemon = bastion.start_namespaced(
+            "--lease_seconds=2", work_dir=str(shared / "work"), env=env, private=(own, shared)
+        )
+        where[daemon.pid] = index
+        return daemon
+
+    def out(daemon: NamespacedDaemon) -> str:
+        return output(bastion, bastion.daemons.index(daemon))
+
+    def submit(prefix: str, count: int, seconds: float) -> list[str]:
+        batch = [f"{prefix}{i}" for i in range(count)]
+        client = Client(bastion.root)
+        for name in batch:
+            client.submit(new_jobspec(name=name, command=flock_job(side, seconds),
+                                      user_id="tester", project_id="default"))
+        return batch
+
+    def starts() -> list[tuple[str, int]]:
+        lines = (side / "starts").read_text().splitlines()
+        return [(name, int(ns)) for name, ns in (line.split() for line in lines)]
+
+    killed: set[int] = set()  # the PID namespaces whose daemon was killed, and all in them
+
+    def swap(live: list[NamespacedDaemon]) -> list[NamespacedDaemon]:
+        """Kill the holder's container; the other takes over after a whole term; the killed
+        one comes back (a new namespace, its own directory again) and waits in turn."""
+        record = lease(bastion)
+        old = next((d for d in live if lease_names(record, d)), None)
+        assert old is not None, f"the lease {record} names none of the live daemons"
+        standby = next(d for d in live if d is not old)
+        taken = out(standby).count("took the lease")
+        old.kill()
+        old.wait()
+        killed.add(old.pid_ns)
+        wait_for(lambda: out(standby).count("took the lease") > taken, timeout=30,
+                 what="the standby to take over")
+        back = container(where[old.pid])
+        wait_for(lambda: "holds the lease" in out(back), what="the restarted daemon to wait")
+        return [standby, back]
+
+    daemons = [container(0)]
+    wait_for(lambda: "took the lease" in out(daemons[0]), what="the first daemon's lease")
+    daemons.append(container(1))
+    wait_for(
+        lambda: re.search("holds the lease|took the lease", out(daemons[1])),
+        what="the second daemon to see the lease",
+    )
+    names = submit("a", 8, 1.5)
+    for name in names:
+        bastion.wait_complete(name, timeout=60)
+    violations = (side / "violations").read_text().split()
+    assert not violations, f"jobs ran twice at the same time: {violations}"
+    assert "took the lease" not in out(daemons[1]), "a live lease was taken across namespaces"
+
+    for prefix in ("b", "c"):  # the roles swap, then swap back
+        names += submit(prefix, 6, 1.0)
+        wait_for(lambda p=prefix: sum(n.startswith(p) for n, _ in starts()) >= 2, timeout=60,
+                 what="the batch to start")
+        daemons = swap(daemons)
+    for name in names:
+        bastion.wait_complete(name, timeout=60)
+
+    takeovers = re.findall(r"took the lease on \S+ \(term \d+\): (.*)", bastion.daemon_output())
+    assert len(takeovers) == 3, takeovers
+    assert all(why.startswith("lease of") and "expired" in why for why in takeovers[1:]), (
+        f"a takeover across PID namespaces did not wait the lease term: {takeovers}"
+    )
+    violations = (side / "violations").read_text().split()
+    assert not violations, f"jobs ran twice at the same time: {violations}"
+    # A job may start again only when its earlier copy died with its container (the successor
+    # cannot see into another namespace, and a start it cannot confirm is started again).
+    seen = starts()
+    again = {
+        name: [ns for n, ns in seen if n == name]
+        for name in {n for n, _ in seen}
+        if len([n for n, _ in seen if n == name]) > 1
+    }
+    live_twice = {n: nss for n, nss in again.items() if not set(nss[:-1]) <= killed}
+    assert not live_twice, f"jobs started again while their first copy could live: {live_twice}"
+    assert sorted({n for n, _ in seen}) == sorted(names), "a job never started"
+    outcomes = {n: (bastion.complete(n) or {})["state"]["outcome"] for n in names}
+    assert all(outcomes[n] == "SUCCEEDED" for n in names if n.startswith("a")), outcomes

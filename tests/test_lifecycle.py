@@ -26,6 +26,7 @@ from bastion.lifecycle import (
     Preempt,
     Reject,
     Start,
+    StartDeferred,
     Started,
     StartFailed,
     Stop,
@@ -214,6 +215,26 @@ def test_active_observed_running_sets_running_since_once():
     second = step(first, observed(Phase.RUNNING), T0 + 50).state
     assert second.running_since == T0 + 5
     assert second == first
+
+
+def test_active_reason_follows_the_runner_not_the_first_state_it_saw():
+    """A TPU node is CREATING, then READY while its worker has not started: the job must not
+    read "provisioning: node CREATING" for as long as the worker does not start (issue 20)."""
+    state = step(active(phase=None), observed(Phase.PROVISIONING, reason="node CREATING"),
+                 T0 + 1).state  # fmt: skip
+    assert state.reason == "attempt 1: provisioning: node CREATING"
+    seen = observed(Phase.RUNNING, reason="waiting for workers to start (0 of 1)")
+    state = step(state, seen, T0 + 2).state
+    assert state.reason == "attempt 1: running: waiting for workers to start (0 of 1)"
+    assert step(state, seen, T0 + 3).state == state  # unchanged words: nothing to write
+    state = step(state, observed(Phase.RUNNING, reason="1 of 1 workers running"), T0 + 4).state
+    assert state.reason == "attempt 1: running: 1 of 1 workers running"
+    assert state.running_since == T0 + 2
+    direct = step(active(phase=None), observed(Phase.RUNNING, reason="pid 7"), T0 + 1).state
+    assert direct.reason == active(phase=None).reason  # a runner that starts at once: as before
+    stopping = step(state, Cancel("cancelled by bob", 30.0), T0 + 5).state
+    after = step(stopping, observed(Phase.RUNNING, reason="0 of 1 workers running"), T0 + 6)
+    assert after.state.reason == stopping.reason  # a stop keeps its reason
 
 
 def test_active_preempt_stops_and_records_the_stop():
@@ -572,3 +593,54 @@ def test_result_defaults_and_module_names():
     assert lifecycle.RUN == "run" and lifecycle.CLEANUP == "cleanup"
     result = lifecycle.Result(pending())
     assert result.effects == [] and result.events == []
+
+
+# -- starts that keep failing (issue 21, point 2) ------------------------------------------------
+
+
+def test_start_deferred_records_its_first_failure_and_says_when_it_gives_up():
+    state = step(pending(), admit()).state
+    first = step(state, StartDeferred(RUN, "engine busy", give_up_after=60), T0 + 1).state
+    assert first.status is Status.ACTIVE and first.runner["deferred_since"] == T0 + 1
+    assert first.reason.startswith("attempt 1 waits to start: engine busy; gives up at ")
+    later = step(first, StartDeferred(RUN, "engine busy", give_up_after=60), T0 + 30).state
+    assert later.runner["deferred_since"] == T0 + 1  # the first failure's time is kept
+    assert later == first  # nothing new to write while it waits
+
+
+def test_start_deferred_past_its_bound_fails_the_job_with_the_last_reason():
+    state = step(pending(), admit()).state
+    state = step(state, StartDeferred(RUN, "engine busy", give_up_after=60), T0 + 1).state
+    result = step(state, StartDeferred(RUN, "engine gone", give_up_after=60), T0 + 61)
+    new = result.state
+    assert (new.status, new.outcome) == (Status.COMPLETED, Outcome.FAILED)
+    assert "engine gone" in new.reason and "gave up" in new.reason
+    assert new.runner is None and deletes(result) == [Delete(RUN, "fake", NAME, None)]
+    assert "could not start" in logs(result)[0].text
+
+
+def test_a_wait_for_capacity_has_no_bound():
+    state = step(pending(), admit()).state
+    state = step(state, StartDeferred(RUN, "waiting for capacity", None), T0 + 1).state
+    state = step(state, StartDeferred(RUN, "waiting for capacity", None), T0 + 86_400).state
+    assert state.status is Status.ACTIVE and "gives up" not in state.reason
+
+
+def test_cancel_of_a_start_that_waits_ends_cancelled_at_the_next_tick():
+    state = step(pending(), admit()).state
+    state = step(state, StartDeferred(RUN, "engine busy", give_up_after=600), T0 + 1).state
+    state = step(state, Cancel("cancelled by bob", 30.0), T0 + 2).state
+    assert state.status is Status.CANCELLING
+    result = step(state, Tick(), T0 + 3)
+    new = result.state
+    assert (new.status, new.outcome) == (Status.COMPLETED, Outcome.CANCELLED)
+    assert new.reason == "cancelled by bob" and new.runner is None
+    assert deletes(result) == [Delete(RUN, "fake", NAME, None)]
+
+
+def test_cancel_whose_start_then_fails_transiently_ends_cancelled():
+    state = step(pending(), admit()).state  # its start is in flight when the cancel comes
+    state = step(state, Cancel("cancelled by bob", 30.0), T0 + 1).state
+    assert step(state, Tick(), T0 + 2).state.status is Status.CANCELLING  # may still start
+    new = step(state, StartDeferred(RUN, "engine busy", 600), T0 + 2).state
+    assert (new.status, new.outcome) == (Status.COMPLETED, Outcome.CANCELLED)

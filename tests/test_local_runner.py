@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -48,8 +49,12 @@ class Rig:
         self.attempts_dir = str(tmp / "attempts")
         self.tag = os.urandom(8).hex()
 
-    def runner(self, gpus: list[int] | None = None, root: str = ROOT) -> LocalRunner:
-        return LocalRunner(self.attempts_dir, gpus=gpus or [], root=root)
+    def runner(
+        self, gpus: list[int] | None = None, root: str = ROOT, leftover_grace: float = 10.0
+    ) -> LocalRunner:
+        return LocalRunner(
+            self.attempts_dir, gpus=gpus or [], root=root, leftover_grace=leftover_grace
+        )
 
     def attempt(
         self, job: str, command: str, gpus: int = 0, root: str = ROOT, **env: str
@@ -224,6 +229,149 @@ def test_finish_kills_what_the_leader_left_behind(rig: Rig) -> None:
     wait_for(lambda: gone(grandchild), what="the straggler to be killed")
 
 
+# -- what an attempt leaves behind: processes that left its group and session ----------------------
+
+
+def marked(job: str) -> list[psutil.Process]:
+    """Processes carrying the attempt's marker: none may outlive its deletion."""
+    return processes_with_env("BASTION_ATTEMPT_NAME", name_of(job))
+
+
+def escaped_sleep(pidfile: Path, ignore_term: bool = False) -> str:
+    """A command fragment: a ``sleep 300`` in a session of its own, its pid in ``pidfile``."""
+    if ignore_term:  # an ignored signal stays ignored across exec
+        return f"setsid sh -c \"trap '' TERM; exec sleep 300\" & echo $! > {pidfile}"
+    return f"setsid sleep 300 & echo $! > {pidfile}"
+
+
+def left_its_session(pidfile: Path) -> int:
+    """The escaped process's pid, once it runs ``sleep`` in its own session."""
+    pid = read_pid(pidfile)
+
+    def settled() -> bool:
+        try:
+            return os.getsid(pid) == pid and psutil.Process(pid).name() == "sleep"
+        except (OSError, psutil.Error):
+            return False
+
+    wait_for(settled, what="the escaped sleep")
+    return pid
+
+
+def test_a_stopped_attempt_ends_a_process_that_left_its_session_and_names_it(rig: Rig) -> None:
+    """A stop signals the group; a `setsid` child is not in it and ran on after the attempt
+    was recorded as ended. Now it is found by its marker once the command has ended."""
+    runner = rig.runner()
+    pidfile = rig.tmp / "escaped.pid"
+    handle = runner.start(rig.attempt("s1", f"{escaped_sleep(pidfile)}; sleep 300"))
+    escaped = left_its_session(pidfile)
+    runner.stop(handle, future())
+    obs = wait_for(lambda: (o := runner.poll(handle)).finished and o, what="the attempt")
+    assert outcome(obs) == (Phase.FAILED, 128 + signal.SIGTERM)
+    assert obs.note == f"killed 1 process left behind: sleep (pid {escaped})"
+    assert runner.poll(handle).note == obs.note  # asked again: the same, noted once by the daemon
+    wait_for(lambda: runner.delete(handle), timeout=10, what="delete to be verified")
+    assert gone(escaped) and marked("s1") == []
+
+
+def test_a_process_left_behind_by_a_command_that_exited_0_is_ended_with_it(rig: Rig) -> None:
+    runner = rig.runner()
+    pidfile = rig.tmp / "escaped.pid"
+    handle = runner.start(
+        rig.attempt("s2", f"{escaped_sleep(pidfile)}; {rig.wait_go('s2')}; exit 0")
+    )
+    escaped = left_its_session(pidfile)
+    rig.go("s2").touch()
+    obs = wait_for(lambda: (o := runner.poll(handle)).finished and o, what="the attempt")
+    assert outcome(obs) == (Phase.SUCCEEDED, 0)
+    assert obs.note == f"killed 1 process left behind: sleep (pid {escaped})"
+    wait_for(lambda: gone(escaped), timeout=5, what="SIGTERM to end it")
+    assert runner.delete(handle) is True and marked("s2") == []
+
+
+def test_a_left_behind_process_that_ignores_sigterm_is_killed_after_the_grace(rig: Rig) -> None:
+    runner = rig.runner(leftover_grace=1.5)
+    pidfile = rig.tmp / "escaped.pid"
+    handle = runner.start(rig.attempt("s3", f"{escaped_sleep(pidfile, ignore_term=True)}"))
+    escaped = left_its_session(pidfile)
+    obs = wait_for(lambda: (o := runner.poll(handle)).finished and o, what="the attempt")
+    assert obs.note == f"killed 1 process left behind: sleep (pid {escaped})"
+    assert runner.delete(handle) is False  # SIGTERM is ignored: not gone, not verified
+    time.sleep(0.3)
+    assert not gone(escaped)
+    wait_for(lambda: runner.delete(handle), timeout=10, what="SIGKILL after the grace")
+    assert gone(escaped) and marked("s3") == [] and not rig.dir("s3").exists()
+
+
+def test_what_an_adopted_attempt_left_behind_is_ended_by_the_next_daemon(rig: Rig) -> None:
+    """The daemon that started it is gone (kill -9): the marker still finds the escaped
+    process; and a daemon killed between the end of the attempt and its deletion leaves
+    the record that lets the next one finish the job and say what was killed."""
+    pidfile = rig.tmp / "escaped.pid"
+    handle = rig.start_elsewhere("s4", f"{escaped_sleep(pidfile)}; {rig.wait_go('s4')}")
+    escaped = left_its_session(pidfile)
+    rig.go("s4").touch()
+    wait_for(lambda: gone(handle["pid"]), what="the adopted attempt to end")
+    obs = wait_for(lambda: (o := rig.runner().poll(handle)).finished and o, what="the end")
+    assert obs.note == f"killed 1 process left behind: sleep (pid {escaped})"
+    restarted = rig.runner()
+    assert restarted.poll(handle).note == obs.note
+    wait_for(lambda: restarted.delete(handle), timeout=10, what="delete to be verified")
+    assert gone(escaped) and marked("s4") == []
+
+
+def test_a_runner_setting_for_the_leftover_grace_must_be_seconds(tmp_path: Path) -> None:
+    from bastion.runners.local import from_settings
+
+    settings = {"root": ROOT, "attempts_dir": str(tmp_path), "gpus": []}
+    assert from_settings({**settings, "leftover_grace": 2}).leftover_grace == 2.0
+    with pytest.raises(RunnerError, match=r"\[runners.local\] leftover_grace = 'soon'"):
+        from_settings({**settings, "leftover_grace": "soon"})
+
+
+def marked_by(root: str) -> list[psutil.Process]:
+    """Processes of any attempt of ``root`` (the daemon carries BASTION_ROOT, not the marker)."""
+    found = []
+    for proc in processes_with_env("BASTION_ROOT", root):
+        with contextlib.suppress(psutil.Error):
+            if "BASTION_ATTEMPT_NAME" in proc.environ():
+                found.append(proc)
+    return found
+
+
+def test_a_cancelled_job_leaves_no_process_and_its_history_names_what_was_killed(
+    local_bastion, tmp_path: Path
+) -> None:
+    pidfile = tmp_path / "escaped.pid"
+    local_bastion.start()
+    local_bastion.cli("launch", "--name=escaper", "--", f"{escaped_sleep(pidfile)}; sleep 300")
+    escaped = left_its_session(pidfile)
+    local_bastion.cli("cancel", "escaper")
+    record = local_bastion.wait_complete("escaper")
+    assert record["state"]["outcome"] == "CANCELLED"
+    history = local_bastion.cli("history", "escaper").stdout
+    assert f"killed 1 process left behind: sleep (pid {escaped})" in history
+    wait_for(lambda: gone(escaped), timeout=10, what="the escaped sleep to end")
+    wait_for(lambda: not marked_by(local_bastion.root), timeout=10, what="no marked process")
+
+
+def test_a_job_that_exits_0_leaving_a_process_behind_has_it_ended_and_named(
+    local_bastion, tmp_path: Path
+) -> None:
+    pidfile, go = tmp_path / "escaped.pid", tmp_path / "go"
+    local_bastion.start()
+    command = f"{escaped_sleep(pidfile)}; while [ ! -e {go} ]; do sleep 0.05; done; exit 0"
+    local_bastion.cli("launch", "--name=leaver", "--", command)
+    escaped = left_its_session(pidfile)
+    go.touch()
+    record = local_bastion.wait_complete("leaver")
+    assert record["state"]["outcome"] == "SUCCEEDED"
+    history = local_bastion.cli("history", "leaver").stdout
+    assert f"killed 1 process left behind: sleep (pid {escaped})" in history
+    wait_for(lambda: gone(escaped), timeout=10, what="the escaped sleep to end")
+    wait_for(lambda: not marked_by(local_bastion.root), timeout=10, what="no marked process")
+
+
 # -- delete ---------------------------------------------------------------------------------------
 
 
@@ -280,7 +428,8 @@ def test_a_reaped_pid_reused_by_another_child_is_never_signalled(rig: Rig) -> No
     other = runner.start(rig.attempt("other", rig.wait_go("other")))
     stale = {**old, "pid": other["pid"], "create_time": other["create_time"]}
     runner.stop(stale, past())
-    assert runner.delete(stale) is True  # old's files go; other's process is not old's
+    # old's files go (once old's own "exit 0" has ended); other's process is not old's
+    wait_for(lambda: runner.delete(stale), timeout=10, what="old to be deleted")
     with pytest.raises(psutil.TimeoutExpired):
         psutil.Process(other["pid"]).wait(timeout=0.5)
     assert running(runner, other)

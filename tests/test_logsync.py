@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
 import pytest
 
 import bastion.logsync
-from bastion.logsync import LogSync
+from bastion.logsync import ADDED_NEWLINE, LogSync
 from bastion.service import build_daemon
 from bastion.store import Store
 from launch.api import Client, new_jobspec
@@ -186,7 +187,9 @@ def test_a_marker_after_output_without_a_final_newline_starts_its_own_line(
     logs.write("job", "=== next ===")
     logs.flush("job")
     assert remote(store) == (
-        b"progress 99%\n=== [bastion] attempt 1 exited with status 0 ===\n=== next ===\n"
+        b"progress 99%\n=== [bastion] attempt 1 exited with status 0 "
+        + ADDED_NEWLINE.encode()
+        + b" ===\n=== next ===\n"
     )
     assert logs.total("job") == len(remote(store))
 
@@ -247,3 +250,51 @@ def test_a_failed_upload_of_lines_in_memory_is_retried_once_and_only_once(
     assert remote(store) == b"line one\nline two\n"
     logs.close("job")
     assert remote(store) == b"line one\nline two\n" and os.listdir(mirror_dir(tmp_path)) == []
+
+
+def job_output(log: bytes) -> bytes:
+    """The job's bytes in a one-attempt log, by the rule LogSync.write documents: what lies
+    between the start and end markers, less a newline the end marker says bastion added."""
+    start = log.index(b"===\n") + len(b"===\n")
+    end = log.rindex(b"=== [bastion] attempt 1 ")
+    output = log[start:end]
+    if ADDED_NEWLINE.encode() in log[end:]:
+        assert output.endswith(b"\n")
+        output = output[:-1]
+    return output
+
+
+@pytest.mark.parametrize(
+    "output", [b"last line without a newline", b"last line with a newline\n", b"\n\nno\n\nend"]
+)
+def test_the_bucket_log_holds_the_jobs_bytes_exactly_and_a_newline_only_it_says_is_ours(
+    tmp_path: Path, output: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job's output without a final newline gained one in the bucket log, silently. The
+    end marker still starts a line of its own, and says so when the newline before it is
+    bastion's; a job that ended its output with a newline gets no such note."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # the attempts' directory
+    root = str(tmp_path / "root")
+    client = Client(store=Store(root))
+    (tmp_path / "output").write_bytes(output)
+    command = f"cat {tmp_path / 'output'}"
+    client.submit(new_jobspec(name="exact", command=command, user_id="u", project_id="default"))
+    daemon = build_daemon(root, work_dir=str(tmp_path / "work"), gpus=[])
+    deadline = time.monotonic() + 30
+    while daemon.store.read_complete("exact") is None:
+        assert time.monotonic() < deadline, "the job did not complete"
+        daemon.cycle(time.time())
+        time.sleep(0.1)
+    daemon.close()
+    log = daemon.store.read_log("exact")
+    added = not output.endswith(b"\n")
+    end = rb"=== \[bastion\] attempt 1 exited with status 0 at [^\n]*"
+    pattern = (
+        rb"=== \[bastion\] attempt 1 of exact started [^\n]* ===\n"
+        + re.escape(output)
+        + (rb"\n" + end + re.escape(b" " + ADDED_NEWLINE.encode()) if added else end)
+        + rb" ===\n"
+    )
+    assert re.fullmatch(pattern, log), log
+    assert (ADDED_NEWLINE.encode() in log) == added
+    assert job_output(log) == output

@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import abc
 import enum
+import errno
 import hashlib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +70,9 @@ class Observation:
     # Each worker's health for a multi-host attempt, one short stable word per worker
     # ("waiting", "running", "late", "lost", "exit 0", "preempted"); empty for one process.
     workers: tuple[str, ...] = ()
+    # What the runner had to do at the attempt's end that its history must say ("killed 1
+    # process left behind: sleep (pid 4242)"); "" for nothing. The daemon notes it once.
+    note: str = ""
 
     @property
     def finished(self) -> bool:
@@ -108,7 +112,15 @@ class Owned:
 
 class RunnerError(Exception):
     """A runner cannot do what was asked; the message is for the job's user (the attempt
-    fails with it). Any other exception is taken as transient: the daemon tries again."""
+    fails with it). Any other exception is taken as transient: the daemon tries again, backing
+    off, and gives up after its ``start_give_up_seconds`` (bastion/daemon/effects.py)."""
+
+
+class StartRefused(RunnerError):
+    """A start that failed for a reason trying again will not change: ``exec`` refused the
+    command's arguments or environment as too large (E2BIG), the interpreter or an image does
+    not exist, a bundle does not verify. Its job ends FAILED with the message after the first
+    try, and its quota is free for the next job."""
 
 
 class Fenced(Exception):
@@ -118,7 +130,46 @@ class Fenced(Exception):
 
 class TryAgain(Exception):
     """Transient: the same call may succeed next cycle (another process is starting this very
-    attempt right now, an engine or API briefly unreachable)."""
+    attempt right now, an engine or API briefly unreachable). The daemon tries again with an
+    exponential backoff per job and gives up after a bounded time, failing the job."""
+
+
+class NoCapacity(TryAgain):
+    """Transient, and not a failure of the start: the provider has no capacity (or quota) in
+    any zone now. Waited for without the give-up bound, as a stockout is: it clears when it
+    clears, and the runner already backs off each zone itself."""
+
+
+# Errors of exec(2) that no retry can cure: the same command, environment and host give the same.
+_PERMANENT_EXEC = {
+    errno.E2BIG: "E2BIG",
+    errno.ENOENT: "ENOENT",
+    errno.ENOEXEC: "ENOEXEC",
+    errno.EACCES: "EACCES",
+    errno.ENOTDIR: "ENOTDIR",
+    errno.ENAMETOOLONG: "ENAMETOOLONG",
+    errno.ELOOP: "ELOOP",
+}
+
+
+def exec_refusal(
+    error: OSError, program: str, env: Mapping[str, str], args: Sequence[str]
+) -> StartRefused | None:
+    """The StartRefused for an ``exec`` of ``program`` that failed with ``error``, when the
+    failure is one no retry cures (None: transient, e.g. EAGAIN or ENOMEM). For E2BIG it names
+    the variable (or the sizes) over the kernel's limit, so the user knows what to shrink."""
+    code = _PERMANENT_EXEC.get(error.errno or 0)
+    if code is None:
+        return None
+    what = f"exec of {program} failed: {error.strerror or error} ({code})"
+    if error.errno == errno.E2BIG:
+        from bastion.jobspec import exec_limit_problem
+
+        detail = exec_limit_problem(env, args) or (
+            "the job's command and environment are over this host's limit for exec"
+        )
+        what = f"{what}: {detail}"
+    return StartRefused(what)
 
 
 class Runner(abc.ABC):
@@ -234,7 +285,11 @@ def factory_for(kind: str) -> RunnerFactory:
 
 
 class Runners:
-    """The daemon's runners, one per kind, made on first use from the daemon's settings."""
+    """The daemon's runners, one per kind, made on first use from the daemon's settings.
+
+    Every factory is also handed the host's one GPU ledger (``settings["gpu_ledger"]``,
+    bastion/runners/gpus.py), so runners that place work on this machine's GPUs (local,
+    docker) never give one GPU to two attempts; a runner that places none ignores it."""
 
     def __init__(
         self,
@@ -242,15 +297,21 @@ class Runners:
         default: str = "local",
         configured: frozenset[str] = frozenset(),
     ) -> None:
+        from bastion.runners.gpus import GpuLedger
+
         self.settings = settings
         self.default = default
         self.configured = configured  # kinds the daemon's settings name: swept for orphans
+        self.gpu_ledger = GpuLedger()
         self._made: dict[str, Runner] = {}
 
     def get(self, kind: str | None) -> Runner:
+        from bastion.runners.gpus import SETTING
+
         kind = kind or self.default
         if kind not in self._made:
-            self._made[kind] = factory_for(kind)(self.settings.get(kind, {}))
+            settings = {**self.settings.get(kind, {}), SETTING: self.gpu_ledger}
+            self._made[kind] = factory_for(kind)(settings)
         return self._made[kind]
 
     def made(self) -> list[Runner]:

@@ -12,8 +12,17 @@ Settings (``from_settings`` of either runner; keys both understand):
   failed in a zone for any other reason (an operation error such as code 13 INTERNAL, a node or
   VM preempted while it was being created, a queued resource failed or past its deadline)
   blocks that zone for ``backoff_seconds * 2**k`` up to ``backoff_max_seconds``, ``k`` being
-  the zone's failed creates in a row before this one; a create there that comes up (READY,
-  RUNNING, ACTIVE) resets ``k``.
+  the zone's failed creates in a row before this one; a create there whose workers all
+  start resets ``k`` (one that comes up but whose workers never start does not: see
+  ``start_timeout_seconds``).
+- ``start_timeout_seconds`` (default 900: a bare image's ``pip install`` of the agent): how
+  long after the node, VM or queued resource is up (READY, RUNNING, ACTIVE; as this daemon
+  first saw it) every worker has to report ``started``. Past it the attempt fails, retryable
+  (requeued as a new attempt; its zone backs off like a failed create), with "worker K did
+  not start within N s" and the last lines its startup script printed (Compute's serial port
+  output for a GCE VM; for TPU VMs what the script copied to the bucket, which ``bastion logs
+  NAME --worker=K`` shows too). Until then the job reads "waiting for workers to start (k of
+  N)".
 - ``network``, ``subnetwork``, ``service_account``: where the VMs live and who they act as.
 - ``spot``: default for jobs whose options do not say (a job's ``options["spot"]`` wins).
 - ``tiers``: capacity per quota tier the job was admitted on, e.g. ``{0 = "reserved",
@@ -31,7 +40,9 @@ Settings (``from_settings`` of either runner; keys both understand):
 - ``flush_seconds``: how long a preempted attempt waits for its agents' last output and exit
   records before it is reported PREEMPTED (default 45: the 30 s spot window and a margin).
 - ``heartbeat_timeout``: seconds without an agent heartbeat before a worker is lost (default 120).
-- ``python``: the interpreter the startup script uses on the VM (default ``python3``).
+- ``python``: the interpreter the startup script uses on the VM (default ``python3``): Python
+  3.10 or newer, with pip when the agent has to be installed; the script checks both first
+  and exits with one line naming this setting (and ``image`` / ``runtime_version``) if not.
 - ``package_url``: the daemon's package (a wheel) the startup script installs on a VM where
   ``import bastion`` fails (see :mod:`bastion.runners.startup`). Default: the daemon's own code,
   published into ``ROOT/packages/<sha256>/`` on the first start (``publish_package = false``:
@@ -79,6 +90,7 @@ from bastion.runners.base import (
     Attempt,
     Fenced,
     Handle,
+    NoCapacity,
     Observation,
     Owned,
     Phase,
@@ -155,6 +167,14 @@ def _brief(text: str, limit: int = 200) -> str:
     """One line of at most ``limit`` characters (an API's message can be long)."""
     line = " ".join(text.split())
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def last_lines(text: str, lines: int = 8, limit: int = 800) -> str:
+    """The last non-blank ``lines`` of ``text`` as one line (" | " between them), at most
+    ``limit`` characters from its end: what a failure reason can carry."""
+    kept = [" ".join(line.split()) for line in text.splitlines() if line.strip()][-lines:]
+    joined = " | ".join(kept)
+    return joined if len(joined) <= limit else "..." + joined[-(limit - 3):]
 
 
 class Blocks:
@@ -235,6 +255,7 @@ class CloudRunner(Runner):
         self.num_retries = int(settings.get("num_retries", 5))
         self.listing_ttl = float(settings.get("listing_ttl", LISTING_TTL))
         self.flush_seconds = float(settings.get("flush_seconds", 45))
+        self.start_timeout = float(settings.get("start_timeout_seconds", 900))
         self.page_size = int(settings.get("page_size", 500))
         self.endpoint = settings.get("api_endpoint") or os.environ.get(self.api_env) or None
         self.client = client or self._build(settings.get("credentials"))
@@ -254,6 +275,8 @@ class CloudRunner(Runner):
         self._failed_creates: set[str] = set()  # attempts whose failed create was counted
         self._created: dict[str, float | None] = {}  # attempt -> its provisioning record's time
         self._package_url: str | None = None
+        self._up_at: dict[str, float] = {}  # attempt -> when this daemon first saw it up
+        self._not_started: dict[str, Observation] = {}  # attempts failed by start_timeout
 
     # -- subclass hooks ----------------------------------------------------------------------
     @abc.abstractmethod
@@ -411,7 +434,7 @@ class CloudRunner(Runner):
                 "root_tag": self.tag, "time": created, "op": op})  # fmt: skip
             handle = self._handle(attempt.job, attempt.name, zone, workers, op)
             return self._created_at(handle, created)
-        raise TryAgain("waiting for capacity: " + "; ".join(dict.fromkeys(reasons)))
+        raise NoCapacity("waiting for capacity: " + "; ".join(dict.fromkeys(reasons)))
 
     @staticmethod
     def _created_at(handle: Handle, created: float | None) -> Handle:
@@ -562,25 +585,84 @@ class CloudRunner(Runner):
         self.blocks.block(f"zone:{zone}", f"stockout in {zone}", self.zone_block_seconds)
         return Observation(Phase.FAILED, f"stockout in {zone}: {message}", retryable=True)
 
-    def create_failed(self, handle: Handle, why: str, phase: Phase = Phase.FAILED) -> Observation:
+    def create_failed(
+        self, handle: Handle, why: str, phase: Phase = Phase.FAILED, brief: str | None = None
+    ) -> Observation:
         """The attempt's create failed in its zone for a reason that may pass (neither a
         stockout nor a quota): ``phase`` (FAILED, or PREEMPTED while creating), retryable, and
         the zone backs off exponentially (:meth:`Blocks.back_off`), so that the daemon's new
         attempt tries the next zone and, once every zone is blocked, waits instead of making
         create calls in a loop. Counted once per attempt, however often it is polled; not at
-        all when we stopped the attempt ourselves (a create cut short by our own delete)."""
+        all when we stopped the attempt ourselves (a create cut short by our own delete).
+        ``brief``: the block's reason, when the first 200 characters of ``why`` would not do."""
         zone, name = handle["zone"], handle["name"]
         with self._lock:
             count = name not in self._failed_creates and name not in self._stopped
             self._failed_creates.add(name)
         if count:
-            self.blocks.back_off(zone, _brief(why), self.backoff_seconds,
+            self.blocks.back_off(zone, brief or _brief(why), self.backoff_seconds,
                                  self.backoff_max_seconds)  # fmt: skip
         return Observation(phase, why, retryable=True)
 
     def came_up(self, handle: Handle) -> None:
-        """The attempt's machines are up (READY, RUNNING, ACTIVE): creates work in its zone."""
+        """The attempt's machines are up and every worker started: creates work in its zone."""
         self.blocks.succeeded(handle["zone"])
+
+    def up(self, handle: Handle) -> Observation:
+        """The attempt's machines are up (READY, RUNNING, ACTIVE): what its agents say, and
+        "waiting for workers to start (k of N)" while some have not said ``started``.
+
+        A worker that never starts (its startup script failed: an image whose Python cannot
+        run the agent, a package install that failed or hangs) would otherwise hold the
+        machines and the quota forever with nothing running: ``start_timeout`` seconds after
+        this daemon first saw the machines up, the attempt fails (:meth:`not_started`)."""
+        name, n = handle["name"], int(handle["workers"])
+        with self._lock:
+            failed = self._not_started.get(name)
+            first = self._up_at.setdefault(name, time.monotonic())
+        if failed is not None:
+            return failed
+        seen = self.agents(handle)
+        if seen is not None and seen.finished:
+            return seen
+        listing = self._attempt_records(handle)
+        waiting = [w for w in range(n) if Store.run_name(w, "started") not in listing]
+        if not waiting and seen is not None:
+            self.came_up(handle)
+            return seen
+        if time.monotonic() - first > self.start_timeout:
+            return self.not_started(handle, waiting)
+        return Observation(Phase.RUNNING, f"waiting for workers to start ({n - len(waiting)} "
+                           f"of {n})", workers=seen.workers if seen else ())  # fmt: skip
+
+    def not_started(self, handle: Handle, waiting: list[int]) -> Observation:
+        """FAILED, retryable (a new attempt may land on a healthy host; the zone backs off,
+        so a broken image costs a bounded rate of attempts, not a hot loop), naming the first
+        silent worker, the last lines its startup script printed, and what to fix."""
+        w, job = waiting[0], handle["job"]
+        who = (f"worker {w}" if len(waiting) == 1
+               else f"workers {', '.join(map(str, waiting))}")  # fmt: skip
+        brief = (f"{who} did not start within {self.start_timeout:g} s of its "
+                 f"{self.resource_noun} coming up: fix its startup (the {self.kind} runner "
+                 "settings python, image / runtime_version, package_url) or raise "
+                 "start_timeout_seconds")  # fmt: skip
+        said = self.startup_output(handle, w)
+        why = brief + (f"; worker {w}'s startup script printed: {said}" if said
+                       else f"; worker {w} left no startup output")  # fmt: skip
+        why += f" (all of it: bastion logs {job} --worker={w})"
+        seen = self.create_failed(handle, why, brief=brief)
+        with self._lock:
+            self._not_started[handle["name"]] = seen
+        return seen
+
+    def startup_output(self, handle: Handle, worker: int) -> str | None:
+        """The last lines the worker's startup script printed, as one line: what the script
+        copied to the bucket (:func:`bastion.runners.startup.bootstrap_lines`)."""
+        try:
+            data = self.store.read_bootstrap(handle["job"], handle["name"], worker)
+        except OSError:
+            return None
+        return last_lines(data.decode(errors="replace")) if data else None
 
     def transient(self, handle: Handle, state: str, detail: str = "") -> Observation:
         """A state between create and delete other than up (a TPU node REPAIRING after a
@@ -672,6 +754,7 @@ class CloudRunner(Runner):
             command=attempt.command, env=attempt.env,
             python=str(self.settings.get("python") or "python3"),
             package_url=self.package_url(),
+            bootstrap_url=self.store.bootstrap_url(attempt.job, attempt.name),
             agent_args=list(self.settings.get("agent_args") or []) + list(extra_args)
             + ([f"--bundle={json.dumps(dict(attempt.bundle), sort_keys=True)}"]
                if attempt.bundle else []),
@@ -695,6 +778,8 @@ class CloudRunner(Runner):
             self._failed_creates.discard(name)
             self._created.pop(name, None)
             self._ended_at.pop(name, None)
+            self._up_at.pop(name, None)
+            self._not_started.pop(name, None)
 
     def close(self) -> None:
         with self._lock:

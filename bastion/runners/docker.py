@@ -27,7 +27,9 @@ Commands run as ``/bin/sh -c COMMAND`` under the engine's init (tini) with
 it too, as with the local runner) and ends in status 143 unless the job handles it.
 
 A job asking for ``resources["gpu"] = N`` gets N of ``gpus`` that no live Bastion container on
-this engine holds, as a device request; inside, they are the container's only GPUs, so
+this engine holds and no other attempt of this daemon holds (the host's GPU ledger,
+bastion/runners/gpus.py, shared with the local runner: a local job and a container never get
+the same GPU), as a device request; inside, they are the container's only GPUs, so
 ``CUDA_VISIBLE_DEVICES`` is ``0..N-1`` there (the host's indices would name GPUs it lacks).
 ``list_owned`` counts a created-but-not-started container as not finished: it holds its GPUs.
 """
@@ -51,9 +53,19 @@ import requests
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.types import DeviceRequest
 
-from bastion.runners.base import Attempt, Handle, Observation, Owned, Phase, Runner, RunnerError
+from bastion.runners.base import (
+    Attempt,
+    Handle,
+    Observation,
+    Owned,
+    Phase,
+    Runner,
+    RunnerError,
+    StartRefused,
+)
 from bastion.runners.base import root_tag as make_root_tag
 from bastion.runners.fence import fenced
+from bastion.runners.gpus import GpuLedger, ledger_of
 from bastion.runners.local import default_attempts_dir
 
 OPTIONS = frozenset({"image", "network", "env", "mounts", "shm_size", "user", "workdir"})
@@ -80,6 +92,7 @@ def from_settings(settings: Mapping[str, Any]) -> DockerRunner:
         gpus=None if gpus is None else [int(g) for g in gpus],
         mounts=list(settings.get("mounts") or []),
         work_dir=str(settings.get("work_dir") or ""),
+        ledger=ledger_of(settings),
     )
 
 
@@ -104,6 +117,7 @@ class DockerRunner(Runner):
         gpus: Sequence[int] | None = None,
         mounts: Sequence[str] = (),
         work_dir: str = "",
+        ledger: GpuLedger | None = None,
     ) -> None:
         self.root = root
         self.code_dir = os.path.join(os.path.abspath(work_dir or "."), "docker-code")
@@ -120,7 +134,10 @@ class DockerRunner(Runner):
         self._gpus = None if gpus is None else list(gpus)
         self._client: docker.DockerClient | None = None
         self._lock = threading.Lock()  # the client is made once
-        self._gpu_lock = threading.Lock()  # two parallel starts must not pick the same GPUs
+        # The host's GPUs, shared with the local runner. Our containers' labels say what they
+        # hold: read (once, lazily: it asks the engine) before the ledger's next allocation.
+        self.ledger = ledger or GpuLedger()
+        self.ledger.join(self.kind, self._holding)
         self._termed: set[str] = set()  # container ids sent SIGTERM by this instance
         self._cursors: dict[str, _Cursor] = {}
 
@@ -133,26 +150,34 @@ class DockerRunner(Runner):
         try:
             # The host's fencing token (bastion/runners/fence.py): a stale daemon never creates
             # a container after a newer one started anything for this root on this host.
-            with (
-                fenced(self.fence_dir, attempt.fence),
-                self._gpu_lock if count else contextlib.nullcontext(),
-            ):
+            with fenced(self.fence_dir, attempt.fence):
                 gpus = self._allocate_gpus(attempt.name, count)
-                container_id = self._create(*self._container_spec(attempt, options, gpus))
+                try:
+                    container_id = self._create(*self._container_spec(attempt, options, gpus))
+                except BaseException:
+                    self.ledger.free(attempt.name)  # nothing was made: its GPUs stay free
+                    raise
         except (DockerException, requests.RequestException) as e:
             raise RunnerError(f"docker could not create {attempt.name}: {_one_line(e)}") from e
-        if container_id is None:  # 409: it exists already
-            return self._adopt(attempt.name)
-        self._start(container_id, attempt.name, remove_on_failure=True)
+        try:
+            if container_id is None:  # 409: it exists already
+                return self._adopt(attempt.name)
+            self._start(container_id, attempt.name, remove_on_failure=True)
+        except RunnerError:
+            self.ledger.free(attempt.name)  # removed, or not ours: it holds no GPU of ours
+            raise
         return {"kind": self.kind, "name": attempt.name, "id": container_id, "gpus": gpus}
 
     def poll(self, handle: Handle) -> Observation:
         try:
             info = self._api().inspect_container(_ref(handle))
         except NotFound:
+            self.ledger.free(str(handle["name"]))
             return Observation(Phase.LOST, f"container {handle['name']} is gone from the engine")
         state = info["State"]
         status = state.get("Status", "")
+        if status not in _LIVE:  # exited, dead, being removed: its GPUs are free again
+            self.ledger.free(str(handle["name"]))
         if status == "created":
             return Observation(Phase.PROVISIONING, "container created, not started yet")
         if status in _RUNNING:
@@ -204,6 +229,7 @@ class DockerRunner(Runner):
             api.inspect_container(ref)
             return False
         except NotFound:
+            self.ledger.free(str(handle.get("name") or ""))
             self._termed.discard(ref)
             self._cursors.pop(ref, None)
             if handle.get("name"):  # the extracted tar bundle, if it had one
@@ -312,8 +338,8 @@ class DockerRunner(Runner):
         try:
             os.makedirs(code, exist_ok=True)
             fetch(Bundle.from_json(dict(attempt.bundle or {})), Store(self.root), code)
-        except BundleError as e:
-            raise RunnerError(str(e)) from None
+        except BundleError as e:  # a digest that does not match will not match next time
+            raise StartRefused(str(e)) from None
 
     def _container_spec(
         self, attempt: Attempt, options: Mapping[str, Any], gpus: list[int]
@@ -380,7 +406,7 @@ class DockerRunner(Runner):
         try:
             api.pull(image)  # "repo" alone pulls "repo:latest"
         except (APIError, requests.RequestException) as e:
-            raise RunnerError(
+            raise StartRefused(
                 f"image {image} not found locally or in its registry: {_one_line(e)}"
             ) from e
         return _create_once(api, create)
@@ -393,7 +419,9 @@ class DockerRunner(Runner):
             if remove_on_failure:
                 with contextlib.suppress(APIError):
                     self._api().remove_container(container_id, force=True)
-            raise RunnerError(f"docker could not start {name}: {_one_line(e)}") from e
+            # The engine refused to run it (no such entrypoint, exec's E2BIG, a bad bind): the
+            # same container is refused again.
+            raise StartRefused(f"docker could not start {name}: {_one_line(e)}") from e
 
     def _adopt(self, name: str) -> Handle:
         try:
@@ -418,17 +446,15 @@ class DockerRunner(Runner):
             from bastion.runners.local import detect_gpus
 
             self._gpus = detect_gpus()
-        busy: set[int] = set()
+        busy: set[int] = set()  # (other daemons' containers: the ledger knows only ours)
         for c in self._api().containers(all=True, filters={"label": "bastion.gpus"}):
             if c["State"] in _LIVE and c["Labels"].get("bastion.name") != name:
                 busy.update(_parse_gpus(c["Labels"]["bastion.gpus"]))
-        free = [g for g in self._gpus if g not in busy]
-        if len(free) < count:
-            raise RunnerError(
-                f"the job needs {count} GPUs but only {len(free)} of {len(self._gpus)} are free "
-                f"on this docker runner"
-            )
-        return free[:count]
+        return self.ledger.allocate(name, count, self._gpus, "this docker runner", busy=busy)
+
+    def _holding(self) -> list[tuple[str, list[int]]]:
+        """For the ledger: the GPUs that this root's live containers hold (their labels)."""
+        return [(o.name, list(o.handle["gpus"])) for o in self.list_owned() if not o.finished]
 
     def _log_lines(self, ref: str, since_ns: int) -> Iterator[tuple[int, bytes]]:
         """(stamp in ns, bytes) per log line. Each line is one frame of the engine's stream, so

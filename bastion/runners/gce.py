@@ -26,7 +26,9 @@ VM is never reused, so nothing is left billing), ``onHostMaintenance: TERMINATE`
 automatic restart (GPU VMs cannot live-migrate).
 
 Poll, from the zone's listing: PROVISIONING/STAGING/PENDING: PROVISIONING; REPAIRING: the
-agents' records once any started, else PROVISIONING; RUNNING: the agents' records; absent with
+agents' records once any started, else PROVISIONING; RUNNING: the agents' records (with the
+deadline ``start_timeout_seconds`` for the worker to start; the failure carries the last
+``startup-script`` lines of the VM's serial port output); absent with
 a failed insert operation: a stockout (ZONE_RESOURCE_POOL_EXHAUSTED: FAILED retryable, zone
 blocked), a quota (region blocked), UNSUPPORTED_OPERATION (a spot VM preempted while it was
 being created: PREEMPTED, retryable) or any other error (FAILED retryable), the last two
@@ -47,7 +49,7 @@ from typing import Any
 from googleapiclient.errors import HttpError
 
 from bastion.runners.base import Attempt, Handle, Observation, Owned, Phase, RunnerError
-from bastion.runners.cloud import CloudRunner, build_client, labels_for, region_of
+from bastion.runners.cloud import CloudRunner, build_client, labels_for, last_lines, region_of
 
 IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11"
 # AXLearn's GPU names (system_characteristics.py) for the machine types they mean
@@ -229,8 +231,7 @@ class GceRunner(CloudRunner):
         inst = self.listing(handle["zone"]).get(handle["name"])
         status = inst.get("status", "") if inst else "ABSENT"
         if status == "RUNNING":
-            self.came_up(handle)
-            return self.agents(handle) or Observation(Phase.RUNNING, "waiting for the agent")
+            return self.up(handle)
         if status in _PROVISIONING:
             return Observation(Phase.PROVISIONING, f"instance {status} in {handle['zone']}")
         if status == "REPAIRING":
@@ -307,6 +308,24 @@ class GceRunner(CloudRunner):
         return self.create_failed(
             handle, f"insert failed in {handle['zone']}: error code {code}: {message}"
         )
+
+    def startup_output(self, handle: Handle, worker: int) -> str | None:
+        """The ``startup-script`` lines of the VM's serial port output (``instances.
+        getSerialPortOutput``, port 1: the guest agent's ``google_metadata_script_runner``
+        prefixes each line the script prints with ``startup-script:``), Compute's own record
+        of the boot, there even when the script could copy nothing to the bucket; else what
+        the script copied there."""
+        try:
+            out = self.execute(self.instances().getSerialPortOutput(
+                project=self.project, zone=handle["zone"], instance=handle["name"], port=1))
+        except HttpError:
+            out = {}  # fmt: skip
+        marker = "startup-script: "
+        lines = [line.split(marker, 1)[1] for line in str(out.get("contents") or "").splitlines()
+                 if marker in line]  # fmt: skip
+        if lines:
+            return last_lines("\n".join(lines))
+        return super().startup_output(handle, worker)
 
     # -- stop, delete, list ------------------------------------------------------------------
     def _going(self, resource: dict) -> bool:

@@ -13,10 +13,19 @@ the holder looks for an earlier start and, finding none, starts the process; any
 - ``handle.json``: pid and create time, recorded after the start;
 - ``output``: the command's stdout and stderr, which the daemon reads by offset;
 - ``exit``: the exit status, written by the wrapper, so a restarted daemon (no longer the
-  parent, unable to ``wait``) still learns how an adopted attempt ended.
+  parent, unable to ``wait``) still learns how an adopted attempt ended;
+- ``left_behind``: what was still running when the wrapper had ended (the history line that
+  names it, when its SIGKILL is due), so a restarted daemon finishes the job.
+
+Every process of an attempt carries ``BASTION_ATTEMPT_NAME`` in its environment. A stop
+signals the process group; whatever is still alive once the wrapper has ended (a process that
+left the group with ``setsid``, a background child the command did not wait for) is found by
+that marker (:mod:`bastion.leftovers`), gets SIGTERM, SIGKILL after ``leftover_grace``, and is
+named in the attempt's history; ``delete`` is true only once a fresh scan finds none.
 
 Processes are identified by (pid, create time), so a recycled pid is never signalled. Runners
-know nothing of quotas: they are told what to start and how many GPUs it may use.
+know nothing of quotas: they are told what to start and how many GPUs it may use; which GPUs,
+the host's GPU ledger says (bastion/runners/gpus.py), shared with the Docker runner.
 """
 
 from __future__ import annotations
@@ -25,18 +34,19 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import shutil
 import signal
 import socket
 import subprocess
-import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import psutil
 
+from bastion import leftovers
 from bastion.runners.base import (
     Attempt,
     Handle,
@@ -45,10 +55,15 @@ from bastion.runners.base import (
     Phase,
     Runner,
     RunnerError,
+    StartRefused,
     TryAgain,
+    exec_refusal,
     name_prefix,
 )
 from bastion.runners.fence import fenced
+from bastion.runners.gpus import GpuLedger, ledger_of
+
+log = logging.getLogger(__name__)
 
 # The wrapper records its pid before the command runs, then the exit status after. `trap : TERM
 # INT` makes it wait for the command before exiting on a signal (the trap resets to the default
@@ -58,6 +73,7 @@ _WRAPPER = (
     'printf "%s" "$status" > "$2/exit.tmp" && mv "$2/exit.tmp" "$2/exit"; exit "$status"'
 )
 _CREATE_TIME_TOLERANCE = 0.05
+LEFTOVER_GRACE = 10.0  # seconds from SIGTERM to SIGKILL for what outlived the command
 _OPTIONS: frozenset[str] = frozenset()  # the local runner takes no per-job options
 
 
@@ -87,18 +103,37 @@ def default_attempts_dir(root_url: str) -> str:
 
 def from_settings(settings: Mapping[str, Any]) -> LocalRunner:
     """Settings: ``root`` (the daemon's root URL), ``attempts_dir`` (default: per root, in the
-    user's state directory), ``gpus`` (indices this runner hands out; default: nvidia-smi)."""
+    user's state directory), ``gpus`` (indices this runner hands out; default: nvidia-smi),
+    ``leftover_grace`` (seconds between the SIGTERM and the SIGKILL of what an attempt left
+    running after its command ended; default 10). ``gpu_ledger``: the host's GPU ledger, which
+    the daemon's ``Runners`` hands to every runner (bastion/runners/gpus.py)."""
     root = str(settings.get("root") or "")
     attempts_dir = settings.get("attempts_dir") or default_attempts_dir(root)
     gpus = settings.get("gpus")
-    return LocalRunner(str(attempts_dir), gpus=None if gpus is None else list(gpus), root=root)
+    grace = settings.get("leftover_grace", LEFTOVER_GRACE)
+    if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
+        raise RunnerError(
+            f"[runners.local] leftover_grace = {grace!r}: give a number of seconds, 0 or more"
+        )
+    return LocalRunner(
+        str(attempts_dir),
+        gpus=None if gpus is None else list(gpus),
+        root=root,
+        leftover_grace=float(grace),
+        ledger=ledger_of(settings),
+    )
 
 
 class LocalRunner(Runner):
     kind = "local"
 
     def __init__(
-        self, attempts_dir: str, gpus: Sequence[int] | None = None, root: str = ""
+        self,
+        attempts_dir: str,
+        gpus: Sequence[int] | None = None,
+        root: str = "",
+        leftover_grace: float = LEFTOVER_GRACE,
+        ledger: GpuLedger | None = None,
     ) -> None:
         self.attempts_dir = os.path.abspath(attempts_dir)  # wrappers' argv names it: one spelling
         self.prefix = name_prefix(root) if root else ""
@@ -107,13 +142,14 @@ class LocalRunner(Runner):
         self.host = socket.gethostname()
         self.gpus = list(detect_gpus() if gpus is None else gpus)
         self._children: dict[str, subprocess.Popen[bytes]] = {}  # by attempt; reaped by poll()
-        self._gpus_in_use: dict[str, list[int]] = {}  # attempt name -> GPU indices
+        self.ledger = ledger or GpuLedger()  # the host's GPUs, shared with other runners
         self._termed: set[str] = set()
-        self._lock = threading.Lock()  # attempts start in parallel
+        self.leftover_grace = leftover_grace
+        self._scanner = leftovers.Scanner(self.prefix)  # one /proc scan for many askers
+        self._deadlines: dict[str, float] = {}  # attempt -> its stop's deadline
+        self._left: dict[str, dict[str, Any]] = {}  # attempt -> its left_behind record
         os.makedirs(self.attempts_dir, exist_ok=True)
-        for owned in self.list_owned():  # a restarted daemon: GPUs of live attempts stay taken
-            if not owned.finished:
-                self._gpus_in_use[owned.name] = list(owned.handle.get("gpus") or [])
+        self.ledger.join(self.kind, self._holding)  # a restarted daemon: live GPUs stay taken
 
     # -- the contract ----------------------------------------------------------------------
 
@@ -145,16 +181,20 @@ class LocalRunner(Runner):
             if found is not None:
                 return found
             try:
-                gpus = self._allocate_gpus(attempt.name, int(attempt.resources.get("gpu") or 0))
-            except RunnerError:
+                gpus = self.ledger.allocate(
+                    attempt.name,
+                    int(attempt.resources.get("gpu") or 0),
+                    self.gpus,
+                    where=self.host,
+                )
+            except (RunnerError, TryAgain):
                 if created:  # leave no trace of an attempt that never started
                     shutil.rmtree(directory, ignore_errors=True)
                 raise
             try:
                 return self._spawn(attempt, directory, gpus)
             except BaseException:
-                with self._lock:
-                    self._gpus_in_use.pop(attempt.name, None)  # nothing started: GPUs stay free
+                self.ledger.free(attempt.name)  # nothing started: its GPUs stay free
                 raise
 
     def poll(self, handle: Handle) -> Observation:
@@ -165,16 +205,23 @@ class LocalRunner(Runner):
         if self._alive(handle):
             return Observation(Phase.RUNNING)
         self._finish(handle)
+        left = self._left_behind(handle)
+        if not left.get("pids"):
+            self._free_gpus(handle["name"])
+        note = str(left.get("note") or "")
         code = self._exit_status(handle)
         if code == 0:
-            return Observation(Phase.SUCCEEDED, "exited with status 0", 0)
+            return Observation(Phase.SUCCEEDED, "exited with status 0", 0, note=note)
         if code is None:
-            return Observation(Phase.FAILED, "was killed before it could report its status")
-        return Observation(Phase.FAILED, f"exited with status {code}", code)
+            return Observation(
+                Phase.FAILED, "was killed before it could report its status", note=note
+            )
+        return Observation(Phase.FAILED, f"exited with status {code}", code, note=note)
 
     def stop(self, handle: Handle, deadline: float) -> None:
         if handle.get("host") != self.host or not self._alive(handle):
             return
+        self._deadlines[handle["name"]] = deadline  # what it leaves behind gets this grace too
         if time.time() >= deadline:
             self._signal(handle, signal.SIGKILL)
         elif handle["name"] not in self._termed:
@@ -188,7 +235,12 @@ class LocalRunner(Runner):
             self._signal(handle, signal.SIGKILL)
             return False  # gone once the next call finds it dead
         self._finish(handle)
+        if not self._left_behind_gone(handle):
+            return False  # ended, not yet verified gone: asked again next cycle
+        self._free_gpus(handle["name"])
         self._termed.discard(handle["name"])
+        self._deadlines.pop(handle["name"], None)
+        self._left.pop(handle["name"], None)
         shutil.rmtree(self._dir(handle["name"]), ignore_errors=True)
         return not os.path.exists(self._dir(handle["name"]))
 
@@ -233,16 +285,12 @@ class LocalRunner(Runner):
             os.path.join(directory, "output"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
         )
         stdin = os.open(os.devnull, os.O_RDONLY)
+        argv = [
+            "/bin/sh", "-c", _WRAPPER, f"bastion-job:{attempt.name}", attempt.command, directory
+        ]  # fmt: skip
         try:
             proc = subprocess.Popen(
-                [
-                    "/bin/sh",
-                    "-c",
-                    _WRAPPER,
-                    f"bastion-job:{attempt.name}",
-                    attempt.command,
-                    directory,
-                ],
+                argv,
                 stdin=stdin,
                 stdout=output,
                 stderr=subprocess.STDOUT,
@@ -251,6 +299,11 @@ class LocalRunner(Runner):
                 cwd=work,
                 close_fds=True,
             )
+        except OSError as e:  # exec refused: E2BIG, no /bin/sh... never cured by a retry
+            refused = exec_refusal(e, argv[0], env, argv)
+            if refused is None:
+                raise  # EAGAIN, ENOMEM: transient, the daemon backs off and tries again
+            raise refused from None
         finally:
             os.close(output)
             os.close(stdin)
@@ -280,8 +333,8 @@ class LocalRunner(Runner):
 
                 self._store = Store(self.root)
             fetch(bundle, self._store, work)
-        except BundleError as e:
-            raise RunnerError(str(e)) from None
+        except BundleError as e:  # a digest that does not match will not match next time
+            raise StartRefused(str(e)) from None
 
     def _find(self, name: str) -> Handle | None:
         """The handle of an attempt whose command ran or runs; None if it never started."""
@@ -347,17 +400,105 @@ class LocalRunner(Runner):
             os.killpg(int(handle["pid"]), sig)
 
     def _finish(self, handle: Handle) -> None:
-        """The leader is gone: kill what it left behind in its group and free its GPUs."""
+        """The leader is gone: forget our child (what it left behind: :meth:`_left_behind`)."""
         pid = int(handle.get("pid") or 0)
         child = self._children.get(handle.get("name", ""))
         if child is not None and child.pid == pid:
             del self._children[handle["name"]]
-        with self._lock:
-            self._gpus_in_use.pop(handle.get("name", ""), None)
+
+    def _free_gpus(self, name: str) -> None:
+        """Only once nothing of the attempt runs: a process it left behind may hold them."""
+        self.ledger.free(name)
+
+    def _holding(self) -> list[tuple[str, list[int]]]:
+        """For the ledger: the GPUs of this root's attempts that still run here."""
+        return [
+            (owned.name, list(owned.handle.get("gpus") or []))
+            for owned in self.list_owned()
+            if not owned.finished
+        ]
+
+    def _signal_group(self, handle: Handle, sig: int) -> None:
+        """Signal the finished attempt's group: what is left in it is ours."""
+        pid = int(handle.get("pid") or 0)
         if pid <= 0 or not self._leader_gone(handle):
             return  # a live process that is not ours holds the pid: never signal its group
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
+            os.killpg(pid, sig)
+
+    def _left_behind(self, handle: Handle) -> dict[str, Any]:
+        """Once, when the wrapper has ended: SIGTERM whatever of the attempt still runs (its
+        group, and every process carrying its marker wherever it went) and record it, with
+        the history line that names it and when SIGKILL is due (``delete`` sends it). Asked
+        again, the same record: one attempt's end is noted once, on a restarted daemon too."""
+        name = str(handle["name"])
+        record = self._left.get(name)
+        if record is None:
+            record = _read_json(os.path.join(self._dir(name), "left_behind"))
+        if record is None:
+            found = self._scanner.find(name, since=self._ended_at(handle))
+            # A scan begun as the wrapper was exiting sees it, and perhaps its own `mv`: the
+            # wrapper's, not left behind (no orphan has the wrapper for a parent: it waits).
+            wrapper = int(handle.get("pid") or 0)
+            found = [p for p in found if wrapper not in (p.pid, p.ppid)]
+            record = self._end(handle, found, {})
+        self._left[name] = record
+        return record
+
+    def _ended_at(self, handle: Handle) -> float:
+        """When the command ended: its ``exit`` file's time (the wrapper writes it once the
+        command has ended), else now (killed, or gone before it could write it)."""
+        try:
+            return os.path.getmtime(os.path.join(self._dir(handle["name"]), "exit"))
+        except OSError:
+            return time.time()
+
+    def _end(
+        self, handle: Handle, found: list[leftovers.Process], record: dict[str, Any]
+    ) -> dict[str, Any]:
+        """SIGTERM the processes ``found`` that were not signalled yet, and the group. A stop
+        has already sent SIGTERM to the group: its members are not sent a second one (a
+        second SIGTERM means "now" to many programs). Returns the record, kept on disk."""
+        name = str(handle["name"])
+        termed = name in self._termed
+        if not termed:
+            self._signal_group(handle, signal.SIGTERM)  # (unmarked members of the group too)
+        signalled = set(record.get("pids") or [])
+        leftovers.send(
+            [p for p in found if p.pid not in signalled and not (termed and _in_group(p, handle))],
+            signal.SIGTERM,
+        )
+        if found:
+            log.warning("%s: %s (SIGTERM)", name, leftovers.describe(found))
+        grace_until = max(time.time() + self.leftover_grace, self._deadlines.get(name, 0.0))
+        record = {
+            "note": record.get("note", leftovers.describe(found) if found else ""),
+            "pids": sorted(signalled | {p.pid for p in found}),
+            "kill_at": record.get("kill_at") or (grace_until if found else None),
+        }
+        if record["pids"]:  # (nothing found: nothing a restarted daemon must finish)
+            with contextlib.suppress(OSError):  # (its directory already gone: nothing to keep)
+                _write_json(os.path.join(self._dir(name), "left_behind"), record)
+        return record
+
+    def _left_behind_gone(self, handle: Handle) -> bool:
+        """For ``delete``: True once a scan made after the wrapper ended finds nothing of the
+        attempt; until then SIGTERM what is new, SIGKILL everything once the grace is over."""
+        name = str(handle["name"])
+        record = self._left_behind(handle)
+        if not record.get("pids"):
+            return True  # a scan begun after the wrapper had ended found nothing of it
+        found = self._scanner.find(name)  # (a fresh scan: after our signals)
+        if not found:
+            return True
+        if {p.pid for p in found} - set(record.get("pids") or []):
+            record = self._end(handle, found, record)  # forked since, or an adopted attempt's
+            self._left[name] = record
+        if time.time() >= float(record.get("kill_at") or 0):
+            log.warning("%s: SIGKILL to %s", name, ", ".join(map(str, found)))
+            self._signal_group(handle, signal.SIGKILL)
+            leftovers.send(found, signal.SIGKILL)
+        return False
 
     @staticmethod
     def _leader_gone(handle: Handle) -> bool:
@@ -375,20 +516,6 @@ class LocalRunner(Runner):
     def _exit_status(self, handle: Handle) -> int | None:
         return _read_int(os.path.join(self._dir(handle["name"]), "exit"))
 
-    def _allocate_gpus(self, name: str, count: int) -> list[int]:
-        if count <= 0:
-            return []
-        with self._lock:
-            busy = {gpu for gpus in self._gpus_in_use.values() for gpu in gpus}
-            free = [gpu for gpu in self.gpus if gpu not in busy]
-            if len(free) < count:
-                raise RunnerError(
-                    f"job needs {count} GPUs but only {len(free)} of {len(self.gpus)} are free "
-                    f"on {self.host}"
-                )
-            self._gpus_in_use[name] = free[:count]
-            return free[:count]
-
 
 @contextlib.contextmanager
 def _claim(directory: str, name: str) -> Iterator[None]:
@@ -405,6 +532,13 @@ def _claim(directory: str, name: str) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def _in_group(process: leftovers.Process, handle: Handle) -> bool:
+    try:
+        return os.getpgid(process.pid) == int(handle.get("pid") or 0)
+    except OSError:
+        return False
 
 
 def _write_json(path: str, data: Any) -> None:

@@ -31,7 +31,8 @@ Poll, from the zone's listing of queued resources (one call per zone per cycle):
   after the create was issued (the handle's ``created``), FAILED, retryable, "queued resource
   waited past its deadline of N s in ZONE": a service that never expires the request (or
   forgets it in ACCEPTED) cannot hold the job forever;
-- PROVISIONING: PROVISIONING; ACTIVE: the agents' records (all slices' workers);
+- PROVISIONING: PROVISIONING; ACTIVE: the agents' records (all slices' workers), with the
+  TPU runner's deadline for every worker to start (``start_timeout_seconds``);
 - FAILED (e.g. past its validUntil): FAILED, retryable, with ``failedData.error``'s message;
   a capacity failure (code 8/9) blocks the zone like a stockout; any other failure, and the
   client-side deadline, back the zone off exponentially
@@ -183,8 +184,7 @@ class QueuedRunner(TpuRunner):
         if state == "PROVISIONING":
             return Observation(Phase.PROVISIONING, f"provisioning in {zone}")
         if state == "ACTIVE":
-            self.came_up(handle)
-            return self.agents(handle) or Observation(Phase.RUNNING, "waiting for the agents")
+            return self.up(handle)
         if state == "FAILED":
             error = (st.get("failedData") or {}).get("error") or {}
             message = str(error.get("message") or "queued resource failed")

@@ -91,12 +91,12 @@ class RemoteRecords:
             _health(w in started, exits.get(w), silent.get(w, 0.0), self.heartbeat_timeout)
             for w in range(self.num_workers)
         )
+        note = _left_behind(exits, self.num_workers)
         for w, record in sorted(exits.items()):
             if record.get("preempted"):
                 reason = f"worker {w} was preempted: {record.get('reason', '')}".rstrip(": ")
-                return Observation(
-                    Phase.PREEMPTED, reason, record.get("code"), retryable=True, workers=workers
-                )
+                return Observation(Phase.PREEMPTED, reason, record.get("code"), retryable=True,
+                                   workers=workers, note=note)  # fmt: skip
         failed = [(r.get("time", 0), w, r) for w, r in exits.items() if r.get("code") != 0]
         if failed:
             _, w, record = min(failed, key=lambda item: item[:2])
@@ -104,7 +104,7 @@ class RemoteRecords:
             said = str(record.get("reason") or "")
             why = said if said and said != f"exited with status {code}" else ""
             reason = f"worker {w} exited with status {code}" + (f": {why}" if why else "")
-            return Observation(Phase.FAILED, reason, code, workers=workers)
+            return Observation(Phase.FAILED, reason, code, workers=workers, note=note)
         if len(exits) == self.num_workers:
             return Observation(
                 Phase.SUCCEEDED,
@@ -112,6 +112,7 @@ class RemoteRecords:
                 else f"all {self.num_workers} workers exited 0",
                 0,
                 workers=workers,
+                note=note,
             )
         for w, seconds in sorted(silent.items()):
             if seconds > self.heartbeat_timeout:
@@ -193,3 +194,13 @@ def _health(started: bool, exit_record: dict[str, Any] | None, silent: float,
     if silent > timeout:
         return "lost"
     return "late" if silent > timeout * LATE_FRACTION else "running"
+
+
+def _left_behind(exits: dict[int, dict[str, Any]], num_workers: int) -> str:
+    """What the agents killed after their commands ended, for the job's history."""
+    said = [(w, str(r["left_behind"])[:300]) for w, r in sorted(exits.items())
+            if r.get("left_behind")]  # fmt: skip
+    if num_workers == 1:
+        return said[0][1] if said else ""
+    return "; ".join(f"worker {w}: {text}" for w, text in said)
+

@@ -43,15 +43,24 @@ def script(
     python: str = "python3",
     package_url: str | None = None,
     agent_args: Sequence[str] = (),
+    bootstrap_url: str | None = None,
 ) -> str:
     """A bash script; every value is shell-quoted (job names and env come from users).
 
     The same script serves every worker of every slice: the agent finds its own index (and,
-    given ``--num_slices``, its slice) on the VM (:func:`bastion.agent.worker_index`)."""
+    given ``--num_slices``, its slice) on the VM (:func:`bastion.agent.worker_index`).
+
+    ``bootstrap_url``: where the script copies what it printed (``{worker}`` standing for the
+    worker's index; see :func:`bootstrap_lines`)."""
     q = shlex.quote
     lines = ["#!/bin/bash", "# bastion: runs this attempt's agent on every worker", "set -u"]
     lines += [f"export {k}={q(str(v))}" for k, v in sorted(env.items()) if _NAME.fullmatch(k)]
     py = q(python)
+    if bootstrap_url:
+        found = re.search(r"--num_slices=(\d+)", " ".join(agent_args))
+        slices = int(found.group(1)) if found else 1
+        lines += bootstrap_lines(bootstrap_url, attempt, num_workers // max(1, slices), slices)
+    lines += python_check_lines(python, need_pip=bool(package_url))
     install = (
         f"  url={q(package_url)}\n"
         '  case "$url" in gs://*) gcloud storage cp "$url" /tmp/ && url=/tmp/$(basename "$url");; '
@@ -61,11 +70,112 @@ def script(
         else '  echo "bastion: python cannot import bastion and no package_url was given" >&2\n'
         "  exit 1"
     )
-    lines.append(f"if ! {py} -c 'import bastion' 2>/dev/null; then\n{install}\nfi")
+    lines.append(f"if ! {py} -c 'import bastion.agent' 2>/dev/null; then\n{install}\nfi")
     argv = [python, "-m", "bastion.agent", f"--root={root}", f"--job={job}",
             f"--attempt={attempt}", f"--num_workers={num_workers}", *agent_args]  # fmt: skip
+    if bootstrap_url:  # the agent reports from here on (its output is the worker's log)
+        lines.append("trap - EXIT; exec 1>&3 2>&4 3>&- 4>&-")
     lines.append("exec " + " ".join(q(a) for a in argv) + " -- " + q(command))
     return "\n".join(lines) + "\n"
+
+
+# -- what a worker that never starts leaves behind ---------------------------------------------
+
+AGENT_PYTHON = (3, 10)  # the agent's oldest Python (TPU VM images ship 3.10; see the README)
+
+
+def bootstrap_lines(
+    url: str, attempt: str, hosts_per_slice: int = 1, slices: int = 1
+) -> list[str]:
+    """Bash that tees everything the script prints (to the VM's console as before, and to a
+    file) and copies that file to ``url`` (``{worker}``: this worker's index as the agent
+    numbers it, the metadata server's ``agent-worker-number`` plus, in a multislice attempt,
+    ``MEGASCALE_SLICE_ID`` of ``tpu-env`` times ``hosts_per_slice``): once right away, in the
+    background, before anything that can fail or hang, and again when the script exits
+    without handing over to the agent (which then reports on its own). ``gcloud storage
+    cp`` for ``gs://``, ``cp`` for a local root (other schemes: not copied). The daemon
+    shows its last lines when a worker never starts (:meth:`bastion.runners.cloud.
+    CloudRunner.up`), and ``bastion logs NAME --worker=K`` all of it."""
+    q = shlex.quote
+    before, _, after = url.rpartition("{worker}")
+    attributes = "http://${GCE_METADATA_HOST:-metadata.google.internal}/computeMetadata/v1/"
+    attributes += "instance/attributes"
+    ask = 'curl -sf -m 10 -H "Metadata-Flavor: Google"'
+    lines = [
+        "bastion_log=$(mktemp /tmp/bastion-bootstrap.XXXXXX)",
+        f'bastion_w=$({ask} "{attributes}/agent-worker-number" 2>/dev/null)',
+        'case "$bastion_w" in ""|*[!0-9]*) bastion_w=0;; esac',
+    ]
+    if slices > 1:
+        lines += [
+            f'bastion_s=$({ask} "{attributes}/tpu-env" 2>/dev/null'
+            " | sed -n \"s/^MEGASCALE_SLICE_ID: *'\\{0,1\\}\\([0-9]*\\).*/\\1/p\" | head -n 1)",
+            'case "$bastion_s" in ""|*[!0-9]*) bastion_s=0;; esac',
+            f"bastion_w=$((bastion_w + bastion_s * {int(hosts_per_slice)}))",
+        ]
+    return [
+        *lines,
+        f'bastion_url={q(before)}"$bastion_w"{q(after)}',
+        "bastion_copy() {\n"
+        '  case "$bastion_url" in\n'
+        '    gs://*) gcloud storage cp --quiet "$bastion_log" "$bastion_url" >/dev/null 2>&1;;\n'
+        "    *://*) return 0;;\n"
+        '    *) mkdir -p "$(dirname "$bastion_url")" && cp "$bastion_log" "$bastion_url";;\n'
+        "  esac\n"
+        "}",
+        f'echo "bastion: worker $bastion_w of {attempt} boots on $(hostname) at '
+        '$(date -u +%Y-%m-%dT%H:%M:%SZ)" | tee "$bastion_log"',
+        "bastion_copy & bastion_early=$!",
+        "exec 3>&1 4>&2",
+        'exec > >(tee -a "$bastion_log") 2>&1',
+        "bastion_tee=$!",
+        "bastion_done() {\n"
+        "  exec 1>&3 2>&4 3>&- 4>&-\n"
+        '  wait "$bastion_tee" "$bastion_early" 2>/dev/null\n'
+        "  bastion_copy || true\n"
+        "}",
+        "trap 'bastion_rc=$?; bastion_done; exit $bastion_rc' EXIT",
+    ]
+
+
+def python_check_lines(python: str, need_pip: bool) -> list[str]:
+    """Bash that fails fast, with one line naming the settings to change, when ``python``
+    cannot run the agent: it does not run, it is older than :data:`AGENT_PYTHON`, or (when
+    the agent must be installed, ``need_pip``) it has no pip. Without this a too-old Python
+    fails deep inside a ``pip install`` of a dependency, minutes later, or never says a word."""
+    q = shlex.quote
+    py = q(python)
+    major, minor = AGENT_PYTHON
+    fix = ("set the runner setting python to an interpreter on the image that has it, or "
+           "the setting image (gce) / runtime_version (tpu) to an image that has one")  # fmt: skip
+    need = f"; the agent needs Python >= {major}.{minor}: {fix}"
+    version = 'import sys; print("%d.%d.%d" % tuple(sys.version_info[:3]))'
+    lines = [
+        f"if ! bastion_v=$({py} -c {q(version)} 2>&1); then\n"
+        f"  echo {q(f'bastion: cannot run the python setting {python}: ')}\"$bastion_v\""
+        f"{q(need)} >&2\n"
+        "  exit 1\n"
+        "fi",
+        'IFS=. read -r bastion_major bastion_minor _ <<< "$bastion_v"',
+        f'if ! {{ [ "$bastion_major" -gt {major} ] || {{ [ "$bastion_major" -eq {major} ] && '
+        f'[ "$bastion_minor" -ge {minor} ]; }}; }} 2>/dev/null; then\n'
+        f"  echo {q(f'bastion: the python setting {python} is Python ')}\"$bastion_v\""
+        f"{q(need)} >&2\n"
+        "  exit 1\n"
+        "fi",
+    ]
+    if need_pip:
+        pip_fix = ("; installing the agent needs pip: install it in the image (python3-pip), or "
+                   + fix.replace("that has it", "that has pip"))  # fmt: skip
+        said = f"bastion: the python setting {python} has no pip ({python} -m pip failed)"
+        lines.append(
+            f"if ! {py} -c 'import bastion.agent' 2>/dev/null && "
+            f"! {py} -m pip --version >/dev/null 2>&1; then\n"
+            f"  echo {q(said + pip_fix)} >&2\n"
+            "  exit 1\n"
+            "fi"
+        )
+    return lines
 
 
 # -- the daemon's own package as a wheel ------------------------------------------------------
@@ -102,7 +212,8 @@ def package_wheel() -> tuple[str, bytes]:
     version = f"{base.split('+')[0]}+{code.hexdigest()[:12]}"
     info = f"bastion-{version}.dist-info"
     files[f"{info}/METADATA"] = "".join(
-        ["Metadata-Version: 2.1\nName: bastion\n", f"Version: {version}\n"]
+        ["Metadata-Version: 2.1\nName: bastion\n", f"Version: {version}\n",
+         "Requires-Python: >={}.{}\n".format(*AGENT_PYTHON)]
         + [f"Requires-Dist: {r}\n" for r in requires]
     ).encode()
     files[f"{info}/WHEEL"] = (

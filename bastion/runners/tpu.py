@@ -24,7 +24,9 @@ Poll, from the zone's listing (one call per zone per cycle for all attempts):
   next zone and then wait instead of recreating at once. Operation still running:
   PROVISIONING; else the node went away: what the agents reported, or LOST;
 - CREATING: PROVISIONING;
-- READY: the agents' records (none yet: RUNNING, "waiting for the agent");
+- READY: the agents' records; RUNNING, "waiting for workers to start (k of N)" while some
+  have not started, FAILED (retryable) once one has not within ``start_timeout_seconds``
+  (:meth:`bastion.runners.cloud.CloudRunner.up`);
 - REPAIRING (a maintenance event: ``health`` UNHEALTHY_MAINTENANCE; the workers' startup
   script runs again once it is READY, and the agent never starts the command twice),
   RESTARTING, STARTING and other transient states: the agents' records once any worker
@@ -169,9 +171,7 @@ class TpuRunner(CloudRunner):
             return self._absent(handle)
         state = node.get("state", "STATE_UNSPECIFIED")
         if state == "READY":
-            self.came_up(handle)
-            seen = self.agents(handle)
-            return seen or Observation(Phase.RUNNING, "waiting for the agent")
+            return self.up(handle)
         if state in ("PREEMPTED", "TERMINATED"):
             return self.preempted(handle, f"node {handle['name']} {state} in {handle['zone']}")
         if state == "DELETING":

@@ -14,6 +14,9 @@ A RUNNING instance whose ``scheduling.maxRunDuration`` has passed (virtual time 
 gone (DELETE) or TERMINATED (STOP, the default), with no ``compute.instances.preempted``
 operation.
 
+``instances.getSerialPortOutput`` serves ``console(name)`` (the guest's startup output, given
+by the test) as the guest environment's ``startup-script:`` lines.
+
 Injections: ``stockout(zone)``/``restock(zone)``, ``quota(zone)``/``lift_quota(zone)``,
 ``fail_creates(code, message, zone, times)`` (the insert operation ends DONE with
 ``error.errors[{code, message}]`` at the next tick and no VM is left, e.g. code
@@ -56,14 +59,18 @@ class ComputeServer(CapacityInjections, StandinServer):
         ("GET", _ZONE + r"/instances", "_list"),
         ("GET", r"/compute/v1/projects/([^/]+)/aggregated/instances", "_aggregated"),
         ("GET", _ZONE + r"/instances/([^/]+)", "_get"),
+        ("GET", _ZONE + r"/instances/([^/]+)/serialPort", "_serial_port"),
         ("DELETE", _ZONE + r"/instances/([^/]+)", "_delete"),
         ("GET", _ZONE + r"/operations", "_list_ops"),
         ("GET", _ZONE + r"/operations/([^/]+)", "_get_op"),
         ("POST", _ZONE + r"/operations/([^/]+)/wait", "_get_op"),
     ]
 
-    def __init__(self, **kw):
+    def __init__(self, console=None, **kw):
         super().__init__(**kw)
+        # console(instance name) -> bytes: what the VM's startup script printed so far (the
+        # test's guests keep it); served as the serial port's ``startup-script:`` lines
+        self.console = console
         self.instances: dict[tuple[str, str, str], dict] = {}  # (project, zone, name) -> Instance
         self.ops: dict[tuple[str, str, str], dict] = {}  # (project, zone, op name) -> Operation
         self._requests: dict[str, tuple[str, str, str]] = {}  # requestId -> op key
@@ -222,6 +229,30 @@ class ComputeServer(CapacityInjections, StandinServer):
         if key not in self.instances:
             raise self._not_found(key)
         return 200, public(self.instances[key])
+
+    def _serial_port(self, project, zone, name, query, body):
+        """``instances.getSerialPortOutput`` (port 1): the console as the guest environment
+        writes it, a boot line then each line of the startup script prefixed by
+        ``google_metadata_script_runner[pid]: startup-script:``; from byte ``start`` of the
+        last 1 MB (older bytes are overwritten: ``start`` then says where the output begins)."""
+        key = (project, zone, name)
+        if key not in self.instances:
+            raise self._not_found(key)
+        if str(query.get("port") or "1") != "1":
+            return 200, {"kind": "compute#serialPortOutput", "contents": "", "start": "0",
+                         "next": "0"}  # fmt: skip
+        printed = self.console(name) if self.console else b""
+        stamp = self.instances[key].get("lastStartTimestamp") or self.now()
+        text = f"{stamp} {name} kernel: Linux version 6.1.0-stand-in\n" + "".join(
+            f"{stamp} {name} google_metadata_script_runner[1234]: startup-script: {line}\n"
+            for line in printed.decode(errors="replace").splitlines())  # fmt: skip
+        data = text.encode()
+        earliest = max(0, len(data) - (1 << 20))
+        start = max(int(query.get("start") or 0), earliest)
+        return 200, {"kind": "compute#serialPortOutput",
+                     "contents": data[start:].decode(errors="replace"),
+                     "start": str(start), "next": str(len(data)),
+                     "selfLink": f"{LINK}{self._path(key)}/serialPort?port=1"}  # fmt: skip
 
     def _matching(self, project, zone, query) -> list[dict]:
         pred = parse_filter(query.get("filter"))

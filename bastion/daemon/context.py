@@ -1,0 +1,159 @@
+"""What every step of a cycle shares: the daemon's collaborators (store, runners, quota, lease,
+log sync), the jobs in memory, the pools, and the bookkeeping of effects and deletions in
+flight. The steps (events, ingest, observe, plan, writeback, effects, archive, sweep, recovery)
+are functions of this context; the loop (bastion.daemon.loop) runs them in order."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import re
+import socket
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from bastion import lifecycle
+from bastion.jobspec import JobSpec
+from bastion.jobstate import JobState
+from bastion.lease import Lease
+from bastion.logsync import LogSync
+from bastion.quotas import QuotaSource
+from bastion.runners.base import (
+    Runners,
+)
+from bastion.specwatch import SpecWatch
+from bastion.store import Store
+
+log = logging.getLogger("bastion.daemon")
+log = logging.getLogger("bastion.daemon")
+DEFAULT_GRACE_SECONDS = 30.0
+DEFAULT_START_GIVE_UP_SECONDS = 600.0
+START_RETRY_FIRST_SECONDS = 1.0
+START_RETRY_MAX_SECONDS = 60.0
+DECISION_RECORDS_KEPT = 1000
+DECISION_RECORD_BYTES = 8 << 10  # one record's decisions; the rest of a burst is counted
+OUTPUT_CHUNK = 8 << 20  # bytes of one attempt's output copied per read
+REPLAN_SECONDS = 30.0  # a quiet queue's pass runs at least this often (decayed usage moves)
+QUEUE_NAMES_KEPT = 1000  # per project in the queue summary: its size stays bounded
+QUEUE_REASONS_KEPT = 50  # full (volatile) wait reasons per project in the queue summary
+_PART_OF_ATTEMPT = re.compile(r"-s?\d+$")  # an attempt name ends -a<N>[c]: never matched
+SWEEP_EVERY_CYCLES = 20  # orphaned attempts are looked for this often (and at recovery)
+DELETE_WAIT_SECONDS = 300.0
+MAX_SPEC_ENV_BYTES = 64 << 10  # the spec rides in an environment variable only below this
+DAEMON_LOG_SYNC_SECONDS = 10.0  # the daemon's own log (diagnostics) in the bucket
+USAGE_SAVE_SECONDS = 60.0  # the usage ledger: a crash loses at most this much of its accrual
+
+
+@dataclass
+class Job:
+    """What the daemon holds in memory about one job between cycles."""
+
+    name: str
+    state: JobState
+    spec: JobSpec | None = None
+    token: str = ""  # listing token of the spec we last read
+    written: bytes = b""  # state bytes as last written to (or read from) the bucket
+    state_token: str | None = None  # token of the state object we wrote/read; None: absent
+    attempted: list[bytes] = field(default_factory=list)  # writes not yet confirmed
+    gone_from_bucket: bool = False
+    effects: list[lifecycle.Effect] = field(default_factory=list)  # decided, not yet carried out
+    inflight: int = 0  # effects handed to the pool whose results are not taken in yet
+    pending_log: list[tuple[str, str]] = field(default_factory=list)  # lines a full disk refused
+    spec_json: tuple[JobSpec | None, str] = (None, "")  # the spec, serialized for its env
+    reason_before_blind: str | None = None  # the reason before its attempt could not be watched
+
+    def unwritten(self) -> bool:
+        """True when the state differs from what the bucket holds. Only a state marked changed
+        since its last write is serialized to find out: a quiet cycle serializes nothing."""
+        if not self.state.changed:
+            return False
+        if self.state.dumps() != self.written:
+            return True
+        self.state.mark_written()
+        return False
+
+
+@dataclass
+class CycleReport:
+    started: float
+    seconds: float = 0.0
+    ops: dict[str, int] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per step of the cycle
+    planned: bool = False  # the policy pass ran (a quiet cycle keeps the last plan)
+
+    def slowest(self, count: int = 3) -> str:
+        top = sorted(self.phases.items(), key=lambda kv: -kv[1])[:count]
+        return ", ".join(f"{name} {seconds:.2f}s" for name, seconds in top)
+
+
+class NotHolding(Exception):
+    """The lease is not certainly ours: nothing may be started or stopped."""
+
+
+class Context:
+    """The state of one daemon, shared by the steps of its cycles."""
+
+    def __init__(
+        self,
+        store: Store,
+        runners: Runners,
+        work_dir: str,
+        quota: QuotaSource,
+        grace_seconds: float = DEFAULT_GRACE_SECONDS,
+        max_workers: int = 48,
+        lease: Lease | None = None,
+        start_give_up_seconds: float = DEFAULT_START_GIVE_UP_SECONDS,
+    ) -> None:
+        self.store = store
+        self.start_give_up_seconds = start_give_up_seconds
+        # (job, purpose) -> (failed tries, when the next is due) of starts that failed
+        # transiently: each job backs off on its own (bastion/lifecycle.py gives up).
+        self.start_retries: dict[tuple[str, str], tuple[int, float]] = {}
+        self.lease = lease
+        self.runners = runners
+        self.quota = quota
+        self.grace_seconds = grace_seconds
+        self.logs = LogSync(store, os.path.join(work_dir, "logs"))
+        self.daemon_log = Store.daemon_log_name(socket.gethostname(), os.path.abspath(work_dir))
+        self.jobs: dict[str, Job] = {}
+        self.specwatch = SpecWatch(store)  # which specs each cycle reads (markers, listing)
+        self.daemon_log_synced_at = -DAEMON_LOG_SYNC_SECONDS  # the first sync is at once
+        self.usage_saved_at = -USAGE_SAVE_SECONDS
+        self.usage_unsaved = False
+        self.cycles = 0
+        self.decision_records = 0
+        # Two pools: the cycle's own requests (spec reads, watches, write-backs) must not queue
+        # behind the effects handed off by the last cycle (a burst's 1,000 starts kept the next
+        # cycle's watches waiting 2 s), and effects must not wait for a cycle's requests.
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers, "bastion-io")
+        self.effects_pool: concurrent.futures.ThreadPoolExecutor | None = None  # at first use
+        self.workers = max_workers
+        # Effect results to take in: an event, or None (the batch is done).
+        self.effect_results: list[tuple[str, lifecycle.Event | None]] = []
+        self.results_lock = threading.Lock()
+        self.deleting: dict[str, tuple[str, dict[str, Any] | None]] = {}  # name -> kind, handle
+        self.deletes_in_pool: set[str] = set()  # handed to the pool, results not taken in
+        # attempt name -> (its job, since when): the job is finalized once it is gone
+        self.deletes_of: dict[str, tuple[str, float]] = {}
+        self.deleted: list[tuple[str, str, dict[str, Any] | None]] = []  # verified gone
+        self.undeleted: list[tuple[str, str, dict[str, Any] | None]] = []  # from the pool
+        self.futures: set[concurrent.futures.Future[None]] = set()  # effects in flight
+        self.stop = threading.Event()
+        self.lost_ownership = False
+        self.recovered = False
+        self.info: dict[str, Any] = {}  # published to ROOT/history/daemon when we start acting
+        self.queue_written = ""  # the queue summary last written (without its time)
+        # The policy pass runs when a job changed, the quota file did, or a time threshold of
+        # the last plan passed (quota.policy.replan_by); a quiet cycle skips it.
+        self.inputs_changed = True
+        self.planned_config: Any = None
+        self.replan_at = 0.0
+
+    def may_act(self) -> None:
+        """Before every effect. The lease's validity already ends a margin (a quarter of its
+        term) before a standby may take over; that margin bounds one effect's duration (and
+        the runners' fencing token covers an effect that outlasts it)."""
+        if self.lost_ownership or (self.lease is not None and not self.lease.valid()):
+            raise NotHolding

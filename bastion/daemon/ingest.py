@@ -1,0 +1,190 @@
+"""Ingest: specs and user requests that changed become lifecycle events."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from bastion import lifecycle
+from bastion.daemon import events, pools
+from bastion.daemon.context import Context, Job
+from bastion.jobspec import JobSpec, SpecError, name_problem, requester, spec_changes
+from bastion.jobstate import JobState, Status
+from bastion.objects import ObjectInfo
+from bastion.specwatch import Look
+
+log = logging.getLogger("bastion.daemon")
+
+
+def read_specs(ctx: Context, look: Look, now: float) -> None:
+    """Take in the specs that changed. With the full listing: those whose listing token
+    changed, and jobs whose spec is no longer listed are gone. Otherwise: the specs that
+    submission markers name (and those of cancel requests for jobs not seen yet), each
+    read with its token; one that is absent now is gone. See bastion/specwatch.py."""
+    listed = look.specs
+    if listed is not None:
+        jobs = ctx.jobs
+        changed = [n for n, i in listed.items() if n not in jobs or jobs[n].token != i.token]
+        read: Callable[[str], Any] = ctx.store.read_spec
+    else:
+        unseen = {n for n in look.requests if n not in ctx.jobs and not name_problem(n)}
+        changed = sorted(set(look.marked()) | unseen)
+        read = ctx.store.read_spec_with_token
+    results = dict(zip(changed, ctx.pool.map(pools.quietly(read), changed), strict=True))
+    unread = set()
+    for name in changed:
+        result = results[name]
+        # a token no listing has: the next full listing reads (and rejects) it again
+        token = listed[name].token if listed is not None else "?"
+        if isinstance(result, ValueError):  # not a regular file, too large: the spec is bad
+            ctx.inputs_changed = True
+            absorb_spec(ctx, name, b"", token, now, problem=str(result))
+            continue
+        if isinstance(result, Exception):
+            log.error("%s: could not read spec: %s", name, result)
+            unread.add(name)
+            continue
+        if result is None:  # deleted since it was listed or marked
+            if listed is None:
+                spec_absent(ctx, name, marked=name in look.markers.values())
+            continue
+        raw, token = (result, token) if listed is not None else result
+        job = ctx.jobs.get(name)
+        if job is not None and job.token == token:
+            continue  # marked, but what we read last: nothing new
+        ctx.inputs_changed = True
+        try:
+            absorb_spec(ctx, name, raw, token, now)
+        except Exception:
+            log.exception("%s: could not take in the spec", name)
+    if listed is not None:
+        for name, job in ctx.jobs.items():
+            if name not in listed and job.token and not job.gone_from_bucket:
+                job.gone_from_bucket = True
+                ctx.inputs_changed = True
+    ctx.specwatch.taken_in(look, unread)  # its markers are deleted at the cycle's end
+
+
+def spec_absent(ctx: Context, name: str, marked: bool) -> None:
+    """A spec read because a marker or request named it is not there: gone, if we knew
+    the job; a marker for a spec never seen is reported (it is deleted all the same)."""
+    job = ctx.jobs.get(name)
+    if job is not None:
+        if not job.gone_from_bucket:
+            job.gone_from_bucket = True
+            ctx.inputs_changed = True
+    elif marked:
+        log.warning(
+            "%s: a submission marker names it but %s is absent (deleted since, or the "
+            "marker was written without its spec); nothing to take in",
+            name,
+            ctx.store.url("jobs", "active", name),
+        )
+
+
+def absorb_spec(
+    ctx: Context, name: str, raw: bytes, token: str, now: float, problem: str = ""
+) -> None:
+    job = ctx.jobs.get(name)
+    spec, problem = (None, problem) if problem else parse_spec(ctx, name, raw)
+    if job is None:  # born: what the table knows of a job before its first event
+        job = ctx.jobs[name] = Job(name=name, state=JobState(submit_time=now))
+    job.token = token
+    job.gone_from_bucket = False
+    state = job.state
+    if spec is None:
+        if job.spec is None and not state.attempt:
+            events.apply(ctx, job, lifecycle.Reject(f"spec rejected: {problem}"), now)
+        else:
+            refused = lifecycle.SpecRefused(
+                f"spec update ignored, the job keeps its last good spec: {problem}; "
+                f"fix {ctx.store.url('jobs', 'active', name)}"
+            )
+            log.error("%s: %s", name, refused.reason)
+            events.apply(ctx, job, refused, now)
+        return
+    if not state.job_identity:
+        job.spec = spec
+        detected = lifecycle.Detected(
+            spec.identity, spec.digest(), uuid.uuid4().hex[:12], str(spec.metadata.job_id)
+        )
+        events.apply(ctx, job, detected, now)
+        return
+    if state.job_identity != spec.identity:
+        log.warning("%s: a new submission replaced job %s", name, state.job_identity)
+    old, job.spec = job.spec, spec
+    if spec.digest() == state.spec_digest:
+        return
+    changes = spec_changes(old, spec) if old is not None else []
+    owner = (old or spec).metadata.user_id
+    what = lifecycle.attributed("spec updated", spec.metadata.updated_by, owner)
+    what += f": {', '.join(changes)} changed" if changes else ""
+    if state.status is Status.PENDING:
+        events.apply(ctx, job, lifecycle.SpecChanged(spec.identity, spec.digest(), what), now)
+    elif state.status is Status.ACTIVE and state.runner:
+        update = lifecycle.Update(f"{what}; restarting with it", ctx.grace_seconds)
+        events.apply(ctx, job, update, now)
+
+
+def parse_spec(ctx: Context, name: str, raw: bytes) -> tuple[JobSpec | None, str]:
+    problem = name_problem(name)
+    if problem:
+        return None, f"file name: {problem}"
+    try:
+        spec = JobSpec.loads(raw)
+    except (SpecError, RecursionError, ValueError, OverflowError) as e:
+        return None, str(e)[:500]
+    if spec.name != name:
+        return None, (
+            f"field name: spec says {spec.name[:80]!r} but its file is jobs/active/{name}; "
+            "the file name is the job's key, make them equal"
+        )
+    return spec, ""
+
+
+def apply_requests(ctx: Context, requests: dict[str, ObjectInfo], now: float) -> None:
+    """Requests are deleted once applied, so any that is listed still needs applying."""
+    if requests:
+        ctx.inputs_changed = True
+    for name in requests:
+        try:
+            apply_request(ctx, name, now)
+        except Exception:
+            log.exception("%s: could not apply the user request; will retry", name)
+
+
+def apply_request(ctx: Context, name: str, now: float) -> None:
+    try:
+        raw = ctx.store.read_request(name)
+    except ValueError as e:  # not a regular file or too large: drop it
+        log.warning("%s: deleting an unreadable request: %s", name, e)
+        ctx.store.delete_request(name)
+        return
+    if raw is None:
+        return
+    job = ctx.jobs.get(name)
+    try:
+        request = json.loads(raw)
+        status = str(request.get("status", "")).upper()
+    except (ValueError, AttributeError, RecursionError):
+        request, status = {}, ""
+    target = request.get("job_identity") if isinstance(request, dict) else None
+    live = job is not None and job.spec is not None and not job.gone_from_bucket
+    if not live or (target and target != job.state.job_identity):
+        log.info(
+            "%s: deleting a stale request (no such job, or it targets an earlier job of this name)",
+            name,
+        )
+    elif status != "CANCELLING":
+        log.warning(
+            "%s: ignoring request with status %r (only CANCELLING is understood)",
+            name,
+            status[:80],
+        )
+    else:
+        why = lifecycle.attributed("cancelled", requester(request), job.spec.metadata.user_id)
+        events.apply(ctx, job, lifecycle.Cancel(why, ctx.grace_seconds), now)
+    ctx.store.delete_request(name)

@@ -1,0 +1,208 @@
+"""The daemon's loop: one cycle runs the steps in order on the shared context."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import signal
+import time
+from typing import Any
+
+from bastion.daemon import archive, effects, ingest, observe, plan, recovery, sweep, writeback
+from bastion.daemon.context import (
+    DEFAULT_GRACE_SECONDS,
+    DEFAULT_START_GIVE_UP_SECONDS,
+    SWEEP_EVERY_CYCLES,
+    Context,
+    CycleReport,
+    NotHolding,
+)
+from bastion.lease import Lease
+from bastion.quotas import QuotaSource
+from bastion.runners.base import (
+    Runners,
+)
+from bastion.store import Store
+
+log = logging.getLogger("bastion.daemon")
+
+
+class Daemon:
+    def __init__(
+        self,
+        store: Store,
+        runners: Runners,
+        work_dir: str,
+        quota: QuotaSource,
+        grace_seconds: float = DEFAULT_GRACE_SECONDS,
+        max_workers: int = 48,
+        lease: Lease | None = None,
+        start_give_up_seconds: float = DEFAULT_START_GIVE_UP_SECONDS,
+    ) -> None:
+        self.ctx = Context(
+            store=store,
+            runners=runners,
+            work_dir=work_dir,
+            quota=quota,
+            grace_seconds=grace_seconds,
+            max_workers=max_workers,
+            lease=lease,
+            start_give_up_seconds=start_give_up_seconds,
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        """Reading the cycle's state through the daemon (``daemon.jobs``, ``daemon.store``,
+        ``daemon.runners``...), as tools and tests do; the steps get the context itself."""
+        return getattr(self.__dict__["ctx"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """What the context holds is set on the context (``daemon.info = ...``), so the
+        steps see it; only ``ctx`` itself lives on the daemon."""
+        if name != "ctx" and hasattr(self.__dict__.get("ctx"), name):
+            setattr(self.__dict__["ctx"], name, value)
+        else:
+            object.__setattr__(self, name, value)
+
+    def run(self, poll_seconds: float, once: bool = False) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.ctx.stop.set())
+        try:
+            while not self.ctx.stop.is_set():
+                started = time.monotonic()
+                if self.ctx.lease is None or self.ctx.lease.hold():
+                    self._run_cycle(poll_seconds)
+                else:
+                    self._forget()
+                    writeback.sync_daemon_log(self.ctx)
+                if once:
+                    break
+                self.ctx.stop.wait(max(0.0, poll_seconds - (time.monotonic() - started)))
+        finally:
+            log.info("stopping; running jobs keep running and are adopted by the next daemon")
+            self.settle()
+            if self.ctx.lease is None or self.ctx.lease.held:
+                with contextlib.suppress(Exception):
+                    writeback.write_back(
+                        self.ctx
+                    )  # what the last effects changed (handles), then let go
+                with contextlib.suppress(Exception):
+                    writeback.save_usage(self.ctx, force=True)
+            if self.ctx.lease is not None:
+                self.ctx.lease.release()
+            writeback.sync_daemon_log(self.ctx, force=True)
+
+    def close(self) -> None:
+        """After the last ``run``: the pools and the runners' clients (and the lease, for a
+        daemon driven by ``cycle`` alone)."""
+        if self.ctx.lease is not None:
+            self.ctx.lease.release()
+        self.settle()
+        if self.ctx.effects_pool is not None:
+            self.ctx.effects_pool.shutdown(wait=True)
+        self.ctx.pool.shutdown(wait=True)
+        self.ctx.runners.close()
+
+    def _run_cycle(self, poll_seconds: float) -> None:
+        try:
+            report = self.cycle(time.time())
+            if report.seconds > poll_seconds:
+                log.warning(
+                    "cycle took %.2fs, longer than --poll_seconds=%s (slowest: %s)",
+                    report.seconds,
+                    poll_seconds,
+                    report.slowest(),
+                )
+        except NotHolding:
+            log.error("the lease is not certainly ours; acting no more")
+            self.ctx.lost_ownership = True
+        except Exception:  # a failed listing (bucket outage): log it and try again
+            log.exception("cycle %d failed; retrying in %ss", self.ctx.cycles, poll_seconds)
+        if self.ctx.lost_ownership:
+            log.error("another daemon may act on this root; stopping")
+            if self.ctx.lease is not None:
+                self.ctx.lease.release()
+            self._forget()
+
+    def _forget(self) -> None:
+        """Drop what we know; if we act again it starts with a full recovery from the bucket."""
+        if self.ctx.jobs or self.ctx.recovered:
+            log.info("not acting on %s; forgetting in-memory state", self.ctx.store.root_url)
+        self.ctx.jobs.clear()
+        self.ctx.start_retries.clear()
+        self.ctx.deleting.clear()
+        self.ctx.deletes_in_pool.clear()
+        self.ctx.deletes_of.clear()
+        with self.ctx.results_lock:
+            self.ctx.effect_results.clear()
+            self.ctx.undeleted.clear()
+        self.ctx.cycles = 0
+        self.ctx.recovered = False
+        self.ctx.lost_ownership = False
+        self.ctx.queue_written = ""
+        self.ctx.inputs_changed = True
+        self.ctx.specwatch.forget()
+
+    def settle(self, timeout: float = 60.0) -> None:
+        """Wait for the effects in flight and take in their results (tests, shutdown)."""
+        concurrent.futures.wait(list(self.ctx.futures), timeout=timeout)
+        effects.take_in_results(self.ctx)
+
+    def cycle(self, now: float) -> CycleReport:
+        ops_before = dict(self.ctx.store.ops)
+        report = CycleReport(started=now)
+        mark = time.perf_counter()
+
+        def done(phase: str) -> None:
+            nonlocal mark
+            report.phases[phase] = time.perf_counter() - mark
+            mark = time.perf_counter()
+
+        look = self.ctx.specwatch.look(now, full=not self.ctx.recovered)
+        done("list")
+        if not self.ctx.recovered:
+            assert look.specs is not None  # the first look lists every spec
+            recovery.recover(
+                self.ctx, look.specs
+            )  # raises if any state is unreadable: retried next cycle
+            self.ctx.recovered = True
+            done("recover")
+        self.ctx.cycles += 1
+        for runner in self.ctx.runners.made():
+            runner.begin_cycle()
+        effects.take_in_results(self.ctx)
+        self.ctx.quota.refresh()
+        done("quota")
+        ingest.read_specs(self.ctx, look, now)
+        done("read_specs")
+        ingest.apply_requests(self.ctx, look.requests, now)
+        done("requests")
+        observe.observe(self.ctx, now)
+        done("observe")
+        report.planned = plan.run_pass(self.ctx, now)
+        done("schedule")
+        writeback.write_back(self.ctx)
+        done("write_back")
+        effects.carry_out(self.ctx, now)
+        done("effects")
+        if self.ctx.cycles % SWEEP_EVERY_CYCLES == 0:
+            sweep.sweep(self.ctx)
+            recovery.check_states(self.ctx)
+            done("upkeep")
+        archive.finalize_all(self.ctx, now)
+        done("finalize")
+        consumed = self.ctx.specwatch.hand_off()  # submission markers taken in: deleted at leisure
+        if consumed:
+            effects.submit(self.ctx, self.ctx.specwatch.delete, consumed)
+        writeback.sync_daemon_log(self.ctx)
+        done("daemon_log")
+        report.seconds = time.time() - now
+        report.ops = {
+            k: v - ops_before.get(k, 0)
+            for k, v in self.ctx.store.ops.items()
+            if v - ops_before.get(k, 0)
+        }
+        return report
+
+    def daemon_log_path(self) -> str:
+        return self.ctx.logs.path(self.ctx.daemon_log)

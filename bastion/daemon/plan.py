@@ -1,0 +1,174 @@
+"""Plan: the pure policy pass (quota/) on the cycle's jobs; its decisions become lifecycle
+events, and the queue summary and decision records are published.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from bastion import lifecycle
+from bastion.daemon import events
+from bastion.daemon.context import (
+    DECISION_RECORD_BYTES,
+    DECISION_RECORDS_KEPT,
+    QUEUE_NAMES_KEPT,
+    QUEUE_REASONS_KEPT,
+    REPLAN_SECONDS,
+    Context,
+    Job,
+    NotHolding,
+)
+from bastion.jobstate import Status
+from bastion.lifecycle import RUN
+from bastion.runners.base import (
+    attempt_name,
+)
+from bastion.scheduling import policy_requests
+from quota.model import Plan
+from quota.policy import Decision, Verdict, replan_by, schedule
+
+log = logging.getLogger("bastion.daemon")
+
+
+def run_pass(ctx: Context, now: float) -> bool:
+    """One policy pass and its decisions applied; False when it was not needed."""
+    config = ctx.quota.config
+    if not ctx.inputs_changed and config is ctx.planned_config and now < ctx.replan_at:
+        return False  # no job changed and no time threshold passed: the last plan stands
+    ctx.inputs_changed = False
+    ctx.planned_config = config
+    ctx.replan_at = now + REPLAN_SECONDS
+    requests = policy_requests(((j.name, j.spec, j.state) for j in ctx.jobs.values()), now)
+    if config is None:
+        for job in ctx.jobs.values():
+            if job.state.status is Status.PENDING:
+                invalid = f"waiting for a valid quota file: {ctx.quota.error}"
+                events.apply(ctx, job, lifecycle.QuotaInvalid(invalid), now)
+        return True
+    plan = schedule(config, requests, ctx.quota.usage_for(requests, now), now)
+    ctx.replan_at = replan_by(config, requests, now, now + REPLAN_SECONDS)
+    grace = config.scheduling.preemption_grace_seconds
+    changed = []
+    failed = False
+    for name in sorted(plan.decisions):
+        job = ctx.jobs[name]
+        before = (job.state.status, job.state.reason)
+        if (
+            before[0] is Status.PENDING
+            and before[1] is not None
+            and plan.wait_text(name) == before[1]
+        ):
+            continue  # waits as it waited: nothing to apply, nothing to write
+        decision = plan.decisions[name]  # (made only here for most waiting jobs)
+        try:
+            event = event_for(ctx, job, decision, grace)
+            if event is not None:
+                events.apply(ctx, job, event, now)
+        except Exception as e:
+            log.exception("%s: acting on %s failed", name, decision.verdict)
+            failed_act = lifecycle.ActFailed(f"could not {decision.verdict.value.lower()}: {e}")
+            events.apply(ctx, job, failed_act, now)
+            failed = True
+        if (job.state.status, job.state.reason) != before:
+            changed.append(decision)
+    # The plan's own starts and preemptions are what it assumed: no new pass for them.
+    ctx.inputs_changed = failed
+    record_decisions(ctx, changed, now)
+    publish_queue(ctx, plan)
+    return True
+
+
+def publish_queue(ctx: Context, plan: Plan) -> None:
+    """The facts every waiting job shares (order, free capacity, usage) in one object,
+    written when they change: one request where rewriting each waiting job's state to
+    carry its own position would be thousands."""
+    order = {p: names for p, names in plan.waiting.items() if names}  # (queue order)
+    projects = {
+        p: {
+            "waiting": len(order.get(p, ())),
+            "order": order.get(p, [])[:QUEUE_NAMES_KEPT],
+            "reasons": {  # the whole story for the first few; `bastion why` for any job
+                n: plan.decisions[n].reason[:500] for n in order.get(p, [])[:QUEUE_REASONS_KEPT]
+            },
+            "usage": dict(plan.usage.get(p, {})),
+            "quota": dict(plan.quotas.get(p, {})),
+        }
+        for p in sorted(set(order) | set(plan.usage))
+    }
+    summary = {"free": dict(plan.free), "projects": projects}
+    raw = json.dumps(summary, sort_keys=True)
+    if raw == ctx.queue_written:
+        return
+    try:
+        ctx.may_act()
+        ctx.store.write_queue({**summary, "time": time.time(), "cycle": ctx.cycles})
+        ctx.queue_written = raw
+    except NotHolding:
+        raise
+    except Exception as e:  # a reader sees the last one; written again next cycle
+        log.error("could not write the queue summary: %s", e)
+
+
+def event_for(ctx: Context, job: Job, decision: Decision, grace: float) -> lifecycle.Event | None:
+    state, verdict = job.state, decision.verdict
+    if verdict is Verdict.START and state.status is Status.PENDING:
+        if job.spec is None:
+            return None
+        name = attempt_name(ctx.store.root_url, job.name, state.submission, state.attempt + 1, RUN)
+        return lifecycle.Admit(
+            tier=decision.tier,
+            reason=decision.reason,
+            attempt_name=name,
+            runner_kind=events.runner_kind(ctx, job),
+            log_size=ctx.logs.total(job.name),
+            backfill_for=tuple(decision.backfill_for),
+            spec_digest=job.spec.digest(),
+            log_start=ctx.logs.total(job.name) if state.attempt == 0 else None,
+        )
+    if verdict is Verdict.PREEMPT:
+        return lifecycle.Preempt(decision.reason, decision.preempted_by, grace)
+    if verdict is Verdict.REJECT:
+        return lifecycle.Reject(decision.reason)
+    if verdict is Verdict.WAIT:
+        # The stable part only: positions and free capacity go to the queue summary.
+        return lifecycle.Wait(decision.wait or decision.reason)
+    if verdict is Verdict.KEEP and decision.tier is not None and state.tier != decision.tier:
+        ctx.inputs_changed = True
+        return lifecycle.TierKept(decision.tier)  # recorded, never a restart
+    return None
+
+
+def record_decisions(ctx: Context, changed: list[Decision], now: float) -> None:
+    """One decision-log record per cycle in which a job's decision changed (a start, a
+    preemption, a rejection, a new kind of wait), bounded in bytes: a burst of thousands
+    of changes keeps the first and counts the rest."""
+    if not changed:
+        return
+    entries, size, omitted = [], 0, 0
+    for i, d in enumerate(changed):
+        entry = {
+            "name": d.name,
+            "verdict": d.verdict.value,
+            "reason": (d.wait or d.reason)[:500],
+            "tier": d.tier,
+            "preempted_by": d.preempted_by,
+        }
+        cost = len(json.dumps(entry))
+        if size + cost > DECISION_RECORD_BYTES:
+            omitted = len(changed) - i
+            break
+        entries.append(entry)
+        size += cost
+    record: dict[str, Any] = {"time": now, "cycle": ctx.cycles, "decisions": entries}
+    if omitted:
+        record["omitted"] = omitted
+    try:
+        ctx.store.write_decisions(now, record)
+        ctx.decision_records += 1
+        if ctx.decision_records % 100 == 0:
+            ctx.store.prune_decisions(keep=DECISION_RECORDS_KEPT)
+    except Exception:
+        log.exception("could not write the decision log")

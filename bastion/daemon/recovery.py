@@ -1,0 +1,104 @@
+"""Recovery (the first cycle of a daemon that acts): every state read back from the bucket, and
+the periodic check that no one else wrote a state we own.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+
+from bastion import lifecycle
+from bastion.daemon import events, pools, sweep
+from bastion.daemon.context import Context, Job
+from bastion.jobstate import JobState, Status
+from bastion.lifecycle import CLEANUP, RUN
+from bastion.objects import ObjectInfo, UnacceptableObject
+from bastion.runners.base import (
+    Observation,
+    Phase,
+)
+
+log = logging.getLogger("bastion.daemon")
+
+
+def recover(ctx: Context, specs: dict[str, ObjectInfo]) -> None:
+    """First cycle: load every state, so attempts are found by name, never started again."""
+    if ctx.info:
+        ctx.store.write_daemon_info({**ctx.info, "acting_since": time.time()})
+    ctx.logs.forget_remote()
+    states = ctx.store.list_states()
+    names = sorted(states)
+    raws = list(ctx.pool.map(pools.retrying(functools.partial(read_state_or_problem, ctx)), names))
+    ctx.jobs.clear()
+    for name, raw in zip(names, raws, strict=True):
+        if raw is None:
+            continue
+        try:
+            if isinstance(raw, UnacceptableObject):
+                raise raw
+            state = JobState.loads(raw)
+        except Exception as e:
+            log.error("%s: unreadable state file (%s); treating the job as new", name, e)
+            continue
+        state.mark_written()
+        job = Job(name=name, state=state, written=raw, state_token=states[name].token)
+        ctx.jobs[name] = job
+        if name not in specs and state.status is not Status.COMPLETED:
+            job.gone_from_bucket = True
+        for purpose in (RUN, CLEANUP):
+            record = lifecycle.attempt_record(state, purpose)
+            if record is not None and not isinstance(record.get("name"), str):
+                # A state written before attempts had names: nothing to find it by.
+                events.apply(
+                    ctx,
+                    job,
+                    lifecycle.Observed(
+                        purpose,
+                        Observation(
+                            Phase.LOST, "recorded by an older daemon without an attempt name"
+                        ),
+                    ),
+                    time.time(),
+                )
+        log.info("%s: recovered in state %s (attempt %d)", name, state.status.value, state.attempt)
+    sweep.sweep(ctx)
+    now = time.time()
+    for job in ctx.jobs.values():
+        for purpose in (RUN, CLEANUP):
+            # Recorded before the start, which may or may not have happened: start is
+            # idempotent by name (a runner that has it adopts it), so it happens once.
+            events.apply(ctx, job, lifecycle.StartAgain(purpose), now)
+
+
+def check_states(ctx: Context) -> None:
+    """Only the daemon writes states. One whose listing token is not the token of our own
+    last write was written (or deleted) by someone else: report it and write ours back
+    over it on this cycle's write-back, never acting on what it says."""
+    listed = ctx.store.list_states()
+    for name, job in ctx.jobs.items():
+        info = listed.get(name)
+        if not job.written or job.state_token is None:
+            continue
+        if job.state.status is Status.COMPLETED and info is None:
+            continue  # our own finalize deleted it (its answer lost): not a foreign delete
+        if info is not None and info.token != job.state_token:
+            current = ctx.store.read_state_with_token(name)
+            if current is not None and current[0] in (job.written, *job.attempted):
+                job.state_token = current[1]  # our own write, whose answer was lost
+                continue
+        if info is None or info.token != job.state_token:
+            log.error(
+                "%s: its state object was %s by someone else; restoring the daemon's own",
+                name,
+                "deleted" if info is None else "overwritten",
+            )
+            job.written = b""  # differs from the state: written back, over the foreign one
+            job.state.changed = True
+
+
+def read_state_or_problem(ctx: Context, name: str) -> bytes | UnacceptableObject | None:
+    try:
+        return ctx.store.read_state(name)
+    except UnacceptableObject as e:  # not a regular file: a problem, not a retry
+        return e

@@ -1,0 +1,149 @@
+"""Write back: logs, then the states that changed (the write-ahead record of what the effects
+will do), the usage ledger and the daemon's own log.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+
+from bastion.daemon import pools
+from bastion.daemon.context import (
+    DAEMON_LOG_SYNC_SECONDS,
+    SWEEP_EVERY_CYCLES,
+    USAGE_SAVE_SECONDS,
+    Context,
+    Job,
+    NotHolding,
+)
+from bastion.jobstate import Status
+from bastion.objects import PreconditionFailed
+from bastion.store import Store
+
+log = logging.getLogger("bastion.daemon")
+
+
+def write_back_job(ctx: Context, item: tuple[Job | None, list[str]]) -> bool:
+    """A job's new log bytes, then its state if it changed (False: nothing to write)."""
+    job, logs = item
+    ended = job is not None and job.state.status is Status.COMPLETED
+    for name in logs:
+        try:
+            if ended:
+                ctx.logs.flush(name)  # past the per-sync chunk bound: the last bytes too
+            else:
+                ctx.logs.sync(name)
+        except Exception as e:
+            log.error("%s: log upload failed; it will be retried: %s", name, e)
+    if job is None:
+        return False
+    ctx.may_act()
+    return write_state(ctx, job)
+
+
+def write_back(ctx: Context) -> None:
+    """Upload new log bytes and changed states: one pass, jobs in parallel.
+
+    For each job its logs go first and then its state, so a state that says the job ended
+    is written after the log's last bytes; a failed log upload is retried next cycle and
+    does not hold the state back. A burst's thousands of uploads share one pass."""
+    mirrors = set(ctx.logs.mirrors()) - {ctx.daemon_log}
+    if ctx.cycles % SWEEP_EVERY_CYCLES == 0:
+        check_marks(ctx)
+    work: list[tuple[Job | None, list[str]]] = []
+    for job in ctx.jobs.values():
+        logs = [n for n in (job.name, Store.log_name(job.name, cleanup=True)) if n in mirrors]
+        mirrors.difference_update(logs)
+        if logs or job.unwritten():
+            work.append((job, logs))
+    work.extend((None, [name]) for name in sorted(mirrors))  # logs of jobs no longer here
+
+    results = ctx.pool.map(pools.quietly(functools.partial(write_back_job, ctx)), work)
+    changed = False
+    for (job, _), result in zip(work, results, strict=True):
+        if job is None:
+            continue
+        changed = changed or result is not False
+        if isinstance(result, (PreconditionFailed, NotHolding)):
+            ctx.lost_ownership = True
+        elif isinstance(result, Exception):
+            log.error("%s: could not write state (will retry): %s", job.name, result)
+    if ctx.lost_ownership:
+        raise NotHolding
+    ctx.usage_unsaved = ctx.usage_unsaved or changed
+    save_usage(ctx)
+
+
+def save_usage(ctx: Context, force: bool = False) -> None:
+    """The usage ledger needs saving only when a job's state changed (see QuotaSource),
+    and then at most every USAGE_SAVE_SECONDS: a daemon that dies re-creates the accrual
+    since from the jobs running at its restart, so at most that long is misattributed."""
+    if not ctx.usage_unsaved:
+        return
+    if not force and time.monotonic() - ctx.usage_saved_at < USAGE_SAVE_SECONDS:
+        return
+    try:
+        ctx.quota.save_usage()
+        ctx.usage_saved_at = time.monotonic()
+        ctx.usage_unsaved = False
+    except Exception:
+        log.exception("could not save the usage ledger")
+
+
+def check_marks(ctx: Context) -> None:
+    """Now and then, every state's bytes against what was written: a change that escaped
+    the marks (an in-place edit of a nested value) is a bug, reported and written."""
+    for job in ctx.jobs.values():
+        if not job.state.changed and job.written and job.state.dumps() != job.written:
+            log.error("%s: its state changed without a mark; writing it", job.name)
+            job.state.changed = True
+
+
+def sync_daemon_log(ctx: Context, force: bool = False) -> None:
+    """The daemon's own log, at most every DAEMON_LOG_SYNC_SECONDS unless ``force``."""
+    if not force and time.monotonic() - ctx.daemon_log_synced_at < DAEMON_LOG_SYNC_SECONDS:
+        return
+    ctx.daemon_log_synced_at = time.monotonic()
+    try:
+        ctx.logs.sync(ctx.daemon_log)
+    except Exception as e:  # logging it would only add to the same log
+        print(f"bastion: daemon log upload failed: {e}", flush=True)
+
+
+def write_state(ctx: Context, job: Job) -> bool:
+    """Write the job's state if its bytes changed (False: unchanged, nothing sent)."""
+    raw = job.state.dumps()
+    if raw == job.written:
+        job.state.mark_written()
+        return False
+    job.attempted.append(raw)
+    try:
+        job.state_token = ctx.store.write_state(job.name, raw, job.state_token)
+    except PreconditionFailed:
+        # Our own earlier write may have landed with its answer lost, or its new token
+        # may be unknown: then the object holds bytes we wrote or tried, and we carry
+        # on from its token. Otherwise another daemon (or someone else) wrote it.
+        current = ctx.store.read_state_with_token(job.name)
+        if current is None or current[0] not in (job.written, *job.attempted):
+            if ctx.lease is None or not ctx.lease.valid():
+                raise
+            # We hold the lease, so no daemon wrote this: a foreign write. Our state
+            # stands; the forged bytes are reported and replaced, never acted on.
+            log.error(
+                "%s: its state was overwritten by someone else (not a daemon); "
+                "restoring the daemon's own state",
+                job.name,
+            )
+            job.state_token = ctx.store.write_state(job.name, raw, current[1] if current else None)
+            job.written = raw
+            job.attempted.clear()
+            job.state.mark_written()
+            return True
+        job.state_token = current[1]
+        if current[0] != raw:
+            job.state_token = ctx.store.write_state(job.name, raw, job.state_token)
+    job.written = raw
+    job.attempted.clear()
+    job.state.mark_written()
+    return True
