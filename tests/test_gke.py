@@ -475,3 +475,29 @@ def test_launch_with_instance_type_and_runner_gke_writes_a_gke_spec(tmp_path: Pa
     spec = json.loads(done.stdout)
     assert spec["runner"] == {"kind": "gke", "instance_type": "tpu-v5p-128", "num_replicas": 2}
     assert spec["metadata"]["resources"] == {"v5p": 256}
+
+
+# -- cost: API calls per steady-state cycle ---------------------------------------------------
+
+
+def test_a_steady_cycle_costs_one_jobset_list_and_one_pod_list_whatever_the_jobs(
+    gke: Gke,
+) -> None:
+    for i in range(3):
+        gke.submit(f"steady{i}", "sleep 120")
+    daemon = gke.daemon()
+    runner = gke.runner(daemon)
+    marked = time.monotonic()
+    gke.drive(daemon, lambda: all(gke.runner_record(f"steady{i}").get("phase") == "RUNNING"
+                                  for i in range(3)), "every job running")  # fmt: skip
+    print(f"3 jobs submitted to all RUNNING: {time.monotonic() - marked:.1f} s")
+    counts = []
+    for _ in range(3):
+        before = runner.calls
+        gke.step(daemon)
+        counts.append(runner.calls - before)
+    print(f"API calls per steady cycle with 3 running gke jobs: {counts}")
+    assert all(c <= 2 for c in counts), counts  # the JobSet listing and the pod listing
+    for i in range(3):
+        gke.client.cancel(f"steady{i}", user_id="tester")
+    gke.drive(daemon, lambda: all(gke.finished(f"steady{i}") for i in range(3)), "cancels")
