@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from bastion.service import build_daemon
 from bastion.store import Store
 from launch.api import Client, new_jobspec
 from tests.kube_cluster import Cluster, KubeServer
+from tests.runner_contract import RunnerContract
 
 QUOTA = """[toml-schema]
 version = "1"
@@ -501,3 +503,27 @@ def test_a_steady_cycle_costs_one_jobset_list_and_one_pod_list_whatever_the_jobs
     for i in range(3):
         gke.client.cancel(f"steady{i}", user_id="tester")
     gke.drive(daemon, lambda: all(gke.finished(f"steady{i}") for i in range(3)), "cancels")
+
+
+# -- the runner contract (tests/runner_contract.py) on gke ------------------------------------
+
+
+class TestGkeContract(RunnerContract):
+    """The contract every runner passes, here against the real apiserver: the runner is used
+    without a daemon (no cycles), so every look lists afresh and delete waits for the garbage
+    collector (a second or less) before it says gone."""
+
+    __test__ = True
+    timeout = 60.0
+
+    @pytest.fixture(autouse=True)
+    def _cluster(self, _contract_context, kube: KubeServer, cluster: Cluster, tmp_path: Path):
+        self.kube, self.cluster = kube, cluster
+        self.root = str(tmp_path / f"root-{uuid.uuid4().hex[:8]}")  # a local root per test
+
+    def make_runner(self, tmp_path):
+        settings = {"root": self.root, "kubeconfig": self.kube.kubeconfig, "image": "x",
+                    "instance_type": "tpu-v5p-8", "python": sys.executable,
+                    "publish_package": False, "agent_args": FAST, "listing_ttl": 0,
+                    "termination_grace_seconds": 5}  # fmt: skip
+        return GkeRunner(settings)

@@ -27,9 +27,11 @@ Settings (``[runners.gke]``):
 - ``python`` (``python3``), ``package_url``/``publish_package``, ``agent_args``,
   ``heartbeat_timeout`` (120), ``flush_seconds`` (45), ``listing_ttl`` (1, without a daemon).
 
-Per-job options: ``instance_type`` (AXLearn's ``tpu-v5p-128`` or ``gpu-a3-highgpu-8g``) or
-``accelerator_type``/``machine_type``, ``num_replicas`` (TPU slices; GPU hosts),
-``topology`` (TPU, else derived from the type), ``image``, ``queue``, ``spot``, ``reservation``.
+Per-job options (``instance_type``, ``num_replicas`` and ``topology`` also as settings: the
+defaults for specs that name none): ``instance_type`` (AXLearn's ``tpu-v5p-128`` or
+``gpu-a3-highgpu-8g``) or ``accelerator_type``/``machine_type``, ``num_replicas`` (TPU
+slices; GPU hosts), ``topology`` (TPU, else derived from the type), ``image``, ``queue``,
+``spot``, ``reservation``.
 
 The JobSet (AXLearn's shape where it matters, ../shared/reference/engines.md 1.2): one
 replicated job ``job`` with ``replicas`` = slices and ``parallelism = completions`` = hosts per
@@ -425,7 +427,7 @@ class GkeRunner(Runner):
         """Adopt the attempt's JobSet if this root's listing has it, else write the
         provisioning record, check the lease term and create it; 409 is adoption once the
         existing JobSet's labels say it is this attempt."""
-        sh = shape(attempt.options)
+        sh = shape(self._options(attempt))
         name = jobset_name(attempt.name)
         record = self.store.read_provision(attempt.job, attempt.name) or {}
         handle = self._handle(attempt.job, attempt.name, name, sh, record.get("time"))
@@ -468,6 +470,16 @@ class GkeRunner(Runner):
                               f"{self.namespace} and is not this attempt's (labels {labels}); "
                               "delete it or use another namespace")  # fmt: skip
 
+    def _options(self, attempt: Attempt) -> dict[str, Any]:
+        """The job's options over the settings' defaults (``instance_type``, ``num_replicas``):
+        a spec that names no machine runs on the cluster's default one."""
+        defaults = {k: self.settings[k] for k in ("instance_type", "num_replicas", "topology")
+                    if k in self.settings}  # fmt: skip
+        if any(attempt.options.get(k) for k in ("instance_type", "accelerator_type",
+                                                "machine_type")):  # fmt: skip
+            defaults.pop("instance_type", None)
+        return {**defaults, **attempt.options}
+
     def _check_term(self, attempt: Attempt) -> None:
         """The apiserver takes no fencing token: read the lease just before a create, so a
         daemon that froze mid-start and resumes after a newer one took over creates nothing."""
@@ -498,7 +510,7 @@ class GkeRunner(Runner):
 
     def manifest(self, attempt: Attempt, sh: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The JobSet for the attempt (a plain dict, as the apiserver stores it)."""
-        sh = sh or shape(attempt.options)
+        sh = sh or shape(self._options(attempt))
         name = jobset_name(attempt.name)
         image = attempt.options.get("image") or self.settings.get("image")
         if not image:
@@ -625,9 +637,17 @@ class GkeRunner(Runner):
         return outcome
 
     def gone(self, handle: Handle, why: str) -> Observation:
+        """The JobSet is gone or going: what its agents reported once they all finished;
+        while started ones still flush (a pod's container outlives its API object by its
+        grace period), their word, for at most ``flush_seconds``; else LOST."""
         seen = self.agents(handle)
         if seen is not None and seen.finished and seen.phase is not Phase.LOST:
             return seen
+        if seen is not None and not seen.finished:
+            first = self._ended_at.setdefault(handle["name"], time.monotonic())
+            if time.monotonic() - first < self.flush_seconds:
+                return Observation(Phase.RUNNING, f"{seen.reason}; {why}", workers=seen.workers)
+        self._ended_at.pop(handle["name"], None)
         return Observation(Phase.LOST, why, retryable=True)
 
     def poll(self, handle: Handle) -> Observation:
@@ -733,10 +753,22 @@ class GkeRunner(Runner):
             if js is not None:
                 if not (js.get("metadata") or {}).get("deletionTimestamp"):
                     self._request_delete(name)
-                return False
+                if self._per_cycle or not self._gone_soon(name):
+                    return False
         self.store.delete_agent_records(handle["job"], handle["name"])
         self.forget(handle["name"])
         return True
+
+    def _gone_soon(self, name: str, seconds: float = 5.0) -> bool:
+        """Without a daemon (a tool, a test) there is no next cycle to verify the deletion:
+        list again for a few seconds (the garbage collector removes the pods in well under a
+        second once they stopped). A daemon never waits: its next cycle's listing tells."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            if name not in self.jobsets(fresh=True):
+                return True
+        return False
 
     def list_owned(self) -> list[Owned]:
         """This root's JobSets (by their labels), plus attempts whose agents' records outlived
