@@ -78,11 +78,18 @@ def metadata(path: str, timeout: float = 2.0) -> str | None:
         return None
 
 
-def worker_index(flag: int | None) -> int:
-    """--worker, else the TPU VM's ``agent-worker-number`` attribute, else 0 (one host).
-    Within one slice: :func:`slice_of` turns it into the attempt's worker number."""
+def worker_index(flag: int | None, env_var: str | None = None) -> int:
+    """--worker, else the variable ``env_var`` names (a GKE pod's completion index, which the
+    pod spec maps in from its annotations), else the TPU VM's ``agent-worker-number``
+    attribute, else 0 (one host). Within one slice: :func:`slice_of` turns it into the
+    attempt's worker number."""
     if flag is not None:
         return flag
+    if env_var:
+        value = os.environ.get(env_var, "")
+        if not value.isdigit():
+            raise ValueError(f"--worker_env={env_var}: the variable is {value!r}, not an index")
+        return int(value)
     value = metadata("instance/attributes/agent-worker-number")
     return int(value) if value and value.isdigit() else 0
 
@@ -374,12 +381,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--worker", type=int, default=None, help="default: agent-worker-number, else 0"
     )
-    parser.add_argument("--worker_env", default=None,
-                        help="take the worker index from this environment variable (a Slurm "
-                             "step's SLURM_PROCID: one agent per node through srun)")
     parser.add_argument("--num_workers", type=int, default=1)
     parser.add_argument("--num_slices", type=int, default=1,
                         help="slices of a multislice attempt; the worker's slice is tpu-env's")
+    parser.add_argument("--worker_env", default=None,
+                        help="a variable holding the worker's index within its slice (GKE's "
+                             "pod index; a Slurm step's SLURM_PROCID, one agent per node)")
+    parser.add_argument("--slices_from_env", action="store_true",
+                        help="MEGASCALE_* come from the environment (GKE), not tpu-env")
     parser.add_argument("--chunk_seconds", type=float, default=5.0)
     parser.add_argument("--heartbeat_seconds", type=float, default=10.0)
     parser.add_argument("--grace_seconds", type=float, default=25.0)
@@ -391,18 +400,13 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s bastion-agent %(levelname)s %(message)s"
     )
     try:
-        slice_id, slice_env = slice_of(args.num_slices)
+        slice_id, slice_env = slice_of(
+            args.num_slices, dict(os.environ) if args.slices_from_env else None
+        )
+        worker = worker_index(args.worker, args.worker_env)
     except ValueError as e:
         log.error("%s", e)
         return 2
-    if args.worker is None and args.worker_env:
-        value = os.environ.get(args.worker_env, "")
-        if not value.isdigit():
-            log.error("--worker_env=%s: the variable is %r, not a worker index",
-                      args.worker_env, value)  # fmt: skip
-            return 2
-        args.worker = int(value)
-    worker = worker_index(args.worker)
     if args.worker is None:  # agent-worker-number counts within the slice
         worker += slice_id * (args.num_workers // max(1, args.num_slices))
     agent = Agent(Store(args.root), args.job, args.attempt, worker,

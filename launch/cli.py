@@ -225,9 +225,22 @@ def cmd_launch(args: Sequence[str]) -> int:
     user = FLAGS.user_id or default_user()
     runner = _runner_object()
     resources = _resources(FLAGS.resources)
-    if FLAGS.instance_type:
+    if FLAGS.instance_type and runner and runner["kind"] in INSTANCE_TYPE_RUNNERS:
+        # A runner that takes AXLearn's instance types itself (GKE: one JobSet of
+        # num_replicas slices, or of num_replicas GPU hosts): the quota counts every replica.
+        _, implied = instance_type_runner(FLAGS.instance_type, 1, FLAGS.spot)
+        runner = {**runner, "instance_type": FLAGS.instance_type}
+        if FLAGS.num_replicas > 1:
+            runner["num_replicas"] = FLAGS.num_replicas
+        if FLAGS.spot:
+            runner["spot"] = True
+        implied = {k: v * FLAGS.num_replicas for k, v in implied.items()}
+        resources = {**implied, **resources}
+    elif FLAGS.instance_type:
         if runner:
-            raise UsageError("--instance_type picks the runner: drop --runner/--image")
+            raise UsageError("--instance_type picks the runner: drop --runner/--image (or use "
+                             f"--runner={'/'.join(sorted(INSTANCE_TYPE_RUNNERS))}, which takes "
+                             "instance types)")
         runner, implied = instance_type_runner(FLAGS.instance_type, FLAGS.num_replicas, FLAGS.spot)
         resources = {**implied, **resources}
     elif not resources and not FLAGS["resources"].present:
@@ -290,6 +303,9 @@ def cmd_bundle(args: Sequence[str]) -> int:
     record = _bundle(dry_run=False)
     print(json.dumps(record, indent=1))
     return 0
+
+
+INSTANCE_TYPE_RUNNERS = frozenset({"gke"})  # --runner=KIND that takes --instance_type itself
 
 
 def _runner_object() -> dict[str, str] | None:

@@ -6,4 +6,7 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/pip install --quiet --disable-pip-version-check -e '.[test]'
 .venv/bin/ruff check .
+# A real kube-apiserver for the gke tests: built once from Debian's source (minutes), then
+# cached; run here so its build log shows, and the tests' session fixture finds it ready.
+bash scripts/kube_setup.sh >/dev/null
 .venv/bin/pytest -q "$@"

@@ -6,6 +6,7 @@ import pytest
 from tests.docker_engine import docker_engine  # noqa: F401 (a session fixture)
 from tests.gcs_emulator import GcsEmulator
 from tests.harness import Bastion
+from tests.kube_cluster import cluster, kube  # noqa: F401 (a real kube-apiserver, played controllers)
 from tests.slurm_cluster import slurm, slurm_cluster  # noqa: F401 (session fixture and its reset)
 
 BUCKET = "bastion-test"

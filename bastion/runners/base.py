@@ -265,6 +265,7 @@ RUNNERS: Registry[RunnerFactory] = Registry(
         "tpu-qr": "bastion.runners.google.queued:from_settings",
         "gce": "bastion.runners.google.gce:from_settings",
         "slurm": "bastion.runners.slurm:from_settings",
+        "gke": "bastion.runners.gke:from_settings",
     },
     error=RunnerError,
 )
