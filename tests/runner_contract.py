@@ -72,6 +72,7 @@ CONTRACT_MODULES = (
     "tests.test_docker_runner",
     "tests.test_cloud_contract",
     "tests.test_slurm_runner",
+    "tests.test_gke",
 )
 
 

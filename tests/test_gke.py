@@ -514,6 +514,7 @@ class TestGkeContract(RunnerContract):
     collector (a second or less) before it says gone."""
 
     __test__ = True
+    kind = "gke"
     timeout = 60.0
 
     @pytest.fixture(autouse=True)
