@@ -732,7 +732,9 @@ def test_multislice_job_keeps_its_nodes_through_sweeps_with_both_tpu_runners_on_
         f"w {w} of 4 slice {w // 2} of 2 megascale {w // 2} of 2 at {coordinator}\n"
         for w in range(4)
     ]
-    assert cloud.node_names() == [f"{name}-s9"] and not cloud.server.qrs
+    assert not cloud.server.qrs and set(cloud.node_names()) <= {f"{name}-s9"}
+    # The stray, an orphan once its attempt ended, goes at the next sweep (one may have run
+    # already while the job finished: how many cycles that took depends on the root).
     cloud.drive(daemon, node_gone(cloud, f"{name}-s9"), "the stray, orphaned now, to go")
 # -- a worker that never starts (issue 20, defect 3) ------------------------------------------
 
