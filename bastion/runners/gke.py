@@ -84,7 +84,6 @@ from typing import Any
 from bastion.runners import startup
 from bastion.runners.base import (
     Attempt,
-    Fenced,
     Handle,
     Observation,
     Owned,
@@ -94,6 +93,7 @@ from bastion.runners.base import (
     TryAgain,
     root_tag,
 )
+from bastion.runners.kit.lease_fence import check_term
 from bastion.runners.kit.records import RemoteRecords
 from bastion.store import ObjectInfo, Store
 
@@ -439,7 +439,7 @@ class GkeRunner(Runner):
             "kind": self.kind, "name": attempt.name, "jobset": name, "namespace": self.namespace,
             "workers": sh["slices"] * sh["hosts"], "root_tag": self.tag,
             "time": created})  # fmt: skip
-        self._check_term(attempt)
+        check_term(self.store, attempt)  # the apiserver takes no fencing token
         try:
             self._call(self.custom().create_namespaced_custom_object, GROUP, VERSION,
                        self.namespace, PLURAL, body)  # fmt: skip
@@ -479,17 +479,6 @@ class GkeRunner(Runner):
                                                 "machine_type")):  # fmt: skip
             defaults.pop("instance_type", None)
         return {**defaults, **attempt.options}
-
-    def _check_term(self, attempt: Attempt) -> None:
-        """The apiserver takes no fencing token: read the lease just before a create, so a
-        daemon that froze mid-start and resumes after a newer one took over creates nothing."""
-        if attempt.fence <= 0:
-            return
-        found = self.store.read_lease()
-        term = int((found[0] if found else {}).get("term") or 0)
-        if term > attempt.fence:
-            raise Fenced(f"lease term {term} is newer than this daemon's {attempt.fence}: "
-                         f"not creating JobSet {jobset_name(attempt.name)}")  # fmt: skip
 
     def _handle(self, job: str, attempt: str, name: str, sh: Mapping[str, Any],
                 created: float | None) -> Handle:  # fmt: skip
