@@ -20,9 +20,7 @@ from bastion.jobstate import JobState
 from bastion.lease import Lease
 from bastion.logsync import LogSync
 from bastion.quotas import QuotaSource
-from bastion.runners.base import (
-    Runners,
-)
+from bastion.runners.instances import Runners
 from bastion.specwatch import SpecWatch
 from bastion.store import Store
 

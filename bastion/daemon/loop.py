@@ -20,9 +20,7 @@ from bastion.daemon.context import (
 )
 from bastion.lease import Lease
 from bastion.quotas import QuotaSource
-from bastion.runners.base import (
-    Runners,
-)
+from bastion.runners.instances import Runners
 from bastion.store import Store
 
 log = logging.getLogger("bastion.daemon")
