@@ -384,16 +384,23 @@ class LocalRunner(Runner):
         child = self._children.get(handle["name"])
         if child is not None and child.pid == pid:
             return child.poll() is None  # our own child: no psutil lookup needed
+        directory = self._dir(handle["name"])
         try:
             proc = psutil.Process(pid)
-            if abs(proc.create_time() - float(handle["create_time"])) > _CREATE_TIME_TOLERANCE:
-                return False  # the pid was recycled by another process
+            same = abs(proc.create_time() - float(handle["create_time"])) <= _CREATE_TIME_TOLERANCE
             cmdline = proc.cmdline()  # not our child: only this attempt's wrapper counts as ours
-            if cmdline[1:2] != ["-c"] or cmdline[-1:] != [self._dir(handle["name"])]:
-                return False
-            return proc.status() != psutil.STATUS_ZOMBIE
+            if same and cmdline[1:2] == ["-c"] and cmdline[-1:] == [directory]:
+                return proc.status() != psutil.STATUS_ZOMBIE
         except (psutil.NoSuchProcess, psutil.AccessDenied):
-            return False
+            pass
+        # The pid may be another PID namespace's: a daemon in a container started the attempt
+        # and this one, outside it, adopted it. The wrapper is then found by its command line,
+        # which names the attempt's directory; taking it for ended would end (or misjudge) a
+        # job that runs on.
+        wrapper = self._process_of(directory, None)
+        with contextlib.suppress(psutil.Error):
+            return wrapper is not None and wrapper.status() != psutil.STATUS_ZOMBIE
+        return False
 
     def _signal(self, handle: Handle, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
