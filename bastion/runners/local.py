@@ -397,6 +397,8 @@ class LocalRunner(Runner):
         # and this one, outside it, adopted it. The wrapper is then found by its command line,
         # which names the attempt's directory; taking it for ended would end (or misjudge) a
         # job that runs on.
+        if os.path.exists(os.path.join(directory, "exit")):
+            return False  # the command ended (its wrapper wrote this): no scan needed
         wrapper = self._process_of(directory, None)
         with contextlib.suppress(psutil.Error):
             return wrapper is not None and wrapper.status() != psutil.STATUS_ZOMBIE
