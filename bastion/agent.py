@@ -2,7 +2,8 @@
 
 Delivered as a VM's startup script (TPU, GCE) or a container's command, it replaces SSH: the
 daemon never connects to a worker, it reads what the agent writes under
-``ROOT/runs/<job>/<attempt>/workers/<w>/`` (names in :class:`bastion.store.Store`, section runs):
+``ROOT/runs/<job>/<attempt>/workers/<w>/`` (names in
+:class:`bastion.bucket.store.Store`, section runs):
 
 - ``started``, created only if absent: a startup script that runs again on the same attempt
   (reboot, repair) finds the claim and exits 0 without starting the command a second time. A
@@ -51,7 +52,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bastion import leftovers
-from bastion.store import Store
+from bastion.bucket.store import Store
 
 log = logging.getLogger("bastion.agent")
 
@@ -94,8 +95,12 @@ def worker_index(flag: int | None, env_var: str | None = None) -> int:
     return int(value) if value and value.isdigit() else 0
 
 
-MEGASCALE = ("MEGASCALE_SLICE_ID", "MEGASCALE_NUM_SLICES", "MEGASCALE_COORDINATOR_ADDRESS",
-             "MEGASCALE_PORT")  # fmt: skip
+MEGASCALE = (
+    "MEGASCALE_SLICE_ID",
+    "MEGASCALE_NUM_SLICES",
+    "MEGASCALE_COORDINATOR_ADDRESS",
+    "MEGASCALE_PORT",
+)
 
 
 def parse_tpu_env(text: str) -> dict[str, str]:
@@ -123,16 +128,20 @@ def slice_of(num_slices: int, tpu_env: dict[str, str] | None = None) -> tuple[in
         tpu_env = parse_tpu_env(metadata("instance/attributes/tpu-env") or "")
     said = tpu_env.get("MEGASCALE_SLICE_ID", "")
     if not said.isdigit() or int(said) >= num_slices:
-        raise ValueError(f"this attempt has {num_slices} slices but the TPU metadata attribute "
-                         f"tpu-env gives no MEGASCALE_SLICE_ID below {num_slices} "
-                         f"(found {said!r}): the VM is not part of a multislice")  # fmt: skip
+        raise ValueError(
+            f"this attempt has {num_slices} slices but the TPU metadata attribute "
+            f"tpu-env gives no MEGASCALE_SLICE_ID below {num_slices} "
+            f"(found {said!r}): the VM is not part of a multislice"
+        )
     count = tpu_env.get("MEGASCALE_NUM_SLICES", str(num_slices))
     if count != str(num_slices):
-        raise ValueError(f"this attempt has {num_slices} slices but tpu-env says "
-                         f"MEGASCALE_NUM_SLICES={count}")  # fmt: skip
+        raise ValueError(
+            f"this attempt has {num_slices} slices but tpu-env says MEGASCALE_NUM_SLICES={count}"
+        )
     env = {k: tpu_env[k] for k in MEGASCALE if tpu_env.get(k)}
-    env.update(MEGASCALE_NUM_SLICES=str(num_slices), BASTION_SLICE=said,
-               BASTION_NUM_SLICES=str(num_slices))  # fmt: skip
+    env.update(
+        MEGASCALE_NUM_SLICES=str(num_slices), BASTION_SLICE=said, BASTION_NUM_SLICES=str(num_slices)
+    )
     return int(said), env
 
 
@@ -140,11 +149,21 @@ def slice_of(num_slices: int, tpu_env: dict[str, str] | None = None) -> tuple[in
 
 
 class Agent:
-    def __init__(self, store: Store, job: str, attempt: str, worker: int, num_workers: int,
-                 command: str, chunk_seconds: float = 5.0, heartbeat_seconds: float = 10.0,
-                 grace_seconds: float = 25.0, spool_dir: str | None = None,
-                 bundle: dict[str, Any] | None = None,
-                 slice_env: dict[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        store: Store,
+        job: str,
+        attempt: str,
+        worker: int,
+        num_workers: int,
+        command: str,
+        chunk_seconds: float = 5.0,
+        heartbeat_seconds: float = 10.0,
+        grace_seconds: float = 25.0,
+        spool_dir: str | None = None,
+        bundle: dict[str, Any] | None = None,
+        slice_env: dict[str, str] | None = None,
+    ) -> None:
         self.slice_env = dict(slice_env or {})  # slice_of's variables for the command
         self.bundle = bundle  # the job's code (bundlers.Bundle record), fetched before it runs
         self.store, self.job, self.attempt = store, job, attempt
@@ -245,20 +264,36 @@ class Agent:
 
     def heartbeat(self, deadline: float) -> None:
         record = self._record(uploaded=self.uploaded, host=socket.gethostname())
-        self._retry("heartbeat", lambda: self.store.write_run_record(
-            self.job, self.attempt, self.worker, "heartbeat", record), deadline)  # fmt: skip
+        self._retry(
+            "heartbeat",
+            lambda: self.store.write_run_record(
+                self.job, self.attempt, self.worker, "heartbeat", record
+            ),
+            deadline,
+        )
 
     def run(self) -> int:
-        started = self._record(host=socket.gethostname(), pid=os.getpid(),
-                               num_workers=self.num_workers, command=self.command)  # fmt: skip
+        started = self._record(
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            num_workers=self.num_workers,
+            command=self.command,
+        )
         claim = lambda: self.store.claim_run_worker(self.job, self.attempt, self.worker, started)  # noqa: E731
         if not self._retry("claim", claim, time.time() + 600):
-            log.info("worker %d of %s already started: not running the command again",
-                     self.worker, self.attempt)  # fmt: skip
+            log.info(
+                "worker %d of %s already started: not running the command again",
+                self.worker,
+                self.attempt,
+            )
             return 0
-        env = dict(os.environ, BASTION_WORKER=str(self.worker),
-                   BASTION_NUM_WORKERS=str(self.num_workers), **self.slice_env,
-                   **{leftovers.MARKER: self.attempt})  # fmt: skip
+        env = dict(
+            os.environ,
+            BASTION_WORKER=str(self.worker),
+            BASTION_NUM_WORKERS=str(self.num_workers),
+            **self.slice_env,
+            **{leftovers.MARKER: self.attempt},
+        )
         cwd = None
         if self.bundle:
             try:
@@ -288,13 +323,21 @@ class Agent:
             log.error("could not upload the last output: %s", e)
         reason = self.stop_reason or f"exited with status {code}"
         exit_record = self._record(
-            code=code, preempted=self.preempted, reason=reason, output_bytes=self.uploaded,
+            code=code,
+            preempted=self.preempted,
+            reason=reason,
+            output_bytes=self.uploaded,
             chunks=self.seq,
         )
         if left:
             exit_record["left_behind"] = leftovers.describe(left)
-        self._retry("exit record", lambda: self.store.write_run_record(
-            self.job, self.attempt, self.worker, "exit", exit_record), end)  # fmt: skip
+        self._retry(
+            "exit record",
+            lambda: self.store.write_run_record(
+                self.job, self.attempt, self.worker, "exit", exit_record
+            ),
+            end,
+        )
         log.info("worker %d of %s: %s (code %d)", self.worker, self.attempt, reason, code)
         return code
 
@@ -313,8 +356,13 @@ class Agent:
         """The command cannot run: say why in the exit record (code 1), run nothing."""
         log.error("worker %d of %s: %s", self.worker, self.attempt, reason)
         record = self._record(code=1, preempted=False, reason=reason, output_bytes=0, chunks=0)
-        self._retry("exit record", lambda: self.store.write_run_record(
-            self.job, self.attempt, self.worker, "exit", record), time.time() + 60)  # fmt: skip
+        self._retry(
+            "exit record",
+            lambda: self.store.write_run_record(
+                self.job, self.attempt, self.worker, "exit", record
+            ),
+            time.time() + 60,
+        )
         return 1
 
     def _supervise(self, proc: subprocess.Popen[bytes]) -> int:
@@ -355,8 +403,7 @@ class Agent:
             self.attempt, grace, worker=str(self.worker), group=proc.pid, group_termed=stopping
         )
         if left:
-            log.warning("worker %d of %s: %s", self.worker, self.attempt,
-                        leftovers.describe(left))  # fmt: skip
+            log.warning("worker %d of %s: %s", self.worker, self.attempt, leftovers.describe(left))
         return left
 
     @staticmethod
@@ -382,13 +429,23 @@ def main(argv: list[str] | None = None) -> int:
         "--worker", type=int, default=None, help="default: agent-worker-number, else 0"
     )
     parser.add_argument("--num_workers", type=int, default=1)
-    parser.add_argument("--num_slices", type=int, default=1,
-                        help="slices of a multislice attempt; the worker's slice is tpu-env's")
-    parser.add_argument("--worker_env", default=None,
-                        help="a variable holding the worker's index within its slice (GKE's "
-                             "pod index; a Slurm step's SLURM_PROCID, one agent per node)")
-    parser.add_argument("--slices_from_env", action="store_true",
-                        help="MEGASCALE_* come from the environment (GKE), not tpu-env")
+    parser.add_argument(
+        "--num_slices",
+        type=int,
+        default=1,
+        help="slices of a multislice attempt; the worker's slice is tpu-env's",
+    )
+    parser.add_argument(
+        "--worker_env",
+        default=None,
+        help="a variable holding the worker's index within its slice (GKE's "
+        "pod index; a Slurm step's SLURM_PROCID, one agent per node)",
+    )
+    parser.add_argument(
+        "--slices_from_env",
+        action="store_true",
+        help="MEGASCALE_* come from the environment (GKE), not tpu-env",
+    )
     parser.add_argument("--chunk_seconds", type=float, default=5.0)
     parser.add_argument("--heartbeat_seconds", type=float, default=10.0)
     parser.add_argument("--grace_seconds", type=float, default=25.0)
@@ -409,10 +466,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.worker is None:  # agent-worker-number counts within the slice
         worker += slice_id * (args.num_workers // max(1, args.num_slices))
-    agent = Agent(Store(args.root), args.job, args.attempt, worker,
-                  args.num_workers, command, args.chunk_seconds, args.heartbeat_seconds,
-                  args.grace_seconds, args.spool_dir,
-                  json.loads(args.bundle) if args.bundle else None, slice_env)  # fmt: skip
+    agent = Agent(
+        Store(args.root),
+        args.job,
+        args.attempt,
+        worker,
+        args.num_workers,
+        command,
+        args.chunk_seconds,
+        args.heartbeat_seconds,
+        args.grace_seconds,
+        args.spool_dir,
+        json.loads(args.bundle) if args.bundle else None,
+        slice_env,
+    )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(
             sig, lambda signum, _: agent.request_stop(f"stopped by {signal.Signals(signum).name}")

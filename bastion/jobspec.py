@@ -337,9 +337,15 @@ class JobSpec:
                     raise SpecError(f"field {where}: expected a string value, got {show(value)}")
                 _check_text(value, where)
         known = {
-            "version", "name", "command", "cleanup_command", "env_vars", "metadata", "runner",
+            "version",
+            "name",
+            "command",
+            "cleanup_command",
+            "env_vars",
+            "metadata",
+            "runner",
             "bundle",
-        }  # fmt: skip
+        }
         return cls(
             name=check_name(_require(data, "name", str, "")),
             command=_check_command(_require(data, "command", str, ""), "command"),
@@ -606,12 +612,14 @@ def spec_changes(old: JobSpec, new: JobSpec) -> list[str]:
     ``metadata.resources``, ...), for the history's "spec updated by ...: command changed"."""
     before, after = old.to_json(), new.to_json()
     changed = [
-        key for key in dict.fromkeys([*before, *after])
+        key
+        for key in dict.fromkeys([*before, *after])
         if key != "metadata" and before.get(key) != after.get(key)
-    ]  # fmt: skip
+    ]
     meta_before, meta_after = before["metadata"], after["metadata"]
     changed += [
-        f"metadata.{key}" for key in dict.fromkeys([*meta_before, *meta_after])
+        f"metadata.{key}"
+        for key in dict.fromkeys([*meta_before, *meta_after])
         if key not in _NOT_CHANGES and meta_before.get(key) != meta_after.get(key)
-    ]  # fmt: skip
+    ]
     return [shorten(str(key), 40) for key in changed]

@@ -48,8 +48,8 @@ from typing import Any
 
 import psutil
 
-from bastion.objects import PreconditionFailed
-from bastion.store import Store
+from bastion.bucket.objects import PreconditionFailed
+from bastion.bucket.store import Store
 
 log = logging.getLogger("bastion.lease")
 

@@ -206,8 +206,7 @@ def end(
         if killing:
             send(found, signal.SIGKILL)
         else:
-            send([p for p in fresh if not (group_termed and _group_of(p) == group)],
-                 signal.SIGTERM)  # fmt: skip
+            send([p for p in fresh if not (group_termed and _group_of(p) == group)], signal.SIGTERM)
         time.sleep(0.05)
 
 

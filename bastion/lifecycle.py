@@ -58,7 +58,7 @@ from typing import Any
 
 from bastion.jobspec import user_label
 from bastion.jobstate import JobState, Outcome, Status, StopKind
-from bastion.runners.base import Handle, Observation, Phase
+from bastion.runners.base import AttemptPhase, Handle, Observation
 
 RUN, CLEANUP = "run", "cleanup"
 _CLEANING_NOTE = "; running the cleanup command"
@@ -691,9 +691,9 @@ def _start_deferred(result: Result, event: StartDeferred, now: float, has_cleanu
 
 
 def _end_marker(state: JobState, obs: Observation, now: float) -> str:
-    if obs.phase is Phase.PREEMPTED:
+    if obs.phase is AttemptPhase.PREEMPTED:
         how = f"was preempted by the provider ({obs.reason})"
-    elif obs.phase is Phase.LOST:
+    elif obs.phase is AttemptPhase.LOST:
         how = f"was lost ({obs.reason})"
     elif obs.exit_code is not None:
         how = f"exited with status {obs.exit_code}"
@@ -718,7 +718,7 @@ def _observed(result: Result, event: Observed, now: float, has_cleanup: bool) ->
             _set_record(state, event.purpose, record)
         if record.get("phase") != obs.phase.value:
             _set_record(state, event.purpose, {**record, "phase": obs.phase.value})
-            if event.purpose == RUN and obs.phase is Phase.RUNNING:
+            if event.purpose == RUN and obs.phase is AttemptPhase.RUNNING:
                 state.running_since = now
         if event.purpose == RUN:
             _follow_runner(state, obs)
@@ -749,7 +749,7 @@ def _observed(result: Result, event: Observed, now: float, has_cleanup: bool) ->
     elif stop:
         what = "preempted" if stop["kind"] == StopKind.PREEMPT.value else "updated"
         _requeue(result, f"attempt {state.attempt} {what}; waiting to restart")
-    elif obs.phase is Phase.PREEMPTED:
+    elif obs.phase is AttemptPhase.PREEMPTED:
         state.provider_preemptions += 1
         _requeue(
             result,
@@ -757,13 +757,13 @@ def _observed(result: Result, event: Observed, now: float, has_cleanup: bool) ->
             f"requeued as attempt {state.attempt + 1}",
             event="PROVIDER_PREEMPTED",
         )
-    elif obs.phase is Phase.LOST:
+    elif obs.phase is AttemptPhase.LOST:
         _requeue(
             result,
             f"attempt {state.attempt} lost ({obs.reason}); requeued as attempt {state.attempt + 1}",
             event="LOST",
         )
-    elif obs.phase is Phase.SUCCEEDED:
+    elif obs.phase is AttemptPhase.SUCCEEDED:
         _finish_run(result, Outcome.SUCCEEDED, "command exited with status 0", now, has_cleanup)
     elif obs.retryable and obs.exit_code is None:
         # The provider could not give us the machines (a stockout, a queued resource past its
@@ -777,8 +777,13 @@ def _observed(result: Result, event: Observed, now: float, has_cleanup: bool) ->
     elif obs.exit_code is None and obs.reason:
         # No status to report: the runner says what ended it (a request the cloud refused, a
         # VM its dead man's switch deleted); "the command was killed" would mislead.
-        _finish_run(result, Outcome.FAILED, f"attempt {state.attempt} failed: {obs.reason}",
-                    now, has_cleanup)  # fmt: skip
+        _finish_run(
+            result,
+            Outcome.FAILED,
+            f"attempt {state.attempt} failed: {obs.reason}",
+            now,
+            has_cleanup,
+        )
     else:
         how = f"exited with status {obs.exit_code}" if obs.exit_code is not None else "was killed"
         said = obs.reason if obs.reason and obs.reason != how else ""  # e.g. which worker
@@ -795,7 +800,7 @@ def _follow_runner(state: JobState, obs: Observation) -> None:
     A runner that goes straight to running keeps the admission's reason, as before, and a
     stop in progress keeps its own (why it is being stopped)."""
     prefix = f"attempt {state.attempt}: "
-    if state.stop or (obs.phase is Phase.RUNNING and not state.reason.startswith(prefix)):
+    if state.stop or (obs.phase is AttemptPhase.RUNNING and not state.reason.startswith(prefix)):
         return
     reason = f"{prefix}{obs.phase.value.lower()}" + (f": {obs.reason}" if obs.reason else "")
     if state.reason != reason:

@@ -392,7 +392,7 @@ def delete(client, cfg: VmConfig) -> bool:
 
 def lease_holder(root: str) -> dict[str, Any] | None:
     """The lease record of ROOT (host, pid, renewed, duration, released), or None."""
-    from bastion.store import Store
+    from bastion.bucket.store import Store
 
     found = Store(root).read_lease()
     return None if found is None else found[0]

@@ -87,8 +87,9 @@ def _sort_project(jobs: list[_Job]) -> list[_Job]:
     return out
 
 
-def _schedule(tiers: Sequence[Mapping[str, int]], quota: Mapping[str, Mapping[str, float]],
-              jobs: list[_Job]) -> dict[str, int | None]:
+def _schedule(
+    tiers: Sequence[Mapping[str, int]], quota: Mapping[str, Mapping[str, float]], jobs: list[_Job]
+) -> dict[str, int | None]:
     """TierScheduler (section 4.3): job name -> tier it runs on, or None (rejected)."""
     left = [dict(t) for t in tiers]
     remaining: dict[str, int] = {}
@@ -107,8 +108,14 @@ def _schedule(tiers: Sequence[Mapping[str, int]], quota: Mapping[str, Mapping[st
     usage: dict[str, dict[str, int]] = {p: {} for p in queues}
 
     def key(p: str, j: _Job) -> tuple[float, float, str]:
-        ratio = max((usage[p].get(r, 0) + n) / max(quota.get(p, {}).get(r, 0.0), 1e-8)
-                    for r, n in j.resources.items()) if j.resources else 0.0
+        ratio = (
+            max(
+                (usage[p].get(r, 0) + n) / max(quota.get(p, {}).get(r, 0.0), 1e-8)
+                for r, n in j.resources.items()
+            )
+            if j.resources
+            else 0.0
+        )
         return (max(0.0, ratio), j.submit, p)
 
     pos = dict.fromkeys(queues, 0)
@@ -146,18 +153,37 @@ def _schedule(tiers: Sequence[Mapping[str, int]], quota: Mapping[str, Mapping[st
     return verdicts
 
 
-def replay(tiers: Sequence[Mapping[str, int]], shares: Mapping[str, Mapping[str, float]],
-           trace: Sequence[Mapping[str, Any]], interval: float = 30.0) -> AxlearnResult:
+def replay(
+    tiers: Sequence[Mapping[str, int]],
+    shares: Mapping[str, Mapping[str, float]],
+    trace: Sequence[Mapping[str, Any]],
+    interval: float = 30.0,
+) -> AxlearnResult:
     """Replay trace jobs (name, project_id, user_id, submit, duration, resources, priority)."""
     pool: dict[str, int] = {}
     for t in tiers:
         for r, n in t.items():
             pool[r] = pool.get(r, 0) + n
-    quota = {p: {r: f / max(sum(s.get(r, 0.0) for s in shares.values()), 1e-8) * pool[r]
-                 for r, f in s.items() if r in pool} for p, s in shares.items()}
-    jobs = [_Job(j["name"], j["project_id"], j["user_id"], float(j["submit"]),
-                 float(j["duration"]), dict(j["resources"]), int(j["priority"]))
-            for j in trace]
+    quota = {
+        p: {
+            r: f / max(sum(s.get(r, 0.0) for s in shares.values()), 1e-8) * pool[r]
+            for r, f in s.items()
+            if r in pool
+        }
+        for p, s in shares.items()
+    }
+    jobs = [
+        _Job(
+            j["name"],
+            j["project_id"],
+            j["user_id"],
+            float(j["submit"]),
+            float(j["duration"]),
+            dict(j["resources"]),
+            int(j["priority"]),
+        )
+        for j in trace
+    ]
     jobs.sort(key=lambda j: (j.submit, j.name))
     if not jobs:
         return AxlearnResult()
@@ -187,8 +213,10 @@ def replay(tiers: Sequence[Mapping[str, int]], shares: Mapping[str, Mapping[str,
         # Skip cycles in which nothing can change: no job pending, none finishing or arriving.
         nxt = t + interval
         if not any(j.status == "PENDING" for j in live):
-            soon = min([j.finish for j in live] +
-                       ([jobs[arrived].submit] if arrived < len(jobs) else []), default=nxt)
+            soon = min(
+                [j.finish for j in live] + ([jobs[arrived].submit] if arrived < len(jobs) else []),
+                default=nxt,
+            )
             if soon > nxt:
                 nxt = t + math.ceil((soon - t) / interval) * interval
         t = nxt

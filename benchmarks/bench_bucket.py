@@ -71,10 +71,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # before gcsfs loads
 
+from bastion.bucket.store import Store  # noqa: E402
 from bastion.daemon import CycleReport, Daemon  # noqa: E402
+from bastion.daemon.start import build_daemon  # noqa: E402
 from bastion.jobstate import Status  # noqa: E402
-from bastion.service import build_daemon  # noqa: E402
-from bastion.store import Store  # noqa: E402
 from launch.api import Client, new_jobspec  # noqa: E402
 from tests.faultproxy import control  # noqa: E402
 from tests.gcs_emulator import GcsEmulator  # noqa: E402

@@ -20,7 +20,7 @@ For each N in ``--jobs`` (default 1,000 and 10,000), on two roots of the same bu
 - static: N jobs ``sleep 3600 || true``, taken in with tracemalloc on (Python memory the daemon
   holds per job), then: quiet cycles (nothing finishes, nothing is submitted), with the CPU
   share such a daemon takes at ``--quiet_poll`` (3 s, the CLI's default), and one quiet cycle
-  that lists every spec, as one does every 30 s on a large queue (bastion/specwatch.py; the
+  that lists every spec, as one does every 30 s on a large queue (bastion/bucket/specwatch.py; the
   "+full" CPU share counts it in); ``--singles`` times
   the cycle in which exactly one job finishes among N waiting (the ``sleep`` under one running
   job is sent SIGTERM, so the job succeeds) and the cycle after it (which records the handle of
@@ -69,12 +69,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # before gcsfs loads
 
+from bastion.bucket.specwatch import FULL_LISTING_SECONDS  # noqa: E402
+from bastion.bucket.store import Store  # noqa: E402
 from bastion.daemon import Daemon  # noqa: E402
+from bastion.daemon.start import build_daemon  # noqa: E402
 from bastion.jobspec import JobSpec  # noqa: E402
 from bastion.jobstate import Status  # noqa: E402
-from bastion.service import build_daemon  # noqa: E402
-from bastion.specwatch import FULL_LISTING_SECONDS  # noqa: E402
-from bastion.store import Store  # noqa: E402
 from benchmarks.bench_bucket import (  # noqa: E402
     BUCKET,
     LatencyBucket,
@@ -471,17 +471,19 @@ def quiet(run: Run, args: argparse.Namespace) -> dict[str, Any]:
     )
     print(f"    last: {samples[-1].line()}")
     # A quiet cycle lists jobs/active/ only every FULL_LISTING_SECONDS on a large queue
-    # (bastion/specwatch.py): one such cycle, and the CPU share with it counted in.
+    # (bastion/bucket/specwatch.py): one such cycle, and the CPU share with it counted in.
     time.sleep(args.poll)
     run.daemon.specwatch.forget()  # the next look is a full listing
     full = measure(run)
     every = max(1.0, FULL_LISTING_SECONDS / args.quiet_poll)  # cycles per full listing
     result["full_requests"], result["full_s"], result["full_cpu"] = (
-        full.requests, full.seconds, full.cpu
+        full.requests,
+        full.seconds,
+        full.cpu,
     )
-    result["quiet_share_with_full"] = (
-        (every - 1) * result["quiet_cpu"] + full.cpu
-    ) / (every * args.quiet_poll)
+    result["quiet_share_with_full"] = ((every - 1) * result["quiet_cpu"] + full.cpu) / (
+        every * args.quiet_poll
+    )
     print(
         f"  quiet cycle with the full spec listing (every {FULL_LISTING_SECONDS:g} s): "
         f"{full.line()}; CPU share counting it: "

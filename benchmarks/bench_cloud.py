@@ -80,10 +80,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # before gcsfs loads
 
+from bastion.bucket.store import Store  # noqa: E402
 from bastion.daemon import Daemon  # noqa: E402
+from bastion.daemon.start import build_daemon  # noqa: E402
 from bastion.runners.google.tpu import TpuRunner, hosts  # noqa: E402
-from bastion.service import build_daemon  # noqa: E402
-from bastion.store import Store  # noqa: E402
 from benchmarks.bench_bucket import LatencyBucket, percentile  # noqa: E402
 from launch.api import Client, NoDaemonWarning, new_jobspec  # noqa: E402
 from tests.standins.common import ApiError, _Handler, rpc_error  # noqa: E402
@@ -168,8 +168,10 @@ class SlowTpuServer(TpuServer):
         cap = self.capacity.get(zone)
         if cap is not None and sum(1 for k in self.nodes if k.startswith(parent + "/")) >= cap:
             region = zone.rsplit("-", 1)[0]
-            message = (f"Quota 'TPUV4PodPerProjectPerRegionForTPUAPI' exhausted. Limit {cap * 8} "
-                       f"in region {region}")  # fmt: skip
+            message = (
+                f"Quota 'TPUV4PodPerProjectPerRegionForTPUAPI' exhausted. Limit {cap * 8} "
+                f"in region {region}"
+            )
             raise rpc_error(
                 429,
                 "RESOURCE_EXHAUSTED",
@@ -218,10 +220,20 @@ class Agents:
         """The startup script ran the agent on this worker: it claims ``started`` and beats."""
         job = metadata["bastion-job-name"]
         attempt = node["name"].rsplit("/", 1)[1]
-        w = Worker(job, attempt, worker, len(node.get("networkEndpoints") or []) or 1,
-                   next_beat=self.clock + self.rng.uniform(0, self.heartbeat))  # fmt: skip
-        started = self._record(w, host=f"{attempt}-w{worker}", pid=1000 + worker,
-                               num_workers=w.num_workers, command="python3 train.py")  # fmt: skip
+        w = Worker(
+            job,
+            attempt,
+            worker,
+            len(node.get("networkEndpoints") or []) or 1,
+            next_beat=self.clock + self.rng.uniform(0, self.heartbeat),
+        )
+        started = self._record(
+            w,
+            host=f"{attempt}-w{worker}",
+            pid=1000 + worker,
+            num_workers=w.num_workers,
+            command="python3 train.py",
+        )
         if self.store.claim_run_worker(job, attempt, worker, started):
             beat = self._record(w, uploaded=0, host=started["host"])
             self.store.write_run_record(job, attempt, worker, "heartbeat", beat)
@@ -244,8 +256,9 @@ class Agents:
         self.store.write_run_chunk(w.job, w.attempt, w.index, w.seq, data)
         w.seq += 1
         w.uploaded += len(data)
-        self.store.write_run_record(w.job, w.attempt, w.index, "progress",
-                                    self._record(w, chunks=w.seq, bytes=w.uploaded))  # fmt: skip
+        self.store.write_run_record(
+            w.job, w.attempt, w.index, "progress", self._record(w, chunks=w.seq, bytes=w.uploaded)
+        )
         self.uploads += [(w.job, d, printed, at) for printed, d in w.pending]
         w.pending = []
         w.next_chunk = at + self.chunk
@@ -265,8 +278,9 @@ class Agents:
                     events.append((at, 1, w))
         for at, kind, w in sorted(events, key=lambda e: (e[0], e[1])):
             if kind == 0:
-                self.store.write_run_record(w.job, w.attempt, w.index, "heartbeat",
-                                            self._record(w, uploaded=w.uploaded))  # fmt: skip
+                self.store.write_run_record(
+                    w.job, w.attempt, w.index, "heartbeat", self._record(w, uploaded=w.uploaded)
+                )
             else:
                 self._flush(w, at)
         self.clock = to
@@ -275,9 +289,14 @@ class Agents:
         """Every worker of the job's attempt: last chunk, then the exit record."""
         for w in self.of_job(job):
             self._flush(w, self.clock)
-            record = self._record(w, code=code, preempted=preempted,
-                                  reason=reason or f"exited with status {code}",
-                                  output_bytes=w.uploaded, chunks=w.seq)  # fmt: skip
+            record = self._record(
+                w,
+                code=code,
+                preempted=preempted,
+                reason=reason or f"exited with status {code}",
+                output_bytes=w.uploaded,
+                chunks=w.seq,
+            )
             self.store.write_run_record(w.job, w.attempt, w.index, "exit", record)
             with self.lock:
                 self.workers.pop((w.attempt, w.index), None)
@@ -329,22 +348,33 @@ class Bench:
         self.agents = Agents(self.root, args.heartbeat, args.chunk, args.seed)
         cap = math.ceil(n / 3)
         self.server = SlowTpuServer(
-            args.api_latency, {ZONES[0]: cap, ZONES[1]: cap},
-            seconds_per_tick=args.poll, on_ready=self.agents.on_ready,
-        )  # fmt: skip
+            args.api_latency,
+            {ZONES[0]: cap, ZONES[1]: cap},
+            seconds_per_tick=args.poll,
+            on_ready=self.agents.on_ready,
+        )
         self.server.start()
-        tpu = {"project": PROJECT, "zones": ZONES, "api_endpoint": self.server.endpoint,
-               "publish_package": False, "heartbeat_timeout": 600}  # fmt: skip
+        tpu = {
+            "project": PROJECT,
+            "zones": ZONES,
+            "api_endpoint": self.server.endpoint,
+            "publish_package": False,
+            "heartbeat_timeout": 600,
+        }
         self.daemon: Daemon = build_daemon(
-            self.root, work_dir=str(tmp / "work"), gpus=[],
+            self.root,
+            work_dir=str(tmp / "work"),
+            gpus=[],
             settings={"default_runner": "local", "runners": {"tpu": tpu}},
-        )  # fmt: skip
+        )
         runner = self.daemon.runners.get("tpu")
         assert isinstance(runner, TpuRunner)
         self.runner = runner
         runner.sleep = lambda _s: None
-        self.buckets = [Bucket(self.daemon.store.objects, args.latency),
-                        Bucket(runner.store.objects, args.latency)]  # fmt: skip
+        self.buckets = [
+            Bucket(self.daemon.store.objects, args.latency),
+            Bucket(runner.store.objects, args.latency),
+        ]
         self.daemon.store.objects, runner.store.objects = self.buckets
         self.cycles: list[Cycle] = []
         self.last_end = 0.0
@@ -394,17 +424,26 @@ class Bench:
         quota = report.ops.get("info", 0) - bucket.get("info", 0)
         if quota > 0:
             bucket["quota info"] = quota
-        cycle = Cycle(phase, report.seconds, settle,
-                      collections.Counter(api_kind(m, p) for m, p, _, _ in calls),
-                      dict(bucket), dict(report.ops), self.agents.clock,
-                      dict(report.phases))  # fmt: skip
+        cycle = Cycle(
+            phase,
+            report.seconds,
+            settle,
+            collections.Counter(api_kind(m, p) for m, p, _, _ in calls),
+            dict(bucket),
+            dict(report.ops),
+            self.agents.clock,
+            dict(report.phases),
+        )
         self.cycles.append(cycle)
         self.last_end = time.monotonic()
         self.server.tick()  # the cloud: nodes turn READY (agents start), deletions finish
         self.agents.advance(self.agents.clock + self.args.poll)
         if self.args.verbose:
-            print(f"    {phase} {len(self.cycles)}: {cycle.seconds:.2f}+{settle:.2f} s, api "
-                  f"{dict(cycle.api)}, bucket {cycle.bucket}", flush=True)  # fmt: skip
+            print(
+                f"    {phase} {len(self.cycles)}: {cycle.seconds:.2f}+{settle:.2f} s, api "
+                f"{dict(cycle.api)}, bucket {cycle.bucket}",
+                flush=True,
+            )
         return cycle
 
     def record(self, job: str) -> dict[str, Any]:
@@ -516,8 +555,9 @@ class Bench:
 
     def per_job(self, preempted: set[str]) -> dict[str, Any]:
         """API calls naming one attempt (create, get op, get node, delete), by job."""
-        ops = {name: op["metadata"]["target"].rsplit("/", 1)[1]
-               for name, op in self.server.ops.items()}  # fmt: skip
+        ops = {
+            name: op["metadata"]["target"].rsplit("/", 1)[1] for name, op in self.server.ops.items()
+        }
         per_attempt: collections.Counter[str] = collections.Counter()
         kinds: collections.Counter[str] = collections.Counter()
         shared = 0
@@ -540,8 +580,12 @@ class Bench:
                 kinds["create"] -= refused
                 kinds["create refused (zone full)"] += refused
         plain = [v for a, v in per_attempt.items() if a not in preempted]
-        return {"plain": plain, "kinds": kinds, "shared_lists": shared,
-                "attempts": len(per_attempt)}  # fmt: skip
+        return {
+            "plain": plain,
+            "kinds": kinds,
+            "shared_lists": shared,
+            "attempts": len(per_attempt),
+        }
 
 
 # -- report --------------------------------------------------------------------------------------
@@ -565,17 +609,23 @@ def median_counts(cycles: list[Cycle], attr: str) -> dict[str, float]:
 
 def report(out: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     n, steady, cycles = out["n"], out["steady"], out["cycles"]
-    print(f"\n== N = {n:,} running TPU jobs ({args.accelerator}, "
-          f"{out['zones'][ZONES[0]]}/{out['zones'][ZONES[1]]}/{out['zones'][ZONES[2]]} nodes in "
-          f"{', '.join(ZONES)}) ==")  # fmt: skip
+    print(
+        f"\n== N = {n:,} running TPU jobs ({args.accelerator}, "
+        f"{out['zones'][ZONES[0]]}/{out['zones'][ZONES[1]]}/{out['zones'][ZONES[2]]} nodes in "
+        f"{', '.join(ZONES)}) =="
+    )
     by_phase: dict[str, list[Cycle]] = collections.defaultdict(list)
     for c in cycles:
         by_phase[c.phase].append(c)
-    print(f"  submitted in {out['submit_s']:.1f} s; intake {len(by_phase['intake'])} cycles "
-          f"({out['intake_wall']:.0f} s wall), finish {out['finish_cycles']} cycles "
-          f"({out['finish_wall']:.0f} s wall)")  # fmt: skip
-    print(f"  {'phase':<8} {'cycles':>6} {'API calls':>9} {'API/cycle':>9} "
-          f"{'bucket req':>10} {'req/cycle':>9} {'s/cycle':>8}  API calls by kind")  # fmt: skip
+    print(
+        f"  submitted in {out['submit_s']:.1f} s; intake {len(by_phase['intake'])} cycles "
+        f"({out['intake_wall']:.0f} s wall), finish {out['finish_cycles']} cycles "
+        f"({out['finish_wall']:.0f} s wall)"
+    )
+    print(
+        f"  {'phase':<8} {'cycles':>6} {'API calls':>9} {'API/cycle':>9} "
+        f"{'bucket req':>10} {'req/cycle':>9} {'s/cycle':>8}  API calls by kind"
+    )
     for phase in ("intake", "steady", "output", "preempt", "finish"):
         cs = by_phase.get(phase, [])
         if not cs:
@@ -586,68 +636,99 @@ def report(out: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         for c in cs:
             kinds.update(c.api)
         secs = statistics.median(c.seconds + c.settle for c in cs)
-        print(f"  {phase:<8} {len(cs):>6} {api:>9,} {api / len(cs):>9.1f} {req:>10,} "
-              f"{req / len(cs):>9.1f} {secs:>8.2f}  {fmt_counts(kinds)}")  # fmt: skip
+        print(
+            f"  {phase:<8} {len(cs):>6} {api:>9,} {api / len(cs):>9.1f} {req:>10,} "
+            f"{req / len(cs):>9.1f} {secs:>8.2f}  {fmt_counts(kinds)}"
+        )
     s_api = [c.api_calls for c in steady]
     s_req = [c.requests for c in steady]
     s_sec = [c.seconds + c.settle for c in steady]
     print(f"  steady state, per cycle (median of {len(steady)}; min-max):")
-    print(f"    API calls        {statistics.median(s_api):g} ({min(s_api)}-{max(s_api)}): "
-          f"{fmt_counts(median_counts(steady, 'api'))}")  # fmt: skip
-    print(f"    bucket requests  {statistics.median(s_req):g} ({min(s_req)}-{max(s_req)}): "
-          f"{fmt_counts(median_counts(steady, 'bucket'))}")  # fmt: skip
-    print(f"      (CycleReport.ops, the daemon's own store only: "
-          f"{fmt_counts(median_counts(steady, 'store_ops'))})")  # fmt: skip
-    print(f"    seconds          {statistics.median(s_sec):.3f} ({min(s_sec):.3f}-"
-          f"{max(s_sec):.3f})  [{args.api_latency * 1000:.0f} ms per API call, "
-          f"{args.latency * 1000:.0f} ms per bucket request]")  # fmt: skip
+    print(
+        f"    API calls        {statistics.median(s_api):g} ({min(s_api)}-{max(s_api)}): "
+        f"{fmt_counts(median_counts(steady, 'api'))}"
+    )
+    print(
+        f"    bucket requests  {statistics.median(s_req):g} ({min(s_req)}-{max(s_req)}): "
+        f"{fmt_counts(median_counts(steady, 'bucket'))}"
+    )
+    print(
+        f"      (CycleReport.ops, the daemon's own store only: "
+        f"{fmt_counts(median_counts(steady, 'store_ops'))})"
+    )
+    print(
+        f"    seconds          {statistics.median(s_sec):.3f} ({min(s_sec):.3f}-"
+        f"{max(s_sec):.3f})  [{args.api_latency * 1000:.0f} ms per API call, "
+        f"{args.latency * 1000:.0f} ms per bucket request]"
+    )
     phases = median_counts(steady, "phases")
     top = sorted(phases.items(), key=lambda kv: -kv[1])[:4]
     print("      by phase (median s): " + ", ".join(f"{k} {v:.3f}" for k, v in top))
     lat = out["latency"]
     o_req = [c.requests for c in out["output"]]
-    print(f"  output ({args.probes} jobs print a line a cycle, {len(lat['cycles'])} lines): "
-          f"output to bucket log p50 {percentile(lat['cycles'], 0.5):g} / p95 "
-          f"{percentile(lat['cycles'], 0.95):g} cycles = p50 "
-          f"{percentile(lat['seconds'], 0.5):.1f} / p95 {percentile(lat['seconds'], 0.95):.1f} s "
-          f"(of which the agent's chunk wait p50 {percentile(lat['upload_s'], 0.5):.1f} / p95 "
-          f"{percentile(lat['upload_s'], 0.95):.1f} s); bucket requests per cycle median "
-          f"{statistics.median(o_req):g}")  # fmt: skip
+    print(
+        f"  output ({args.probes} jobs print a line a cycle, {len(lat['cycles'])} lines): "
+        f"output to bucket log p50 {percentile(lat['cycles'], 0.5):g} / p95 "
+        f"{percentile(lat['cycles'], 0.95):g} cycles = p50 "
+        f"{percentile(lat['seconds'], 0.5):.1f} / p95 {percentile(lat['seconds'], 0.95):.1f} s "
+        f"(of which the agent's chunk wait p50 {percentile(lat['upload_s'], 0.5):.1f} / p95 "
+        f"{percentile(lat['upload_s'], 0.95):.1f} s); bucket requests per cycle median "
+        f"{statistics.median(o_req):g}"
+    )
     pre = out["preempt"]
-    rows = {k: [s[k] for s in pre.values() if k in s]
-            for k in ("requeued", "created", "running", "old deleted")}  # fmt: skip
-    print(f"  preemption ({len(pre)} nodes), cycles after the notice (median, max): " + ", ".join(
-        f"{k} {statistics.median(v):g}, {max(v)}" for k, v in rows.items() if v))  # fmt: skip
+    rows = {
+        k: [s[k] for s in pre.values() if k in s]
+        for k in ("requeued", "created", "running", "old deleted")
+    }
+    print(
+        f"  preemption ({len(pre)} nodes), cycles after the notice (median, max): "
+        + ", ".join(f"{k} {statistics.median(v):g}, {max(v)}" for k, v in rows.items() if v)
+    )
     pj = out["per_job"]
     plain = pj["plain"]
-    print(f"  API calls per job, submit to deleted (not preempted, {len(plain)} jobs): median "
-          f"{statistics.median(plain):g} (min {min(plain)}, max {max(plain)}): "
-          f"{fmt_counts({k: v / len(plain) for k, v in pj['kinds'].items()})}; plus the "
-          f"listings shared by all jobs: {pj['shared_lists']:,} over {len(cycles)} cycles "
-          f"= {pj['shared_lists'] / n:.1f} per job")  # fmt: skip
-    return {"n": n, "api": statistics.median(s_api), "req": statistics.median(s_req),
-            "s": statistics.median(s_sec), "lat": lat, "pre": rows, "per_job": plain,
-            "lists_per_job": pj["shared_lists"] / n,
-            "intake_api": sum(c.api_calls for c in by_phase["intake"]),
-            "intake_lists": sum(c.api.get("list", 0) for c in by_phase["intake"])}  # fmt: skip
+    print(
+        f"  API calls per job, submit to deleted (not preempted, {len(plain)} jobs): median "
+        f"{statistics.median(plain):g} (min {min(plain)}, max {max(plain)}): "
+        f"{fmt_counts({k: v / len(plain) for k, v in pj['kinds'].items()})}; plus the "
+        f"listings shared by all jobs: {pj['shared_lists']:,} over {len(cycles)} cycles "
+        f"= {pj['shared_lists'] / n:.1f} per job"
+    )
+    return {
+        "n": n,
+        "api": statistics.median(s_api),
+        "req": statistics.median(s_req),
+        "s": statistics.median(s_sec),
+        "lat": lat,
+        "pre": rows,
+        "per_job": plain,
+        "lists_per_job": pj["shared_lists"] / n,
+        "intake_api": sum(c.api_calls for c in by_phase["intake"]),
+        "intake_lists": sum(c.api.get("list", 0) for c in by_phase["intake"]),
+    }
 
 
 def summary(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    print(f"\nsummary ({args.accelerator}, 3 zones; steady state: median per cycle; "
-          f"{args.api_latency * 1000:.0f} ms per API call, {args.latency * 1000:.0f} ms per "
-          f"bucket request; 1 cycle = {args.poll:g} s poll)")  # fmt: skip
-    print(f"{'jobs':>6} | {'API/cycle':>9} {'req/cycle':>9} {'s/cycle':>7} | "
-          f"{'out p50':>7} {'p95':>4} {'p50 s':>6} {'p95 s':>6} | {'preempt->create':>15} "
-          f"{'->run':>5} | {'API/job':>7} {'lists/job':>9} | {'intake API':>10} "
-          f"{'lists':>6}")  # fmt: skip
+    print(
+        f"\nsummary ({args.accelerator}, 3 zones; steady state: median per cycle; "
+        f"{args.api_latency * 1000:.0f} ms per API call, {args.latency * 1000:.0f} ms per "
+        f"bucket request; 1 cycle = {args.poll:g} s poll)"
+    )
+    print(
+        f"{'jobs':>6} | {'API/cycle':>9} {'req/cycle':>9} {'s/cycle':>7} | "
+        f"{'out p50':>7} {'p95':>4} {'p50 s':>6} {'p95 s':>6} | {'preempt->create':>15} "
+        f"{'->run':>5} | {'API/job':>7} {'lists/job':>9} | {'intake API':>10} "
+        f"{'lists':>6}"
+    )
     for r in results:
         lat, pre = r["lat"], r["pre"]
-        print(f"{r['n']:>6,} | {r['api']:>9g} {r['req']:>9g} {r['s']:>7.3f} | "
-              f"{percentile(lat['cycles'], 0.5):>7g} {percentile(lat['cycles'], 0.95):>4g} "
-              f"{percentile(lat['seconds'], 0.5):>6.1f} {percentile(lat['seconds'], 0.95):>6.1f} | "
-              f"{statistics.median(pre['created']):>15g} {statistics.median(pre['running']):>5g} | "
-              f"{statistics.median(r['per_job']):>7g} {r['lists_per_job']:>9.1f} | "
-              f"{r['intake_api']:>10,} {r['intake_lists']:>6,}")  # fmt: skip
+        print(
+            f"{r['n']:>6,} | {r['api']:>9g} {r['req']:>9g} {r['s']:>7.3f} | "
+            f"{percentile(lat['cycles'], 0.5):>7g} {percentile(lat['cycles'], 0.95):>4g} "
+            f"{percentile(lat['seconds'], 0.5):>6.1f} {percentile(lat['seconds'], 0.95):>6.1f} | "
+            f"{statistics.median(pre['created']):>15g} {statistics.median(pre['running']):>5g} | "
+            f"{statistics.median(r['per_job']):>7g} {r['lists_per_job']:>9.1f} | "
+            f"{r['intake_api']:>10,} {r['intake_lists']:>6,}"
+        )
 
 
 def main() -> None:
@@ -681,7 +762,7 @@ def main() -> None:
         f"parallel), {args.latency * 1000:.0f} ms per bucket request of the daemon "
         f"(LatencyBucket; a listing is a request per 800 names); s/cycle = the cycle plus its "
         f"effects in the pool"
-    )  # fmt: skip
+    )
     results = []
     for n in args.jobs:
         with tempfile.TemporaryDirectory(prefix=f"bench-cloud-{n}-") as tmp:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bastion.daemon.start import build_daemon
 from bastion.jobstate import Status
-from bastion.service import build_daemon
 from launch.api import Client, new_jobspec
 
 QUOTA = """\
@@ -50,22 +50,33 @@ def main() -> None:
         quota.write_text(QUOTA.format(running=args.running))
         t0 = time.perf_counter()
         for i in range(args.jobs):
-            client.submit(new_jobspec(name=f"job-{i:05d}", command="sleep 3600", user_id="bench",
-                                      project_id="default", resources={"cpu": 1}))
+            client.submit(
+                new_jobspec(
+                    name=f"job-{i:05d}",
+                    command="sleep 3600",
+                    user_id="bench",
+                    project_id="default",
+                    resources={"cpu": 1},
+                )
+            )
         print(f"submitted {args.jobs} jobs in {time.perf_counter() - t0:.2f}s")
 
         daemon = build_daemon(root, work_dir=f"{tmp}/work")
         try:
             first = daemon.cycle(time.time())
             running = sum(1 for j in daemon.jobs.values() if j.state.status is Status.ACTIVE)
-            print(f"admission cycle: {first.seconds:.3f}s, ops {dict(sorted(first.ops.items()))}, "
-                  f"{running} running, {len(daemon.jobs) - running} pending")
+            print(
+                f"admission cycle: {first.seconds:.3f}s, ops {dict(sorted(first.ops.items()))}, "
+                f"{running} running, {len(daemon.jobs) - running} pending"
+            )
             daemon.settle()  # the starts run in the I/O pool; their handles are recorded next
             daemon.cycle(time.time())
             steady = [daemon.cycle(time.time()) for _ in range(args.cycles)]
             seconds = [r.seconds for r in steady]
-            print(f"steady-state cycle: median {statistics.median(seconds):.4f}s "
-                  f"(min {min(seconds):.4f}s, max {max(seconds):.4f}s) over {args.cycles} cycles")
+            print(
+                f"steady-state cycle: median {statistics.median(seconds):.4f}s "
+                f"(min {min(seconds):.4f}s, max {max(seconds):.4f}s) over {args.cycles} cycles"
+            )
             for i, report in enumerate(steady):
                 print(f"  cycle {i + 1}: ops {dict(sorted(report.ops.items()))}")
             reads = sum(r.ops.get("read", 0) for r in steady)

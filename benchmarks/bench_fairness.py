@@ -52,10 +52,18 @@ def _rules() -> Any:
     return mod
 
 
-def _job(name: str, p: str, submit: float, duration: float, res: dict[str, int],
-         prio: int) -> dict[str, Any]:
-    return {"name": name, "project_id": p, "user_id": f"{p}-u", "submit": round(submit),
-            "duration": round(duration), "resources": res, "priority": prio}
+def _job(
+    name: str, p: str, submit: float, duration: float, res: dict[str, int], prio: int
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "project_id": p,
+        "user_id": f"{p}-u",
+        "submit": round(submit),
+        "duration": round(duration),
+        "resources": res,
+        "priority": prio,
+    }
 
 
 def mixed(rng: random.Random, hours: float) -> tuple[dict, dict, list]:
@@ -75,8 +83,11 @@ def mixed(rng: random.Random, hours: float) -> tuple[dict, dict, list]:
 
 def two_types(rng: random.Random, hours: float) -> tuple[dict, dict, list]:
     pool = {"v4": 32, "gpu": 32}
-    shares = {"a": {"v4": 0.6, "gpu": 0.1}, "b": {"v4": 0.1, "gpu": 0.6},
-              "c": {"v4": 0.3, "gpu": 0.3}}
+    shares = {
+        "a": {"v4": 0.6, "gpu": 0.1},
+        "b": {"v4": 0.1, "gpu": 0.6},
+        "c": {"v4": 0.3, "gpu": 0.3},
+    }
     jobs = []
     t = 0.0
     i = 0
@@ -99,8 +110,11 @@ def large_vs_stream(rng: random.Random, hours: float) -> tuple[dict, dict, list]
     while t < hours * 3600:
         t += rng.expovariate(1 / 40)
         p = rng.choice("ab")
-        jobs.append(_job(f"s{i}", p, t, rng.uniform(300, 1500), {"v4": rng.choice((1, 2))},
-                         rng.randint(2, 4)))
+        jobs.append(
+            _job(
+                f"s{i}", p, t, rng.uniform(300, 1500), {"v4": rng.choice((1, 2))}, rng.randint(2, 4)
+            )
+        )
         i += 1
     return pool, shares, jobs
 
@@ -112,13 +126,29 @@ def over_share(rng: random.Random, hours: float) -> tuple[dict, dict, list]:
     i = 0
     for p in "ab":  # always far over their share: a deep queue from the start
         for k in range(int(hours * 6)):
-            jobs.append(_job(f"{p}{k}", p, rng.uniform(0, 600), rng.uniform(900, 2400),
-                             {"v4": rng.choice((2, 4, 8))}, rng.randint(2, 4)))
+            jobs.append(
+                _job(
+                    f"{p}{k}",
+                    p,
+                    rng.uniform(0, 600),
+                    rng.uniform(900, 2400),
+                    {"v4": rng.choice((2, 4, 8))},
+                    rng.randint(2, 4),
+                )
+            )
     t = 0.0
     while t < hours * 3600:
         t += rng.expovariate(1 / 600)
-        jobs.append(_job(f"c{i}", "c", t, rng.uniform(600, 3000), {"v4": rng.choice((4, 8))},
-                         rng.randint(2, 4)))
+        jobs.append(
+            _job(
+                f"c{i}",
+                "c",
+                t,
+                rng.uniform(600, 3000),
+                {"v4": rng.choice((4, 8))},
+                rng.randint(2, 4),
+            )
+        )
         i += 1
     return pool, shares, jobs
 
@@ -126,17 +156,39 @@ def over_share(rng: random.Random, hours: float) -> tuple[dict, dict, list]:
 def borrower_returns(rng: random.Random, hours: float) -> tuple[dict, dict, list]:
     pool = {"v4": 32}
     shares = {"owner": {"v4": 0.75}, "borrower": {"v4": 0.25}}
-    jobs = [_job(f"b{k}", "borrower", rng.uniform(0, 60), rng.uniform(3 * 3600, hours * 3600),
-                 {"v4": rng.choice((1, 2, 4))}, 3) for k in range(20)]
+    jobs = [
+        _job(
+            f"b{k}",
+            "borrower",
+            rng.uniform(0, 60),
+            rng.uniform(3 * 3600, hours * 3600),
+            {"v4": rng.choice((1, 2, 4))},
+            3,
+        )
+        for k in range(20)
+    ]
     back = 3600.0
     for k in range(12):
-        jobs.append(_job(f"o{k}", "owner", back + rng.uniform(0, 900), rng.uniform(1800, 5400),
-                         {"v4": rng.choice((2, 4, 8))}, rng.randint(2, 4)))
+        jobs.append(
+            _job(
+                f"o{k}",
+                "owner",
+                back + rng.uniform(0, 900),
+                rng.uniform(1800, 5400),
+                {"v4": rng.choice((2, 4, 8))},
+                rng.randint(2, 4),
+            )
+        )
     return pool, shares, jobs
 
 
-SCENARIOS = {"mixed": mixed, "two-types": two_types, "large-vs-stream": large_vs_stream,
-             "over-share": over_share, "borrower-returns": borrower_returns}
+SCENARIOS = {
+    "mixed": mixed,
+    "two-types": two_types,
+    "large-vs-stream": large_vs_stream,
+    "over-share": over_share,
+    "borrower-returns": borrower_returns,
+}
 
 
 def _axlearn() -> Any:
@@ -144,15 +196,20 @@ def _axlearn() -> Any:
     mod = sys.modules.get("_axlearn")
     if mod is None:
         spec = importlib.util.spec_from_file_location(
-            "_axlearn", Path(__file__).resolve().parent / "axlearn_model.py")
+            "_axlearn", Path(__file__).resolve().parent / "axlearn_model.py"
+        )
         assert spec and spec.loader
         mod = sys.modules["_axlearn"] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
     return mod
 
 
-def return_bound(pool: dict[str, int], quotas: dict[str, dict[str, float]], raw: list[dict],
-                 events: list[dict] | None = None) -> int:
+def return_bound(
+    pool: dict[str, int],
+    quotas: dict[str, dict[str, float]],
+    raw: list[dict],
+    events: list[dict] | None = None,
+) -> int:
     """Fewest preemptions a policy needs at the owner's return to honour rule 2 (the later
     preemptions of borrower jobs restarted in capacity the owner could not use yet are not
     counted).
@@ -176,8 +233,11 @@ def return_bound(pool: dict[str, int], quotas: dict[str, dict[str, float]], raw:
     owner = max(first, key=lambda p: (first[p], p))
     t0 = first[owner]
     horizon = t0 + PERIOD
-    active = [j for j in raw if j["project_id"] != owner and j["submit"] < t0
-              and j["submit"] + j["duration"] > t0]
+    active = [
+        j
+        for j in raw
+        if j["project_id"] != owner and j["submit"] < t0 and j["submit"] + j["duration"] > t0
+    ]
     if events is not None:
         running: set[str] = set()
         for e in events:
@@ -190,17 +250,23 @@ def return_bound(pool: dict[str, int], quotas: dict[str, dict[str, float]], raw:
         active = [j for j in active if j["name"] in running]
     worst = 0
     for r, total in pool.items():
-        demand = sum(j["resources"].get(r, 0) for j in raw
-                     if j["project_id"] == owner and j["submit"] <= horizon)
+        demand = sum(
+            j["resources"].get(r, 0)
+            for j in raw
+            if j["project_id"] == owner and j["submit"] <= horizon
+        )
         need = min(quotas.get(owner, {}).get(r, 0.0), demand)
         sizes = [j["resources"].get(r, 0) for j in active]
         held = sum(sizes) if events is not None else min(total, sum(sizes))
-        freeing = sum(j["resources"].get(r, 0) for j in active
-                      if j["submit"] + j["duration"] <= horizon)
+        freeing = sum(
+            j["resources"].get(r, 0) for j in active if j["submit"] + j["duration"] <= horizon
+        )
         lack = need - (total - held) - freeing
         victims = 0
-        for n in sorted((j["resources"].get(r, 0) for j in active
-                         if j["submit"] + j["duration"] > horizon), reverse=True):
+        for n in sorted(
+            (j["resources"].get(r, 0) for j in active if j["submit"] + j["duration"] > horizon),
+            reverse=True,
+        ):
             if lack <= EPS:
                 break
             lack -= n
@@ -218,12 +284,24 @@ def run_one(name: str, seed: int, hours: float) -> tuple[dict[str, Any], float]:
     from quota.trace import TraceJob
 
     pool, shares, raw = SCENARIOS[name](random.Random(seed), hours)
-    config = QuotaConfig(tiers=(pool,), membership={p: (f"{p}-.*",) for p in shares},
-                         shares=shares,
-                         scheduling=SchedulingKnobs(min_runtime_seconds=MIN_RUNTIME,
-                                                    preemption_grace_seconds=GRACE))
-    trace = [TraceJob(j["name"], j["project_id"], j["user_id"], j["submit"], j["duration"],
-                      j["resources"], j["priority"]) for j in raw]
+    config = QuotaConfig(
+        tiers=(pool,),
+        membership={p: (f"{p}-.*",) for p in shares},
+        shares=shares,
+        scheduling=SchedulingKnobs(min_runtime_seconds=MIN_RUNTIME, preemption_grace_seconds=GRACE),
+    )
+    trace = [
+        TraceJob(
+            j["name"],
+            j["project_id"],
+            j["user_id"],
+            j["submit"],
+            j["duration"],
+            j["resources"],
+            j["priority"],
+        )
+        for j in raw
+    ]
     t0 = time.perf_counter()
     result = simulate(config, trace, POLL)
     wall = time.perf_counter() - t0
@@ -238,10 +316,16 @@ def run_one(name: str, seed: int, hours: float) -> tuple[dict[str, Any], float]:
         # ours at the return: until the owner's first job ends (later ones preempt borrower
         # jobs restarted meanwhile in capacity the owner could not use)
         owner = max(raw, key=lambda j: (j["submit"], j["project_id"]))["project_id"]
-        ends = [e["time"] for e in result.events
-                if e["event"] == "finish" and jobs[e["name"]]["project_id"] == owner]
-        m["return_preemptions"] = sum(1 for e in result.events if e["event"] == "preempt"
-                                      and e["time"] < min(ends, default=math.inf))
+        ends = [
+            e["time"]
+            for e in result.events
+            if e["event"] == "finish" and jobs[e["name"]]["project_id"] == owner
+        ]
+        m["return_preemptions"] = sum(
+            1
+            for e in result.events
+            if e["event"] == "preempt" and e["time"] < min(ends, default=math.inf)
+        )
     return m, wall
 
 
@@ -255,9 +339,11 @@ def main() -> None:
     sys.path.insert(0, str(Path(args.tree).resolve()))
     names = [s for s in args.only.split(",") if s] or list(SCENARIOS)
     print(f"policy from {args.tree}; reclaim period {PERIOD:g}s; {args.hours:g} h per trace")
-    print(f"{'scenario':<18} {'seed':>4} {'idle%':>6} {'deprv':>6} {'attain':>6} {'wq':>3} "
-          f"{'wp':>3} {'maxp':>4} {'pre':>5} {'lost h':>7} {'sim s':>6} {'ax pre':>6} "
-          f"{'ax maxp':>7} {'ratio':>6} {'lb':>3} {'lb|run':>6}")
+    print(
+        f"{'scenario':<18} {'seed':>4} {'idle%':>6} {'deprv':>6} {'attain':>6} {'wq':>3} "
+        f"{'wp':>3} {'maxp':>4} {'pre':>5} {'lost h':>7} {'sim s':>6} {'ax pre':>6} "
+        f"{'ax maxp':>7} {'ratio':>6} {'lb':>3} {'lb|run':>6}"
+    )
     worst: dict[str, float] = {}
     bounds: list[str] = []
     for name in names:
@@ -269,25 +355,29 @@ def main() -> None:
             # (no preemption at all against none of AXLearn's: ratio 0, the rule holds)
             ratio = m["preemptions"] / ax if ax else (math.inf if m["preemptions"] else 0.0)
             worst[name] = max(worst.get(name, 0.0), ratio)
-            print(f"{name:<18} {seed:>4} {100 * m['idle_while_fit_fraction']:>6.2f} "
-                  f"{deprv:>6.0f} {attain:>6.3f} {m['within_quota_preemptions']:>3} "
-                  f"{m['within_project_violations']:>3} {m['max_preemptions_per_job']:>4} "
-                  f"{m['preemptions']:>5} {m['lost_resource_seconds'] / 3600:>7.1f} "
-                  f"{wall:>6.1f} {ax:>6} {m['axlearn_max_preemptions_per_job']:>7} "
-                  f"{ratio:>6.3f} {m.get('return_bound', '-'):>3} "
-                  f"{m.get('return_bound_run', '-'):>6}", flush=True)
+            print(
+                f"{name:<18} {seed:>4} {100 * m['idle_while_fit_fraction']:>6.2f} "
+                f"{deprv:>6.0f} {attain:>6.3f} {m['within_quota_preemptions']:>3} "
+                f"{m['within_project_violations']:>3} {m['max_preemptions_per_job']:>4} "
+                f"{m['preemptions']:>5} {m['lost_resource_seconds'] / 3600:>7.1f} "
+                f"{wall:>6.1f} {ax:>6} {m['axlearn_max_preemptions_per_job']:>7} "
+                f"{ratio:>6.3f} {m.get('return_bound', '-'):>3} "
+                f"{m.get('return_bound_run', '-'):>6}",
+                flush=True,
+            )
             if "return_bound" in m:
-                bounds.append(f"  {name} seed {seed}: ours {m['preemptions']} "
-                              f"({m['return_preemptions']} at the return), bound "
-                              f"{m['return_bound']} ({m['return_bound_run']} given the borrower "
-                              f"jobs that ran at the return), AXLearn {ax}")
+                bounds.append(
+                    f"  {name} seed {seed}: ours {m['preemptions']} "
+                    f"({m['return_preemptions']} at the return), bound "
+                    f"{m['return_bound']} ({m['return_bound_run']} given the borrower "
+                    f"jobs that ran at the return), AXLearn {ax}"
+                )
     print("largest ratio of preemptions to AXLearn's (rule 5: <= 0.125):")
     for name, ratio in worst.items():
         print(f"  {name:<18} {ratio:.3f}")
     print(f"  {'all':<18} {max(worst.values(), default=0.0):.3f}")
     if bounds:
-        print("preemptions, and the fewest at the owner's return that rule 2 needs "
-              "(return_bound):")
+        print("preemptions, and the fewest at the owner's return that rule 2 needs (return_bound):")
         print("\n".join(bounds))
 
 

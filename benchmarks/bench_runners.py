@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import psutil
 
 from bastion.daemon import CycleReport, Daemon
+from bastion.daemon.start import build_daemon
 from bastion.jobstate import Status
-from bastion.service import build_daemon
 from launch.api import new_jobspec
 
 QUOTA = """\
@@ -56,8 +56,14 @@ def write_specs(root: str, names: list[str], command: str, runner: dict | None =
     active = Path(root, "jobs", "active")
     active.mkdir(parents=True, exist_ok=True)
     for name in names:
-        spec = new_jobspec(name=name, command=command, user_id="bench", project_id="default",
-                           resources={"cpu": 1}, runner=runner)
+        spec = new_jobspec(
+            name=name,
+            command=command,
+            user_id="bench",
+            project_id="default",
+            resources={"cpu": 1},
+            runner=runner,
+        )
         (active / name).write_bytes(spec.dumps())
 
 
@@ -65,9 +71,11 @@ def running(daemon: Daemon, names: list[str]) -> int:
     count = 0
     for name in names:
         job = daemon.jobs.get(name)
-        if job and job.state.status is Status.ACTIVE and (job.state.runner or {}).get(
-            "phase"
-        ) == "RUNNING":
+        if (
+            job
+            and job.state.status is Status.ACTIVE
+            and (job.state.runner or {}).get("phase") == "RUNNING"
+        ):
             count += 1
     return count
 
@@ -84,25 +92,32 @@ def burst(daemon: Daemon, names: list[str], timeout: float, label: str) -> float
     """Cycles until every job in ``names`` is observed RUNNING; prints the figures."""
     t0 = time.perf_counter()
     first = daemon.cycle(time.time())
-    admitted = sum(1 for n in names if (daemon.jobs.get(n) and
-                                        daemon.jobs[n].state.status is Status.ACTIVE))
-    print(f"[{label}] admitting cycle: {first.seconds:.3f}s, {admitted}/{len(names)} admitted, "
-          f"ops {fmt_ops(first)}")
+    admitted = sum(
+        1 for n in names if (daemon.jobs.get(n) and daemon.jobs[n].state.status is Status.ACTIVE)
+    )
+    print(
+        f"[{label}] admitting cycle: {first.seconds:.3f}s, {admitted}/{len(names)} admitted, "
+        f"ops {fmt_ops(first)}"
+    )
     print(f"[{label}]   phases: {fmt_phases(first.phases)}")
     total: collections.Counter[str] = collections.Counter(first.phases)
     cycles = 1
     while running(daemon, names) < len(names):
         if time.perf_counter() - t0 > timeout:
-            print(f"[{label}] TIMEOUT: only {running(daemon, names)}/{len(names)} RUNNING "
-                  f"after {timeout}s")
+            print(
+                f"[{label}] TIMEOUT: only {running(daemon, names)}/{len(names)} RUNNING "
+                f"after {timeout}s"
+            )
             break
         time.sleep(0.05)
         report = daemon.cycle(time.time())
         total.update(report.phases)
         cycles += 1
     elapsed = time.perf_counter() - t0
-    print(f"[{label}] all {running(daemon, names)}/{len(names)} RUNNING (Observed) after "
-          f"{elapsed:.2f}s and {cycles} cycles")
+    print(
+        f"[{label}] all {running(daemon, names)}/{len(names)} RUNNING (Observed) after "
+        f"{elapsed:.2f}s and {cycles} cycles"
+    )
     print(f"[{label}]   phases summed over those cycles: {fmt_phases(dict(total))}")
     return elapsed
 
@@ -120,11 +135,14 @@ def steady(
         daemon.settle()
         per_cycle.append(dict(sorted(calls.items())) if calls is not None else None)
     seconds = [r.seconds for r in reports]
-    print(f"[{label}] steady-state cycle: median {statistics.median(seconds):.3f}s "
-          f"(min {min(seconds):.3f}s, max {max(seconds):.3f}s) over {cycles} cycles")
+    print(
+        f"[{label}] steady-state cycle: median {statistics.median(seconds):.3f}s "
+        f"(min {min(seconds):.3f}s, max {max(seconds):.3f}s) over {cycles} cycles"
+    )
     for i, r in enumerate(reports):
-        print(f"[{label}]   cycle {i + 1}: {r.seconds:.3f}s ops {fmt_ops(r)}; "
-              f"slowest {r.slowest()}")
+        print(
+            f"[{label}]   cycle {i + 1}: {r.seconds:.3f}s ops {fmt_ops(r)}; slowest {r.slowest()}"
+        )
         if per_cycle[i] is not None:
             print(f"[{label}]     engine API calls: {per_cycle[i]}")
 
@@ -132,8 +150,16 @@ def steady(
 def count_engine_calls(api) -> collections.Counter[str]:
     """Wrap the docker APIClient's methods the runner uses, counting calls by name."""
     calls: collections.Counter[str] = collections.Counter()
-    for method in ("inspect_container", "logs", "containers", "create_container", "start",
-                   "kill", "remove_container", "pull"):
+    for method in (
+        "inspect_container",
+        "logs",
+        "containers",
+        "create_container",
+        "start",
+        "kill",
+        "remove_container",
+        "pull",
+    ):
         original = getattr(api, method)
 
         def counted(*a, _original=original, _method=method, **kw):
@@ -199,7 +225,7 @@ def bench_docker(args: argparse.Namespace) -> None:
     import docker
 
     if not os.environ.get("DOCKER_HOST"):
-        print("[c] skipped: DOCKER_HOST is not set (eval \"$(bash scripts/docker_setup.sh)\")")
+        print('[c] skipped: DOCKER_HOST is not set (eval "$(bash scripts/docker_setup.sh)")')
         return
     if not args.image:
         print("[c] skipped: --image is needed")
@@ -210,8 +236,9 @@ def bench_docker(args: argparse.Namespace) -> None:
         quota = Path(root, "project-quotas", "project-quotas.config")
         quota.parent.mkdir(parents=True)
         quota.write_text(QUOTA.format(cpus=args.containers + 100))
-        settings = {"runners": {"docker": {"image": args.image,
-                                           "docker_host": os.environ["DOCKER_HOST"]}}}
+        settings = {
+            "runners": {"docker": {"image": args.image, "docker_host": os.environ["DOCKER_HOST"]}}
+        }
         daemon = build_daemon(root, work_dir=f"{tmp}/work", grace_seconds=1, settings=settings)
         runner = daemon.runners.get("docker")
         starts: list[float] = []
@@ -234,8 +261,10 @@ def bench_docker(args: argparse.Namespace) -> None:
             burst(daemon, names, args.timeout, f"c: {args.containers} containers burst")
             burst_starts = list(starts)
             if burst_starts:
-                print(f"[c] runner.start per container in the burst (parallel pool): "
-                      f"p50 {statistics.median(burst_starts):.3f}s, max {max(burst_starts):.3f}s")
+                print(
+                    f"[c] runner.start per container in the burst (parallel pool): "
+                    f"p50 {statistics.median(burst_starts):.3f}s, max {max(burst_starts):.3f}s"
+                )
             calls = count_engine_calls(runner._api())
             steady(daemon, args.cycles, f"c: {args.containers} containers running", calls)
             latencies = []
@@ -248,11 +277,15 @@ def bench_docker(args: argparse.Namespace) -> None:
                     daemon.cycle(time.time())
                     time.sleep(0.02)
                 latencies.append(time.perf_counter() - t0)
-            print(f"[c] submit-to-RUNNING of a single container job (cycling back to back, "
-                  f"{args.singles} jobs): p50 {statistics.median(latencies):.3f}s, "
-                  f"min {min(latencies):.3f}s, max {max(latencies):.3f}s")
-            print(f"[c] runner.start per container one at a time: p50 "
-                  f"{statistics.median(starts):.3f}s, max {max(starts):.3f}s")
+            print(
+                f"[c] submit-to-RUNNING of a single container job (cycling back to back, "
+                f"{args.singles} jobs): p50 {statistics.median(latencies):.3f}s, "
+                f"min {min(latencies):.3f}s, max {max(latencies):.3f}s"
+            )
+            print(
+                f"[c] runner.start per container one at a time: p50 "
+                f"{statistics.median(starts):.3f}s, max {max(starts):.3f}s"
+            )
         finally:
             stop_all(daemon, root)
             from bastion.runners.base import root_tag

@@ -63,7 +63,7 @@ class Bundler(abc.ABC):
         self, source_dir: str, store: Any, options: Mapping[str, Any], dry_run: bool = False
     ) -> Bundle:
         """Make (or find already made) the bundle of ``source_dir``; ``store``: the root's
-        bastion.store.Store; ``options``: the ``--bundler_spec`` keys; ``dry_run``: build
+        bastion.bucket.store.Store; ``options``: the ``--bundler_spec`` keys; ``dry_run``: build
         what is needed for the record, upload and push nothing."""
 
 

@@ -42,8 +42,13 @@ from bundlers.tar import TarBundler, collect, parse_excludes
 
 OPTIONS = (
     *(o for o in DOCKER_OPTIONS if o != "docker_host"),
-    "project", "name", "timeout", "wait", "poll_interval", "api_endpoint",
-)  # fmt: skip
+    "project",
+    "name",
+    "timeout",
+    "wait",
+    "poll_interval",
+    "api_endpoint",
+)
 ENDPOINT_ENV = "BASTION_CLOUDBUILD_API_ENDPOINT"
 DOCKER_STEP = "gcr.io/cloud-builders/docker"
 PENDING = ("STATUS_UNKNOWN", "PENDING", "QUEUED", "WORKING")
@@ -98,8 +103,9 @@ class CloudBuildBundler(Bundler):
             self.kind, f"{spec.repository}@{digest}", digest, 0, spec.git_commit, spec.git_dirty
         )
 
-    def _wait(self, builds: Any, project: str, build_id: str, wait: float, poll: float,
-              spec: ImageSpec) -> dict[str, Any]:  # fmt: skip
+    def _wait(
+        self, builds: Any, project: str, build_id: str, wait: float, poll: float, spec: ImageSpec
+    ) -> dict[str, Any]:
         deadline = self._clock() + wait
         failures = 0
         build: dict[str, Any] = {}

@@ -52,9 +52,18 @@ from bundlers.tar import (
 )
 
 OPTIONS = (
-    "repo", "dockerfile", "image", "tag", "allow_dirty", "build_arg", "platform", "target",
-    "docker_host", "exclude", "max_bytes",
-)  # fmt: skip
+    "repo",
+    "dockerfile",
+    "image",
+    "tag",
+    "allow_dirty",
+    "build_arg",
+    "platform",
+    "target",
+    "docker_host",
+    "exclude",
+    "max_bytes",
+)
 LOG_TAIL = 20  # build log lines quoted in an error
 _REPO = re.compile(
     r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?::\d+)?(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
@@ -167,12 +176,16 @@ def image_spec(kind: str, source_dir: str, options: Mapping[str, Any]) -> ImageS
     if not _TAG.fullmatch(tag):
         raise BundleError(f"--bundler_spec=tag={tag} is not a docker tag ([A-Za-z0-9_.-], ≤128)")
     return ImageSpec(
-        repo, image, tag, os.path.relpath(path, root).replace(os.sep, "/"),
+        repo,
+        image,
+        tag,
+        os.path.relpath(path, root).replace(os.sep, "/"),
         parse_build_args(options.get("build_arg")),
         str(options.get("platform") or "").strip() or None,
         str(options.get("target") or "").strip() or None,
-        commit, dirty,
-    )  # fmt: skip
+        commit,
+        dirty,
+    )
 
 
 def default_image_name(root: str) -> str:
@@ -202,9 +215,13 @@ def dirty_files(root: str) -> list[str]:
     """The paths ``git status --porcelain`` lists (modified, staged, untracked)."""
     try:
         done = subprocess.run(
-            ["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True,
-            timeout=60, check=False,
-        )  # fmt: skip
+            ["git", "status", "--porcelain"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError):
         return []
     return [line[3:].strip() for line in done.stdout.splitlines() if line.strip()]
@@ -295,10 +312,17 @@ def _build(client: Any, spec: ImageSpec, context: Any, labels: dict[str, str]) -
         kwargs["target"] = spec.target
     try:
         stream = client.api.build(
-            fileobj=context, custom_context=True, tag=spec.ref, dockerfile=spec.dockerfile,
-            buildargs=spec.build_args or None, labels=labels, rm=True, forcerm=True,
-            decode=True, **kwargs,
-        )  # fmt: skip
+            fileobj=context,
+            custom_context=True,
+            tag=spec.ref,
+            dockerfile=spec.dockerfile,
+            buildargs=spec.build_args or None,
+            labels=labels,
+            rm=True,
+            forcerm=True,
+            decode=True,
+            **kwargs,
+        )
         for chunk in stream:
             if "stream" in chunk:
                 for line in chunk["stream"].splitlines():

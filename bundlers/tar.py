@@ -33,9 +33,21 @@ from bundlers.base import Bundle, BundleError, Bundler, format_size
 # AXLearn's BUNDLE_EXCLUDE (venv .venv .git .idea .cache .pytest_cache __pycache__ .ruff_cache
 # .DS_Store), plus other caches nobody means to ship; matched by name at any depth.
 DEFAULT_EXCLUDE_NAMES = frozenset(
-    {"venv", ".venv", ".git", ".idea", ".cache", ".pytest_cache", "__pycache__", ".ruff_cache",
-     ".mypy_cache", "node_modules", ".DS_Store", ".ipynb_checkpoints"}
-)  # fmt: skip
+    {
+        "venv",
+        ".venv",
+        ".git",
+        ".idea",
+        ".cache",
+        ".pytest_cache",
+        "__pycache__",
+        ".ruff_cache",
+        ".mypy_cache",
+        "node_modules",
+        ".DS_Store",
+        ".ipynb_checkpoints",
+    }
+)
 EXCLUDE_GLOBS = ("*.pyc",)
 DEFAULT_MAX_BYTES = 256 * 1024**2  # before compression
 OPTIONS = ("exclude", "max_bytes")

@@ -28,10 +28,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from bastion import jobspec as _jobspec
+from bastion.bucket.specwatch import FULL_LISTING_SECONDS
+from bastion.bucket.store import Store, UnacceptableObject, resolve_root
 from bastion.jobspec import ExecLimitError, JobSpec, SpecError, check_name, shorten
 from bastion.jobstate import JobState, Outcome, Status
-from bastion.specwatch import FULL_LISTING_SECONDS
-from bastion.store import Store, UnacceptableObject, resolve_root
 from launch.status import DaemonStatus, NoDaemon, NoDaemonWarning, daemon_status
 from quota.capacity import fmt_units
 
@@ -88,8 +88,9 @@ def default_user() -> str:
     return os.environ.get("BASTION_USER") or getpass.getuser()
 
 
-def new_jobspec(*, name: str, command: str, user_id: str, project_id: str,
-                **kwargs: Any) -> JobSpec:
+def new_jobspec(
+    *, name: str, command: str, user_id: str, project_id: str, **kwargs: Any
+) -> JobSpec:
     """Build and validate a spec; raises SpecError naming the bad field (an empty command or
     user id too: the daemon could never run or attribute such a job)."""
     if not isinstance(command, str) or not command.strip():
@@ -205,9 +206,7 @@ class Client:
         self._mark(spec.name)
         status = self.daemon_status()
         if status.stopped:
-            warnings.warn(
-                NoDaemonWarning(f"{spec.name} waits: {status.message}"), stacklevel=2
-            )
+            warnings.warn(NoDaemonWarning(f"{spec.name} waits: {status.message}"), stacklevel=2)
         return spec
 
     def daemon_status(self) -> DaemonStatus:
@@ -237,7 +236,7 @@ class Client:
 
     def _mark(self, name: str) -> None:
         """The submission marker that makes the daemon read this spec next cycle instead of
-        finding it by its periodic full listing (bastion/specwatch.py). The spec is written
+        finding it by its periodic full listing (bastion/bucket/specwatch.py). The spec is written
         already, so a failure here loses nothing: it only waits longer, as the warning says."""
         try:
             self.store.write_marker(name)
@@ -268,8 +267,10 @@ class Client:
         job")."""
         who = user_id or default_user()
         if who != spec.metadata.user_id and not force:
-            source = "given" if user_id else (
-                "$BASTION_USER" if os.environ.get("BASTION_USER") else "the login name"
+            source = (
+                "given"
+                if user_id
+                else ("$BASTION_USER" if os.environ.get("BASTION_USER") else "the login name")
             )
             raise NotOwner(verb, spec.name, spec.metadata.user_id, who, source)
         return who
@@ -463,8 +464,7 @@ class Client:
                         no_daemon_since = time.monotonic()
                     elif time.monotonic() - no_daemon_since >= no_daemon_timeout:
                         raise NoDaemon(
-                            f"job {name} is {info.status} and nothing will change: "
-                            f"{status.message}"
+                            f"job {name} is {info.status} and nothing will change: {status.message}"
                         )
                 time.sleep(poll_seconds)
                 info = self.get(name)

@@ -74,7 +74,7 @@ def make_bundle(
     """Bundle ``source_dir`` with the named bundler; None for ``none``. Errors name the flag."""
     if kind == "none":
         return None
-    from bastion.store import Store
+    from bastion.bucket.store import Store
     from bundlers import parse_spec_options, with_excludes
 
     if not os.path.isdir(source_dir):

@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 
 from absl import app, flags
 
+from bastion.bucket.store import resolve_root
 from bastion.jobspec import ExecLimitError, SpecError, parse_resources
-from bastion.store import resolve_root
 from launch.api import (
     Client,
     JobExists,
@@ -127,7 +127,7 @@ flags.DEFINE_float(
 flags.DEFINE_string(
     "settings",
     None,
-    "start: daemon settings TOML (default_runner, [runners.KIND] options; see bastion/service.py).",
+    "start: daemon settings TOML (default_runner, [runners.KIND] options; see the README).",
 )
 flags.DEFINE_string(
     "quota_file", None, "Quota TOML URL (default: ROOT/project-quotas/project-quotas.config)."
@@ -191,8 +191,8 @@ def _one_name(args: Sequence[str], verb: str) -> str:
 
 
 def cmd_start(args: Sequence[str]) -> int:
-    from bastion.service import start_daemon
-    from bastion.store import Store
+    from bastion.bucket.store import Store
+    from bastion.daemon.start import start_daemon
 
     _no_args(args, "start")
     root = resolve_root(FLAGS.root)
@@ -238,9 +238,11 @@ def cmd_launch(args: Sequence[str]) -> int:
         resources = {**implied, **resources}
     elif FLAGS.instance_type:
         if runner:
-            raise UsageError("--instance_type picks the runner: drop --runner/--image (or use "
-                             f"--runner={'/'.join(sorted(INSTANCE_TYPE_RUNNERS))}, which takes "
-                             "instance types)")
+            raise UsageError(
+                "--instance_type picks the runner: drop --runner/--image (or use "
+                f"--runner={'/'.join(sorted(INSTANCE_TYPE_RUNNERS))}, which takes "
+                "instance types)"
+            )
         runner, implied = instance_type_runner(FLAGS.instance_type, FLAGS.num_replicas, FLAGS.spot)
         resources = {**implied, **resources}
     elif not resources and not FLAGS["resources"].present:
@@ -337,8 +339,11 @@ def cmd_list(args: Sequence[str]) -> int:
         active = [j for j in jobs if not j.finished]
         notes.append(
             f"! {status.message}"
-            + (f"; the {len(active)} unfinished job(s) below are not being run or watched"
-               if active else "")
+            + (
+                f"; the {len(active)} unfinished job(s) below are not being run or watched"
+                if active
+                else ""
+            )
         )
     refusal = quota_refusal(client, FLAGS.quota_file)
     if refusal:
@@ -416,15 +421,20 @@ def _worker_logs(client: Client, name: str) -> int:
         info = client.get(name)
         kind = (info.spec.runner_kind if info.spec else None) or "the daemon's default"
         if worker not in (None, 0):
-            print(f"bastion: {name} has no output from worker {worker}: its attempts so far "
-                  f"wrote none (runner {kind}; a one-process job has only worker 0, "
-                  f"whose output is `bastion logs {name}`)", file=sys.stderr)  # fmt: skip
+            print(
+                f"bastion: {name} has no output from worker {worker}: its attempts so far "
+                f"wrote none (runner {kind}; a one-process job has only worker 0, "
+                f"whose output is `bastion logs {name}`)",
+                file=sys.stderr,
+            )
             return 1
         FLAGS.worker = None
         return cmd_logs([name])  # one process: worker 0's output is the job's log
     if worker is not None and count and worker >= count and not FLAGS.follow:
-        print(f"bastion: {name} has output from workers 0..{count - 1} only, not {worker}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"bastion: {name} has output from workers 0..{count - 1} only, not {worker}",
+            file=sys.stderr,
+        )
         return 1
     out = sys.stdout.buffer
     for data in client.worker_output(
@@ -614,10 +624,28 @@ VERBS: dict[str, Callable[[Sequence[str]], int]] = {
 # -- usage: one short page per verb, its own flags only ------------------------------------
 
 _LAUNCH_FLAGS = (
-    "name", "project_id", "user_id", "resources", "priority", "env", "cleanup_command",
-    "runner", "image", "runner_option", "instance_type", "num_replicas", "spot", "bundler",
-    "bundler_type", "bundler_spec", "bundler_exclude", "source_dir", "dry_run", "follow",
-    "follow_poll_seconds", "daemon_wait_seconds",
+    "name",
+    "project_id",
+    "user_id",
+    "resources",
+    "priority",
+    "env",
+    "cleanup_command",
+    "runner",
+    "image",
+    "runner_option",
+    "instance_type",
+    "num_replicas",
+    "spot",
+    "bundler",
+    "bundler_type",
+    "bundler_spec",
+    "bundler_exclude",
+    "source_dir",
+    "dry_run",
+    "follow",
+    "follow_poll_seconds",
+    "daemon_wait_seconds",
 )
 _BUNDLE_FLAGS = ("bundler", "bundler_type", "bundler_spec", "bundler_exclude", "source_dir")
 
@@ -627,8 +655,15 @@ USAGE: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         "bastion start [flags]",
         "Run the daemon on the root (Ctrl-C stops it; running jobs are adopted by the next).",
         "bastion start --poll_seconds=1",
-        ("poll_seconds", "once", "work_dir", "grace_seconds", "lease_seconds", "settings",
-         "quota_file"),
+        (
+            "poll_seconds",
+            "once",
+            "work_dir",
+            "grace_seconds",
+            "lease_seconds",
+            "settings",
+            "quota_file",
+        ),
     ),
     "launch": (
         "bastion launch [flags] -- COMMAND...",
@@ -764,9 +799,7 @@ def check_verb_flags(verb: str) -> None:
         if FLAGS[name].present and name not in allowed:
             takers = [v for v in USAGE if name in USAGE[v][3]]
             hint = f" (it is a flag of: {', '.join(takers)})" if takers else ""
-            raise UsageError(
-                f"{verb} does not take --{name}{hint}; see bastion {verb} --help"
-            )
+            raise UsageError(f"{verb} does not take --{name}{hint}; see bastion {verb} --help")
 
 
 def main(argv: Sequence[str]) -> int:

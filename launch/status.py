@@ -19,8 +19,8 @@ from typing import Any
 
 import fsspec
 
-from bastion.objects import LocalObjects
-from bastion.store import Store
+from bastion.bucket.objects import LocalObjects
+from bastion.bucket.store import Store
 
 PROBE_SECONDS = 8.0  # how long a reading verb waits for an unreachable bucket
 
@@ -111,7 +111,8 @@ def daemon_status(store: Store, now: float | None = None) -> DaemonStatus:
             record,
         )
     return DaemonStatus(
-        True, f"the daemon on {who} holds {root} (renewed {human_duration(now - renewed)} ago)",
+        True,
+        f"the daemon on {who} holds {root} (renewed {human_duration(now - renewed)} ago)",
         record,
     )
 

@@ -11,7 +11,7 @@ import time
 
 from bastion.jobspec import JobSpec, SpecError, check_name
 from bastion.jobstate import JobState
-from bastion.scheduling import policy_requests
+from bastion.policy_inputs import policy_requests
 from launch.api import Client, UnknownJob
 from launch.status import humanize_epochs
 from quota.config import QuotaConfig, QuotaError, default_quota, parse_quota

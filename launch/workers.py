@@ -2,7 +2,8 @@
 
 The daemon merges worker 0's output into ``ROOT/logs/NAME`` (what ``bastion logs`` prints and
 ``gsutil cat`` reads); every worker's output stays beside it, in the chunks its agent wrote
-(``ROOT/runs/NAME/<attempt>/workers/<w>/log/``; see :class:`bastion.store.Store`). This module
+(``ROOT/runs/NAME/<attempt>/workers/<w>/log/``; see :class:`bastion.bucket.store.Store`).
+This module
 reads those chunks for every attempt of the current submission, in order. It only reads.
 
 - ``--worker=K``: worker K's output, each attempt under a header line.
@@ -19,8 +20,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from bastion.bucket.store import Store
 from bastion.runners.base import attempt_name
-from bastion.store import Store
 
 
 @dataclass
@@ -45,8 +46,10 @@ class WorkerOutput:
     def attempts(self, count: int) -> list[tuple[int, str]]:
         """(number, attempt name) of attempts 1..count: names are derived, never listed."""
         root = self.store.root_url
-        return [(n, attempt_name(root, self.name, self.submission, n, "run"))
-                for n in range(1, count + 1)]  # fmt: skip
+        return [
+            (n, attempt_name(root, self.name, self.submission, n, "run"))
+            for n in range(1, count + 1)
+        ]
 
     def workers_seen(self, attempts: int) -> set[int]:
         found = set()
@@ -93,8 +96,10 @@ class WorkerOutput:
         if self.worker is None:
             yield from self._emit(number, w, stream, data, flush=True)
             return
-        yield (f"=== [bastion] attempt {number}, worker {w} wrote no output; its startup "
-               "script printed ===\n").encode()  # fmt: skip
+        yield (
+            f"=== [bastion] attempt {number}, worker {w} wrote no output; its startup "
+            "script printed ===\n"
+        ).encode()
         yield data if data.endswith(b"\n") or not data else data + b"\n"
 
     def _emit(

@@ -24,13 +24,16 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:.1f}"
 
 
-def fmt_ratio(used: Mapping[str, float], quota: Mapping[str, float],
-              keys: Mapping[str, float] | Sequence[str]) -> str:
+def fmt_ratio(
+    used: Mapping[str, float], quota: Mapping[str, float], keys: Mapping[str, float] | Sequence[str]
+) -> str:
     """'410/410 v4, 3/4 cpu' over the given resource types (a mapping: its non-zero ones)."""
     if isinstance(keys, Mapping):
         keys = [r for r, n in keys.items() if n]
-    return ", ".join(f"{_num(used.get(r, 0))}/{_num(quota.get(r, 0.0))} {r}"
-                     for r in sorted(keys)) or "no resources"
+    return (
+        ", ".join(f"{_num(used.get(r, 0))}/{_num(quota.get(r, 0.0))} {r}" for r in sorted(keys))
+        or "no resources"
+    )
 
 
 def add(acc: dict[str, int], res: Res, sign: int = 1) -> None:

@@ -26,8 +26,14 @@ def check(quota_file: str, out: TextIO) -> int:
     return 0
 
 
-def simulate(quota_file: str, trace_file: str, poll_seconds: float, as_json: bool,
-             events_file: str | None, out: TextIO) -> int:
+def simulate(
+    quota_file: str,
+    trace_file: str,
+    poll_seconds: float,
+    as_json: bool,
+    events_file: str | None,
+    out: TextIO,
+) -> int:
     """Replay a trace under a quota file and print the metrics (one JSON object with --json)."""
     config = _load_quota(quota_file, out)
     text = _read(trace_file, out)
@@ -89,25 +95,32 @@ def quota_table(config: QuotaConfig) -> str:
     resources = sorted(pool)
     lines = ["pool: " + ", ".join(f"{pool[r]} {r}" for r in resources)]
     if len(config.tiers) > 1:
-        lines += [f"  tier {i}{' (reserved)' if i == 0 else ''}: "
-                  + ", ".join(f"{n} {r}" for r, n in sorted(t.items()))
-                  for i, t in enumerate(config.tiers)]
+        lines += [
+            f"  tier {i}{' (reserved)' if i == 0 else ''}: "
+            + ", ".join(f"{n} {r}" for r, n in sorted(t.items()))
+            for i, t in enumerate(config.tiers)
+        ]
     projects = sorted(set(config.membership) | set(config.shares))
     rows = [["project", *resources, "members"]]
     for p in projects:
         q = config.quota_of(p)
-        cells = [f"{_num(q.get(r, 0.0))} ({100 * config.shares.get(p, {}).get(r, 0.0):.0f}%)"
-                 for r in resources]
+        cells = [
+            f"{_num(q.get(r, 0.0))} ({100 * config.shares.get(p, {}).get(r, 0.0):.0f}%)"
+            for r in resources
+        ]
         rows.append([p, *cells, ", ".join(config.membership.get(p, ())) or "(nobody)"])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-              for row in rows]
+    lines += [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    ]
     k = config.scheduling
-    lines.append(f"scheduling: min runtime {k.min_runtime_seconds:g}s, preemption grace "
-                 f"{k.preemption_grace_seconds:g}s, usage half-life "
-                 f"{k.usage_half_life_seconds:g}s, preempt within project "
-                 f"{'on' if k.preempt_within_project else 'off'}, reserve after "
-                 f"{k.reserve_after_seconds:g}s, reclaim after {k.reclaim_after_seconds:g}s")
+    lines.append(
+        f"scheduling: min runtime {k.min_runtime_seconds:g}s, preemption grace "
+        f"{k.preemption_grace_seconds:g}s, usage half-life "
+        f"{k.usage_half_life_seconds:g}s, preempt within project "
+        f"{'on' if k.preempt_within_project else 'off'}, reserve after "
+        f"{k.reserve_after_seconds:g}s, reclaim after {k.reclaim_after_seconds:g}s"
+    )
     lines += [f"note: {n}" for n in config.notes]
     return "\n".join(lines)
 

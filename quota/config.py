@@ -17,8 +17,13 @@ from typing import Any
 import re2
 
 SCHEMA_VERSION = "1"
-_TABLES = ("toml-schema", "total_resources", "project_membership", "project_resources",
-           "scheduling")
+_TABLES = (
+    "toml-schema",
+    "total_resources",
+    "project_membership",
+    "project_resources",
+    "scheduling",
+)
 
 
 class QuotaError(ValueError):
@@ -79,8 +84,9 @@ class QuotaConfig:
     def quotas(self) -> dict[str, dict[str, float]]:
         """Absolute guaranteed units of every project with a share (cached; config is frozen)."""
         pool = self.pool
-        return {p: {r: f * pool[r] for r, f in s.items() if r in pool}
-                for p, s in self.shares.items()}
+        return {
+            p: {r: f * pool[r] for r, f in s.items() if r in pool} for p, s in self.shares.items()
+        }
 
     def quota_of(self, project_id: str) -> dict[str, float]:
         """Absolute guaranteed units per resource type (empty: best effort only)."""
@@ -92,8 +98,9 @@ class QuotaConfig:
 
     def projects_of(self, user_id: str) -> list[str]:
         """Projects whose membership regexes fully match the user id, sorted."""
-        return sorted(p for p, pats in self._patterns.items()
-                      if any(x.fullmatch(user_id) for x in pats))
+        return sorted(
+            p for p, pats in self._patterns.items() if any(x.fullmatch(user_id) for x in pats)
+        )
 
     @cached_property
     def _members(self) -> dict[tuple[str, str], bool]:
@@ -108,7 +115,8 @@ class QuotaConfig:
             if len(self._members) > 100_000:
                 self._members.clear()
             hit = self._members[key] = any(
-                x.fullmatch(user_id) for x in self._patterns.get(project_id, ()))
+                x.fullmatch(user_id) for x in self._patterns.get(project_id, ())
+            )
         return hit
 
 
@@ -133,8 +141,11 @@ def compile_membership(pattern: str) -> Any:
 
 def default_quota(pool: Mapping[str, int]) -> QuotaConfig:
     """The config used when no quota file exists: everyone in one project with the whole pool."""
-    return QuotaConfig(tiers=(dict(pool),), membership={"default": (".*",)},
-                       shares={"default": {r: 1.0 for r in pool}})
+    return QuotaConfig(
+        tiers=(dict(pool),),
+        membership={"default": (".*",)},
+        shares={"default": {r: 1.0 for r in pool}},
+    )
 
 
 def parse_quota(text: str, source: str = "<quota>") -> QuotaConfig:
@@ -154,10 +165,16 @@ def parse_quota(text: str, source: str = "<quota>") -> QuotaConfig:
     knobs = _parse_knobs(doc, p)
     if p.problems:
         raise QuotaError(p.problems)
-    config = QuotaConfig(tiers=tiers, membership=membership,
-                         shares=_normalise(raw_shares), scheduling=knobs)
-    return QuotaConfig(tiers=tiers, membership=membership, shares=config.shares,
-                       scheduling=knobs, notes=tuple(_notes(config, raw_shares)))
+    config = QuotaConfig(
+        tiers=tiers, membership=membership, shares=_normalise(raw_shares), scheduling=knobs
+    )
+    return QuotaConfig(
+        tiers=tiers,
+        membership=membership,
+        shares=config.shares,
+        scheduling=knobs,
+        notes=tuple(_notes(config, raw_shares)),
+    )
 
 
 class _Problems:
@@ -199,8 +216,11 @@ def _parse_tiers(doc: dict[str, Any], p: _Problems) -> tuple[dict[str, int], ...
     if isinstance(raw, dict):
         raw = [raw]
     if not isinstance(raw, list) or not raw or not all(isinstance(t, dict) for t in raw):
-        p.add("[total_resources]", "must be one table or a list of [[total_resources]] tables",
-              "write [total_resources] with v4 = 1024, or one [[total_resources]] per tier")
+        p.add(
+            "[total_resources]",
+            "must be one table or a list of [[total_resources]] tables",
+            "write [total_resources] with v4 = 1024, or one [[total_resources]] per tier",
+        )
         return ()
     tiers = []
     for i, table in enumerate(raw):
@@ -210,8 +230,9 @@ def _parse_tiers(doc: dict[str, Any], p: _Problems) -> tuple[dict[str, int], ...
             if isinstance(n, float) and n.is_integer():
                 n = int(n)
             if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-                p.add(f"{where} {r}", f"must be a whole number >= 0, got {n!r}",
-                      f"write e.g. {r} = 8")
+                p.add(
+                    f"{where} {r}", f"must be a whole number >= 0, got {n!r}", f"write e.g. {r} = 8"
+                )
                 continue
             tier[r] = n
         tiers.append(tier)
@@ -227,8 +248,11 @@ def _parse_membership(doc: dict[str, Any], p: _Problems) -> dict[str, tuple[str,
     for project, members in raw.items():
         where = f"[project_membership] {project}"
         if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
-            p.add(where, f"must be a list of regular expressions, got {members!r}",
-                  f'write {project} = ["user1", "team-.*"]')
+            p.add(
+                where,
+                f"must be a list of regular expressions, got {members!r}",
+                f'write {project} = ["user1", "team-.*"]',
+            )
             continue
         for i, m in enumerate(members):
             try:
@@ -236,8 +260,11 @@ def _parse_membership(doc: dict[str, Any], p: _Problems) -> dict[str, tuple[str,
             except re2.error as e:
                 err = e.args[0].decode(errors="replace") if e.args else str(e)
                 shown = repr(m) if len(m) <= 80 else f"{m[:80]!r}…({len(m)} characters)"
-                p.add(f"{where}[{i}]", f"regular expression {shown} cannot be used ({err})",
-                      _pattern_fix(err))
+                p.add(
+                    f"{where}[{i}]",
+                    f"regular expression {shown} cannot be used ({err})",
+                    _pattern_fix(err),
+                )
         out[project] = tuple(members)
     return out
 
@@ -245,8 +272,10 @@ def _parse_membership(doc: dict[str, Any], p: _Problems) -> dict[str, tuple[str,
 def _pattern_fix(err: str) -> str:
     """What to write instead: RE2 (linear time) has no backreferences or lookaround."""
     if "perl operator" in err or ("escape sequence: \\" in err and err[-1:].isdigit()):
-        return ("rewrite it without backreferences or lookaround (RE2 syntax, which matches "
-                'in linear time), e.g. list the alternatives: "alice|bob|team-.*"')
+        return (
+            "rewrite it without backreferences or lookaround (RE2 syntax, which matches "
+            'in linear time), e.g. list the alternatives: "alice|bob|team-.*"'
+        )
     if "\\Z" in err:
         return "write $ instead of \\Z (the pattern must match the whole user id anyway)"
     return "escape special characters or fix the pattern (RE2 syntax)"
@@ -255,14 +284,20 @@ def _pattern_fix(err: str) -> str:
 def _parse_shares(doc: dict[str, Any], p: _Problems) -> dict[str, dict[str, float]]:
     raw = doc.get("project_resources", {})
     if not isinstance(raw, dict):
-        p.add("[project_resources]", "must be a table of project tables",
-              "write [project_resources.p1] with v4 = 0.5")
+        p.add(
+            "[project_resources]",
+            "must be a table of project tables",
+            "write [project_resources.p1] with v4 = 0.5",
+        )
         return {}
     out: dict[str, dict[str, float]] = {}
     for project, table in raw.items():
         if not isinstance(table, dict):
-            p.add(f"[project_resources] {project}", f"must be a table, got {table!r}",
-                  f"write [project_resources.{project}] with one fraction per resource type")
+            p.add(
+                f"[project_resources] {project}",
+                f"must be a table, got {table!r}",
+                f"write [project_resources.{project}] with one fraction per resource type",
+            )
             continue
         fracs: dict[str, float] = {}
         for r, f in table.items():
@@ -307,8 +342,10 @@ def _normalise(raw: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, fl
     for fracs in raw.values():
         for r, f in fracs.items():
             totals[r] = totals.get(r, 0.0) + f
-    return {p: {r: (f / totals[r] if totals[r] > 0 else 0.0) for r, f in fracs.items()}
-            for p, fracs in raw.items()}
+    return {
+        p: {r: (f / totals[r] if totals[r] > 0 else 0.0) for r, f in fracs.items()}
+        for p, fracs in raw.items()
+    }
 
 
 def _notes(config: QuotaConfig, raw: Mapping[str, Mapping[str, float]]) -> list[str]:
@@ -318,13 +355,16 @@ def _notes(config: QuotaConfig, raw: Mapping[str, Mapping[str, float]]) -> list[
     totals: dict[str, float] = {}
     for project, fracs in raw.items():
         if project not in config.membership:
-            notes.append(f"project {project} has a share but no [project_membership] entry: "
-                         "nobody can submit to it (others may borrow its quota)")
+            notes.append(
+                f"project {project} has a share but no [project_membership] entry: "
+                "nobody can submit to it (others may borrow its quota)"
+            )
         for r, f in fracs.items():
             totals[r] = totals.get(r, 0.0) + f
             if r not in pool:
-                notes.append(f"[project_resources.{project}] {r}: not in [total_resources], "
-                             "ignored")
+                notes.append(
+                    f"[project_resources.{project}] {r}: not in [total_resources], ignored"
+                )
     for r, total in sorted(totals.items()):
         if r in pool and total > 0 and not math.isclose(total, 1.0):
             notes.append(f"fractions of {r} sum to {total:g}; normalised to 1")

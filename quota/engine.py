@@ -95,8 +95,9 @@ from quota.within import Within, within
 __all__ = ["EPS", "invalid_reason", "run"]
 
 
-def run(config: QuotaConfig, jobs: Sequence[JobRequest], usage: Mapping[str, float],
-        now: float) -> Plan:
+def run(
+    config: QuotaConfig, jobs: Sequence[JobRequest], usage: Mapping[str, float], now: float
+) -> Plan:
     """One pass, with the cyclic garbage collector paused while it runs.
 
     A pass over 50,000 pending jobs allocates per job (queue entries, sort keys, names in
@@ -117,8 +118,13 @@ def run(config: QuotaConfig, jobs: Sequence[JobRequest], usage: Mapping[str, flo
 
 
 class _Pass:
-    def __init__(self, config: QuotaConfig, jobs: Sequence[JobRequest],
-                 usage: Mapping[str, float], now: float) -> None:
+    def __init__(
+        self,
+        config: QuotaConfig,
+        jobs: Sequence[JobRequest],
+        usage: Mapping[str, float],
+        now: float,
+    ) -> None:
         self.config, self.jobs, self.user_usage, self.now = config, jobs, usage, now
         self.knobs = config.scheduling
         self.pool = config.pool
@@ -189,10 +195,15 @@ class _Pass:
         first.run()
         self._lend(first)
         self._finish_waits(queues)
-        return Plan(decisions=Decisions(names, self.decisions, _Waiting(self)),
-                    reserved=self.reserved, free=dict(self.cap.total), usage=self.usage,
-                    quotas=self.quotas, within_quota=frozenset(first.admitted),
-                    waiting=self.order)
+        return Plan(
+            decisions=Decisions(names, self.decisions, _Waiting(self)),
+            reserved=self.reserved,
+            free=dict(self.cap.total),
+            usage=self.usage,
+            quotas=self.quotas,
+            within_quota=frozenset(first.admitted),
+            waiting=self.order,
+        )
 
     def _overtaken(self, queues: Mapping[str, list[JobRequest]]) -> None:
         """Drop a waiting job's claim on its own project's backfill when the jobs ahead of it
@@ -248,8 +259,14 @@ class _Pass:
         """A running job may be preempted only after its minimum runtime."""
         return j.start_time is None or self.now - j.start_time >= self.knobs.min_runtime_seconds
 
-    def decide(self, job: JobRequest, verdict: Verdict, reason: str, tier: int | None = None,
-               by: str | None = None) -> None:
+    def decide(
+        self,
+        job: JobRequest,
+        verdict: Verdict,
+        reason: str,
+        tier: int | None = None,
+        by: str | None = None,
+    ) -> None:
         self.decisions[job.name] = Decision(job.name, verdict, reason, tier, by)
 
     def anchored_usage(self, name: str, project: str) -> dict[str, int]:
@@ -273,11 +290,15 @@ class _Pass:
         if within({}, used, q):
             why = f"within quota: project {p} at {fmt_ratio(used, q, j.resources)} with this job"
         else:
-            why = (f"borrowing idle capacity: project {p} at {fmt_ratio(used, q, j.resources)} "
-                   "with this job (preemptible when owners need it)")
+            why = (
+                f"borrowing idle capacity: project {p} at {fmt_ratio(used, q, j.resources)} "
+                "with this job (preemptible when owners need it)"
+            )
         if backfill_for:
-            why = (f"backfill: runs in capacity held for {', '.join(backfill_for)}, which may "
-                   f"preempt it at once (no minimum runtime) when it can start; {why}")
+            why = (
+                f"backfill: runs in capacity held for {', '.join(backfill_for)}, which may "
+                f"preempt it at once (no minimum runtime) when it can start; {why}"
+            )
         self.decisions[j.name] = Decision(j.name, Verdict.START, why, tier, None, backfill_for)
 
     # -- running and releasing jobs ------------------------------------------------------------
@@ -293,8 +314,12 @@ class _Pass:
                 add(self.earmark, j.resources)
                 if j.preempted_by:
                     self.reclaimers.add(j.preempted_by)
-                self.decide(j, Verdict.KEEP, f"releasing: being stopped, holds "
-                            f"{fmt_units(j.resources)} until it exits", shown)
+                self.decide(
+                    j,
+                    Verdict.KEEP,
+                    f"releasing: being stopped, holds {fmt_units(j.resources)} until it exits",
+                    shown,
+                )
             else:
                 add(self.proj_usage(j.project_id), j.resources)
                 self.decide(j, Verdict.KEEP, "running", shown)
@@ -322,8 +347,11 @@ class _Pass:
                     if not some:
                         self.zero_need.add(p)
                     t = j.submit_time
-                    if t <= cutoff and (best is None or (t <= best[0] and arrival(j) < best)) \
-                            and within({}, j.resources, quotas.get(p, {})):
+                    if (
+                        t <= cutoff
+                        and (best is None or (t <= best[0] and arrival(j) < best))
+                        and within({}, j.resources, quotas.get(p, {}))
+                    ):
                         best = arrival(j)
                         self.head_project = p
                     continue
@@ -367,14 +395,15 @@ class _Pass:
             elif least is None:
                 least = self._least_need(lists)
             if not any(n > 0 for n in total.values()) or any(
-                    total.get(r, 0) < n for r, n in least.items()):
+                total.get(r, 0) < n for r, n in least.items()
+            ):
                 # No job left fits (all need r, less is free): order is moot from here on.
                 heap.append((0.0, 0.0, 0.0, p, i + 1))
                 rest = sorted(heap, key=lambda e: (e[-2], e[-1]))
                 if not self.reserved and (
-                        (least and any(total.get(r, 0) < n for r, n in least.items()))
-                        or (not least and not self.zero_need
-                            and not any(n > 0 for n in total.values()))):
+                    (least and any(total.get(r, 0) < n for r, n in least.items()))
+                    or (not least and not self.zero_need and not any(n > 0 for n in total.values()))
+                ):
                     # Every job left needs more of some r than is free, and none can start in
                     # held capacity: only the marks of jobs waiting behind their project's
                     # head or claims are left to set.
@@ -449,8 +478,11 @@ class _Pass:
             if not lack:
                 break
             own = self.pending_project.get(a) == p
-            if (not borrowing and not own) or self.waits.get(a, _NONE)[0] not in _LENDS \
-                    or (own and rank(a) > rank(j.name)):
+            if (
+                (not borrowing and not own)
+                or self.waits.get(a, _NONE)[0] not in _LENDS
+                or (own and rank(a) > rank(j.name))
+            ):
                 continue  # (a job whose reclaim is under way keeps what it holds; nobody
                 # backfills behind a job of its own project that comes after it)
             got = self.reserved[a]
@@ -521,8 +553,9 @@ class _Pass:
                     continue
                 why = wait_reason(self, j, ahead, q, used)
                 # (Decision is a named tuple: made directly, it costs a tenth of a call)
-                decisions[name] = new(Decision, (name, wait_verdict, why, None, None, (),
-                                                 stable_wait(self, j), ahead))
+                decisions[name] = new(
+                    Decision, (name, wait_verdict, why, None, None, (), stable_wait(self, j), ahead)
+                )
 
 
 class _Waiting:
@@ -568,8 +601,11 @@ class _Waiting:
             pos = self._pos[p] = {n: i for i, n in enumerate(names)}
             tail = ps.tail_from.get(p)
             # (marks apply from the tail job on; without one, to no job)
-            self._tail[p] = pos.get(tail, len(names)) if tail is not None \
-                and self.first is not None else len(names)
+            self._tail[p] = (
+                pos.get(tail, len(names))
+                if tail is not None and self.first is not None
+                else len(names)
+            )
         ahead = pos[name]
         head = None
         if ahead >= self._tail[p] and j.preemptions < REPEATED:
@@ -585,17 +621,22 @@ class _Waiting:
                     key = (p, tuple(j.resources.items()))
                     u = self._uses.get(key)
                     if u is None:
-                        u = self._uses[key] = any(n > 0 and r in claim
-                                                  for r, n in j.resources.items())
+                        u = self._uses[key] = any(
+                            n > 0 and r in claim for r, n in j.resources.items()
+                        )
                     if u:
                         head = first.claim_names[p][0]
         if head is None:
             text = full_reason(ps, j, ps.usage.get(p, {}), ps.quota(p))
         else:
             text = behind_reason(ps, head, p)
-        return Decision(name, Verdict.WAIT,
-                        f"{text}; {ahead} job{'' if ahead == 1 else 's'} ahead in {p}",
-                        wait=self.stable(j), ahead=ahead)
+        return Decision(
+            name,
+            Verdict.WAIT,
+            f"{text}; {ahead} job{'' if ahead == 1 else 's'} ahead in {p}",
+            wait=self.stable(j),
+            ahead=ahead,
+        )
 
 
 _NONE = ("", None)
@@ -609,8 +650,14 @@ def queue_key(user_usage: Mapping[str, float]) -> Callable[[JobRequest], tuple]:
     (first seen by the daemon, then the spec's creation time, then name). `bastion why`
     shows positions in this same order."""
     uu = user_usage.get
-    return lambda j: (j.priority, uu(j.user_id, 0.0), j.submit_time, j.creation_time is None,
-                      j.creation_time or 0.0, j.name)
+    return lambda j: (
+        j.priority,
+        uu(j.user_id, 0.0),
+        j.submit_time,
+        j.creation_time is None,
+        j.creation_time or 0.0,
+        j.name,
+    )
 
 
 def arrival(j: JobRequest) -> tuple[float, bool, float, str]:
@@ -625,8 +672,10 @@ def invalid_reason(config: QuotaConfig, j: JobRequest) -> str | None:
     if not config.is_member(j.user_id, j.project_id):
         mine = config.projects_of(j.user_id)
         known = "" if j.project_id in config.membership else " (no such project)"
-        return (f"user {j.user_id} is not a member of project {j.project_id}{known}; "
-                f"{j.user_id} belongs to: {', '.join(mine) or 'no project'}")
+        return (
+            f"user {j.user_id} is not a member of project {j.project_id}{known}; "
+            f"{j.user_id} belongs to: {', '.join(mine) or 'no project'}"
+        )
     pool = config.pool
     unknown = sorted(r for r, n in j.resources.items() if n > 0 and r not in pool)
     if unknown:
@@ -636,6 +685,8 @@ def invalid_reason(config: QuotaConfig, j: JobRequest) -> str | None:
         return f"negative resource request for {', '.join(negative)}"
     big = {r: n for r, n in j.resources.items() if n > pool.get(r, 0)}
     if big:
-        return (f"larger than the whole pool: needs {fmt_units(big)}, the pool has "
-                f"{fmt_units({r: pool.get(r, 0) for r in big})}")
+        return (
+            f"larger than the whole pool: needs {fmt_units(big)}, the pool has "
+            f"{fmt_units({r: pool.get(r, 0) for r in big})}"
+        )
     return None

@@ -10,8 +10,14 @@ from quota.engine import queue_key
 from quota.model import Decision, JobRequest, Phase, Plan, Verdict
 
 
-def explain_plan(config: QuotaConfig, jobs: Sequence[JobRequest], usage: Mapping[str, float],
-                 now: float, plan: Plan, name: str) -> str:
+def explain_plan(
+    config: QuotaConfig,
+    jobs: Sequence[JobRequest],
+    usage: Mapping[str, float],
+    now: float,
+    plan: Plan,
+    name: str,
+) -> str:
     job = next((j for j in jobs if j.name == name), None)
     if job is None:
         return f"no job named {name} among the {len(jobs)} jobs the scheduler knows"
@@ -21,31 +27,43 @@ def explain_plan(config: QuotaConfig, jobs: Sequence[JobRequest], usage: Mapping
     used = plan.usage.get(p, {})
     pool = config.pool
     keys = sorted(set(need) | set(q))
-    lines = [f"job {name}: {d.verdict.value}"
-             + (f" on tier {d.tier}" if d.tier is not None else ""),
-             f"  reason: {d.reason}",
-             f"  request: {fmt_units(need)}, priority {job.priority}, user {job.user_id}, "
-             f"project {p}, submitted t={job.submit_time:.0f} ({now - job.submit_time:.0f}s ago)"]
+    lines = [
+        f"job {name}: {d.verdict.value}" + (f" on tier {d.tier}" if d.tier is not None else ""),
+        f"  reason: {d.reason}",
+        f"  request: {fmt_units(need)}, priority {job.priority}, user {job.user_id}, "
+        f"project {p}, submitted t={job.submit_time:.0f} ({now - job.submit_time:.0f}s ago)",
+    ]
     borrowed = {r: used.get(r, 0) - q.get(r, 0.0) for r in keys}
-    lines.append(f"  project {p}: quota {_units(q, keys)} of pool {_units(pool, keys)}; "
-                 f"using {_units(used, keys)} (after this pass); borrowed "
-                 f"{_units({r: max(0.0, b) for r, b in borrowed.items()}, keys)}")
+    lines.append(
+        f"  project {p}: quota {_units(q, keys)} of pool {_units(pool, keys)}; "
+        f"using {_units(used, keys)} (after this pass); borrowed "
+        f"{_units({r: max(0.0, b) for r, b in borrowed.items()}, keys)}"
+    )
     backfill = _backfill(job, d, jobs)
     if backfill:
         lines.append(backfill)
     queue = _queue(jobs, plan, usage, p)
     if job.phase is Phase.PENDING and d.verdict is Verdict.WAIT:
-        ahead = [j.name for j in queue[:queue.index(job)]] if job in queue else []
+        ahead = [j.name for j in queue[: queue.index(job)]] if job in queue else []
         shown = ", ".join(ahead[:5]) + (", ..." if len(ahead) > 5 else "")
-        lines.append(f"  position: {len(ahead) + 1} of {len(queue)} waiting in {p} (priority, "
-                     f"then user usage, then age)" + (f"; ahead: {shown}" if ahead else ""))
-        lines.append(f"  user {job.user_id}: decayed usage {usage.get(job.user_id, 0.0):.0f} "
-                     "resource-seconds")
-        lines.append(f"  pool now: {_units(plan.free, keys)} free"
-                     + (f", {fmt_units(plan.reserved[name])} held for this job"
-                        if name in plan.reserved else ""))
+        lines.append(
+            f"  position: {len(ahead) + 1} of {len(queue)} waiting in {p} (priority, "
+            f"then user usage, then age)" + (f"; ahead: {shown}" if ahead else "")
+        )
+        lines.append(
+            f"  user {job.user_id}: decayed usage {usage.get(job.user_id, 0.0):.0f} "
+            "resource-seconds"
+        )
+        lines.append(
+            f"  pool now: {_units(plan.free, keys)} free"
+            + (
+                f", {fmt_units(plan.reserved[name])} held for this job"
+                if name in plan.reserved
+                else ""
+            )
+        )
     claimed = dict(used)
-    for j in queue[:queue.index(job)] if job in queue else ():
+    for j in queue[: queue.index(job)] if job in queue else ():
         if j.name in plan.within_quota:
             add(claimed, j.resources)
     lines.append(f"  to start: {_to_start(config, job, d.verdict, plan, claimed, q)}")
@@ -54,36 +72,56 @@ def explain_plan(config: QuotaConfig, jobs: Sequence[JobRequest], usage: Mapping
 
 def _backfill(job: JobRequest, d: Decision, jobs: Sequence[JobRequest]) -> str | None:
     """For a job started as backfill: which waiting jobs may take its capacity back."""
-    marks = d.backfill_for if d.verdict is Verdict.START else (
-        job.backfill_for if job.phase is Phase.RUNNING else ())
+    marks = (
+        d.backfill_for
+        if d.verdict is Verdict.START
+        else (job.backfill_for if job.phase is Phase.RUNNING else ())
+    )
     if not marks:
         return None
     by = {j.name: j for j in jobs}
     waiting = [a for a in marks if a in by and by[a].phase is Phase.PENDING]
     if not waiting:
-        return (f"  backfill: started in capacity held for {', '.join(marks)}, none of which "
-                "waits any more: it now runs like any other job")
-    who = ", ".join(f"{a} (project {by[a].project_id}, {fmt_units(by[a].resources)})"
-                    for a in waiting)
-    return (f"  backfill: started in capacity held for {', '.join(marks)}; {who} may preempt "
-            "it at once when it can start (no minimum runtime, whatever the priorities in "
-            "its project), smallest loss first; other jobs may preempt it only as usual")
+        return (
+            f"  backfill: started in capacity held for {', '.join(marks)}, none of which "
+            "waits any more: it now runs like any other job"
+        )
+    who = ", ".join(
+        f"{a} (project {by[a].project_id}, {fmt_units(by[a].resources)})" for a in waiting
+    )
+    return (
+        f"  backfill: started in capacity held for {', '.join(marks)}; {who} may preempt "
+        "it at once when it can start (no minimum runtime, whatever the priorities in "
+        "its project), smallest loss first; other jobs may preempt it only as usual"
+    )
 
 
 def _units(res: Mapping[str, float], keys: Sequence[str]) -> str:
     return fmt_units({r: res.get(r, 0) for r in keys})
 
 
-def _queue(jobs: Sequence[JobRequest], plan: Plan, usage: Mapping[str, float],
-           p: str) -> list[JobRequest]:
-    waiting = [j for j in jobs if j.project_id == p and j.phase is Phase.PENDING
-               and plan.decisions[j.name].verdict is Verdict.WAIT]
+def _queue(
+    jobs: Sequence[JobRequest], plan: Plan, usage: Mapping[str, float], p: str
+) -> list[JobRequest]:
+    waiting = [
+        j
+        for j in jobs
+        if j.project_id == p
+        and j.phase is Phase.PENDING
+        and plan.decisions[j.name].verdict is Verdict.WAIT
+    ]
     waiting.sort(key=queue_key(usage))  # (the policy's own order)
     return waiting
 
 
-def _to_start(config: QuotaConfig, job: JobRequest, verdict: Verdict, plan: Plan,
-              used: Mapping[str, int], q: Mapping[str, float]) -> str:
+def _to_start(
+    config: QuotaConfig,
+    job: JobRequest,
+    verdict: Verdict,
+    plan: Plan,
+    used: Mapping[str, int],
+    q: Mapping[str, float],
+) -> str:
     """`used`: the project's usage plus the within-quota jobs waiting ahead of this one."""
     if verdict is Verdict.REJECT:
         return "nothing will: fix the job (see reason) and submit it again"
@@ -99,16 +137,25 @@ def _to_start(config: QuotaConfig, job: JobRequest, verdict: Verdict, plan: Plan
     over = {r: with_it.get(r, 0) - q.get(r, 0.0) for r in need}
     over = {r: v for r, v in over.items() if v > 1e-6}
     if job.name in plan.within_quota:
-        return (f"nothing: it fits {p}'s guaranteed quota; borrowers are preempted for it and "
-                f"it starts within one reclaim period ({knobs.reclaim_period_seconds:g}s: "
-                "minimum runtime plus grace)")
-    options = [f"{fmt_units(gap)} more must be free in the pool (other jobs finish)"
-               if gap else "capacity is free but held for jobs ahead of it"]
+        return (
+            f"nothing: it fits {p}'s guaranteed quota; borrowers are preempted for it and "
+            f"it starts within one reclaim period ({knobs.reclaim_period_seconds:g}s: "
+            "minimum runtime plus grace)"
+        )
+    options = [
+        f"{fmt_units(gap)} more must be free in the pool (other jobs finish)"
+        if gap
+        else "capacity is free but held for jobs ahead of it"
+    ]
     if all(n <= q.get(r, 0.0) + 1e-6 for r, n in need.items()):
-        options.append(f"or {p}'s usage must drop by {fmt_units(over)} so that it fits {p}'s "
-                       "guaranteed quota (then borrowers are preempted for it)")
+        options.append(
+            f"or {p}'s usage must drop by {fmt_units(over)} so that it fits {p}'s "
+            "guaranteed quota (then borrowers are preempted for it)"
+        )
     else:
-        options.append(f"it is larger than {p}'s guaranteed quota "
-                       f"({fmt_units({r: q.get(r, 0.0) for r in need})}), so it only runs on "
-                       "idle capacity lent by other projects; an admin can raise the share")
+        options.append(
+            f"it is larger than {p}'s guaranteed quota "
+            f"({fmt_units({r: q.get(r, 0.0) for r in need})}), so it only runs on "
+            "idle capacity lent by other projects; an admin can raise the share"
+        )
     return "; ".join(options)

@@ -97,8 +97,9 @@ class Decisions(Mapping[str, Decision]):
 
     __slots__ = ("_made", "_names", "_waiting")
 
-    def __init__(self, names: Sequence[str], made: Mapping[str, Decision],
-                 waiting: Waiting | None = None) -> None:
+    def __init__(
+        self, names: Sequence[str], made: Mapping[str, Decision], waiting: Waiting | None = None
+    ) -> None:
         self._names, self._made, self._waiting = names, made, waiting
 
     def __getitem__(self, name: str) -> Decision:
@@ -112,8 +113,11 @@ class Decisions(Mapping[str, Decision]):
     def __contains__(self, name: object) -> bool:
         if name in self._made:
             return True
-        return self._waiting is not None and isinstance(name, str) \
+        return (
+            self._waiting is not None
+            and isinstance(name, str)
             and self._waiting.wait_text(name) is not None
+        )
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)

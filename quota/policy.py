@@ -14,18 +14,25 @@ from quota.explain import explain_plan
 from quota.model import Decision, JobRequest, Phase, Plan, Verdict
 
 __all__ = [
-    "Decision", "JobRequest", "Phase", "Plan", "Verdict", "explain", "replan_by", "schedule",
+    "Decision",
+    "JobRequest",
+    "Phase",
+    "Plan",
+    "Verdict",
+    "explain",
+    "replan_by",
+    "schedule",
 ]
 
 
-def schedule(config: QuotaConfig, jobs: Sequence[JobRequest], usage: Mapping[str, float],
-             now: float) -> Plan:
+def schedule(
+    config: QuotaConfig, jobs: Sequence[JobRequest], usage: Mapping[str, float], now: float
+) -> Plan:
     """Decide START/KEEP/PREEMPT/WAIT/REJECT for every job; deterministic in its inputs."""
     return run(config, jobs, usage, now)
 
 
-def replan_by(config: QuotaConfig, jobs: Sequence[JobRequest], now: float,
-              horizon: float) -> float:
+def replan_by(config: QuotaConfig, jobs: Sequence[JobRequest], now: float, horizon: float) -> float:
     """The earliest time after ``now`` (at most ``horizon``) at which a pass over these same
     jobs could decide differently only because time passed: a running job reaching its
     minimum runtime (it becomes preemptible), a waiting job reaching ``reserve_after_seconds``
@@ -52,7 +59,12 @@ def replan_by(config: QuotaConfig, jobs: Sequence[JobRequest], now: float,
     return soonest
 
 
-def explain(config: QuotaConfig, jobs: Sequence[JobRequest], usage: Mapping[str, float],
-            now: float, name: str) -> str:
+def explain(
+    config: QuotaConfig,
+    jobs: Sequence[JobRequest],
+    usage: Mapping[str, float],
+    now: float,
+    name: str,
+) -> str:
     """`bastion why NAME`: quota, usage, borrowing, position, and what would let it start."""
     return explain_plan(config, jobs, usage, now, schedule(config, jobs, usage, now), name)

@@ -16,8 +16,9 @@ def _jobs(n: int) -> str:
     return f"{n} job{'' if n == 1 else 's'}"
 
 
-def wait_reason(ps: PassView, j: JobRequest, ahead: int, q: Mapping[str, float],
-                used: Mapping[str, int]) -> str:
+def wait_reason(
+    ps: PassView, j: JobRequest, ahead: int, q: Mapping[str, float], used: Mapping[str, int]
+) -> str:
     """`q`, `used`: the project's quota and usage after the pass."""
     p, need = j.project_id, j.resources
     kind, detail = ps.waits.get(j.name, _FULL)
@@ -30,18 +31,21 @@ def wait_reason(ps: PassView, j: JobRequest, ahead: int, q: Mapping[str, float],
     add(with_it, need)
     within = f"within quota ({p} at {fmt_ratio(with_it, q, need)} with this job)"
     if kind == "releasing":
-        return (f"{within}; waiting for stopping jobs to release {fmt_units(detail)}"
-                f"{tail}")
+        return f"{within}; waiting for stopping jobs to release {fmt_units(detail)}{tail}"
     if kind == "delayed":
         short, due = detail
-        return (f"{within}; needs {fmt_units(short)} more than is free; borrowers are "
-                f"preempted for it from t={due:.0f} "
-                f"(reclaim delay {ps.knobs.reclaim_delay_seconds:g}s from when {p} began to "
-                f"wait) unless capacity frees first{tail}")
+        return (
+            f"{within}; needs {fmt_units(short)} more than is free; borrowers are "
+            f"preempted for it from t={due:.0f} "
+            f"(reclaim delay {ps.knobs.reclaim_delay_seconds:g}s from when {p} began to "
+            f"wait) unless capacity frees first{tail}"
+        )
     if kind == "reclaiming":
         grace = ps.knobs.preemption_grace_seconds
-        return (f"{within}; preempting borrower(s) {', '.join(detail)}; starts when they exit "
-                f"(at most {grace:g}s){tail}")
+        return (
+            f"{within}; preempting borrower(s) {', '.join(detail)}; starts when they exit "
+            f"(at most {grace:g}s){tail}"
+        )
     return _protected(ps, within, detail) + tail
 
 
@@ -51,7 +55,8 @@ def behind_reason(ps: PassView, head: str, p: str) -> str:
     if text is None:
         text = ps.reason_cache[head] = (
             f"waiting behind {head}, a job of project {p} that fits {p}'s quota and "
-            f"waits for it: other jobs of {p} do not take that quota first")
+            f"waits for it: other jobs of {p} do not take that quota first"
+        )
     return text
 
 
@@ -62,9 +67,12 @@ def _protected(ps: PassView, within: str, detail: Any) -> str:
         parts.append(f"needs {fmt_units(after)} more than is free or being released")
     if qshort:
         parts.append(f"needs {fmt_units(qshort)} of its own quota from lower-priority jobs")
-    when = (f"borrowers become preemptible at t={until:.0f} (minimum runtime "
-            f"{ps.knobs.min_runtime_seconds:g}s)" if until is not None
-            else "nothing preemptible holds it (pool over-committed or all in quota)")
+    when = (
+        f"borrowers become preemptible at t={until:.0f} (minimum runtime "
+        f"{ps.knobs.min_runtime_seconds:g}s)"
+        if until is not None
+        else "nothing preemptible holds it (pool over-committed or all in quota)"
+    )
     return f"{within}; {' and '.join(parts)}; {when}"
 
 
@@ -76,8 +84,10 @@ def full_reason(
     if text is None:  # most waiting jobs share a shape: format each shape once per pass
         need = {r: n for r, n in j.resources.items() if n > 0}
         free = {r: ps.cap.total.get(r, 0) for r in need}
-        text = (f"needs {fmt_units(need)}, {fmt_units(free, zeros=True)} free; project "
-                f"{j.project_id} at quota {fmt_ratio(used, q, need)}")
+        text = (
+            f"needs {fmt_units(need)}, {fmt_units(free, zeros=True)} free; project "
+            f"{j.project_id} at quota {fmt_ratio(used, q, need)}"
+        )
         held = {r: ps.held_total.get(r, 0) for r in need}
         if any(held.values()):
             text += f"; {fmt_units(held)} held for within-quota or older jobs"
@@ -93,8 +103,7 @@ def stable_wait(ps: PassView, j: JobRequest) -> str:
     text in the job's state; the shared facts go to one queue summary per cycle."""
     kind, detail = ps.waits.get(j.name, _FULL)
     if kind == "reclaiming":
-        return (f"within quota; preempting borrower(s) {', '.join(detail)}; starts when they "
-                f"exit")
+        return f"within quota; preempting borrower(s) {', '.join(detail)}; starts when they exit"
     key = ("stable", tuple(j.resources.items()))
     text = ps.reason_cache.get(key)
     if text is None:  # one text per shape of job: 50,000 of these must stay cheap

@@ -85,8 +85,9 @@ class Reclaim:
                 add(out, j.resources)
         return out
 
-    def select(self, job: JobRequest, cshort: Mapping[str, int],
-               qshort: Mapping[str, int]) -> list[JobRequest] | None:
+    def select(
+        self, job: JobRequest, cshort: Mapping[str, int], qshort: Mapping[str, int]
+    ) -> list[JobRequest] | None:
         """Victims freeing `cshort` capacity (and `qshort` of the job's own quota), or None."""
         ps = self.ps
         p = job.project_id
@@ -99,8 +100,14 @@ class Reclaim:
         # First its backfill: started in capacity held for it, preemptible at once, the
         # smallest loss (units x time run) first, then the newest.
         picked: set[str] = set()
-        for c in sorted((c for c in ps.anchored.get(job.name, ()) if c.name not in self.chosen
-                         and c.name in self.eligible), key=self._loss):
+        for c in sorted(
+            (
+                c
+                for c in ps.anchored.get(job.name, ())
+                if c.name not in self.chosen and c.name in self.eligible
+            ),
+            key=self._loss,
+        ):
             if done:
                 break
             own = c.project_id == p
@@ -108,7 +115,8 @@ class Reclaim:
                 useful = _uses(c, cs, qs)
             else:
                 useful = _uses(c, cs, {}) and self._borrowing_in(
-                    c, cs, delta.get(c.project_id, {}), discount=False)
+                    c, cs, delta.get(c.project_id, {}), discount=False
+                )
             if not useful:
                 continue
             chosen.append(c)
@@ -135,7 +143,8 @@ class Reclaim:
                     useful = borrowing.get(key)
                     if useful is None:
                         useful = borrowing[key] = self._borrowing_in(
-                            c, cs, delta.get(c.project_id, {}))
+                            c, cs, delta.get(c.project_id, {})
+                        )
                 if not useful:
                     continue
                 if not self.eligible[c.name]:
@@ -165,8 +174,11 @@ class Reclaim:
         return chosen
 
     def _backfill_of(self, job: JobRequest) -> list[JobRequest]:
-        return [c for c in self.ps.anchored.get(job.name, ()) if c.name not in self.chosen
-                and c.name in self.eligible]
+        return [
+            c
+            for c in self.ps.anchored.get(job.name, ())
+            if c.name not in self.chosen and c.name in self.eligible
+        ]
 
     def _fewest(self, job: JobRequest, cshort: Mapping[str, int]) -> list[JobRequest] | None:
         """The same candidates as `select` (the job's backfill, then borrowers past their
@@ -188,10 +200,15 @@ class Reclaim:
         for i, c in enumerate(backfill):
             groups[(True, c.name)] = [(i - len(backfill), c)]
         for i, c in enumerate(self.cands):
-            if c.project_id != p and c.name not in self.chosen and c.name not in names \
-                    and self.eligible[c.name]:
-                groups.setdefault((False, c.project_id, tuple(c.resources.items())),
-                                  []).append((i, c))
+            if (
+                c.project_id != p
+                and c.name not in self.chosen
+                and c.name not in names
+                and self.eligible[c.name]
+            ):
+                groups.setdefault((False, c.project_id, tuple(c.resources.items())), []).append(
+                    (i, c)
+                )
         lists = [lst[::-1] for lst in groups.values()]  # (pop() takes the first)
         chosen: list[JobRequest] = []
         while not _done(cs, {}):
@@ -200,12 +217,14 @@ class Reclaim:
                 if not lst:
                     continue
                 i, c = lst[-1]
-                cover = sum(min(n, cs[r]) for r, n in c.resources.items()
-                            if n > 0 and cs.get(r, 0) > 0)
+                cover = sum(
+                    min(n, cs[r]) for r, n in c.resources.items() if n > 0 and cs.get(r, 0) > 0
+                )
                 if cover < most or (cover == most and (cover == 0 or i > first)):
                     continue
                 if c.project_id != p and not self._borrowing_in(
-                        c, cs, delta.get(c.project_id, {}), discount=c.name not in names):
+                    c, cs, delta.get(c.project_id, {}), discount=c.name not in names
+                ):
                     continue
                 best, most, first = k, cover, i
             if best < 0:
@@ -218,15 +237,17 @@ class Reclaim:
         _drop_unneeded(chosen, p, cs, {})
         return chosen
 
-    def _one(self, p: str, cs: Mapping[str, int], backfill: list[JobRequest],
-             names: set[str]) -> JobRequest | None:
+    def _one(
+        self, p: str, cs: Mapping[str, int], backfill: list[JobRequest], names: set[str]
+    ) -> JobRequest | None:
         """The first candidate (in _fewest's order) that frees all of `cs` alone, if any: what
         _fewest's first step takes then, found through the candidates' sizes (most reclaims
         that need several victims in priority order need one larger victim only)."""
         need = [(r, n) for r, n in cs.items() if n > 0]
         for c in backfill:
             if all(c.resources.get(r, 0) >= n for r, n in need) and (
-                    c.project_id == p or self._borrowing_in(c, cs, {}, discount=False)):
+                c.project_id == p or self._borrowing_in(c, cs, {}, discount=False)
+            ):
                 return c
         if not need:
             return None
@@ -244,10 +265,14 @@ class Reclaim:
         hits = sorted(i for _, i in sizes[:big])
         for i in hits:
             c = self.cands[i]
-            if c.project_id != p and c.name not in self.chosen and c.name not in names \
-                    and self.eligible[c.name] \
-                    and all(c.resources.get(r, 0) >= n for r, n in need) \
-                    and self._borrowing_in(c, cs, {}):
+            if (
+                c.project_id != p
+                and c.name not in self.chosen
+                and c.name not in names
+                and self.eligible[c.name]
+                and all(c.resources.get(r, 0) >= n for r, n in need)
+                and self._borrowing_in(c, cs, {})
+            ):
                 return c
         return None
 
@@ -256,11 +281,11 @@ class Reclaim:
 
     def _loss(self, c: JobRequest) -> tuple[float, float, str]:
         ran = max(0.0, self.ps.now - (c.start_time if c.start_time is not None else self.ps.now))
-        return (sum(n for n in c.resources.values() if n > 0) * ran,
-                -(c.start_time or 0.0), c.name)
+        return (sum(n for n in c.resources.values() if n > 0) * ran, -(c.start_time or 0.0), c.name)
 
-    def _borrowing_in(self, c: JobRequest, cs: Mapping[str, int],
-                      delta: Mapping[str, int], discount: bool = True) -> bool:
+    def _borrowing_in(
+        self, c: JobRequest, cs: Mapping[str, int], delta: Mapping[str, int], discount: bool = True
+    ) -> bool:
         """c's project uses more than its quota of a resource that c holds and we lack, counting
         its running jobs only (victims of one project at one instant each find it over)."""
         p = c.project_id
@@ -268,13 +293,20 @@ class Reclaim:
         fresh = self.ps.fresh.get(p, {})  # started in this pass: not running yet
         # its own waiting jobs take these back (not discounted when c is our backfill)
         own = self.own_backfill.get(p, {}) if discount else {}
-        return any(n > 0 and cs.get(r, 0) > 0
-                   and used.get(r, 0) - fresh.get(r, 0) - own.get(r, 0) - delta.get(r, 0)
-                   > q.get(r, 0.0) + EPS
-                   for r, n in c.resources.items())
+        return any(
+            n > 0
+            and cs.get(r, 0) > 0
+            and used.get(r, 0) - fresh.get(r, 0) - own.get(r, 0) - delta.get(r, 0)
+            > q.get(r, 0.0) + EPS
+            for r, n in c.resources.items()
+        )
 
-    def _commit(self, job: JobRequest, victims: list[JobRequest],
-                backfill: set[str] | frozenset[str] = frozenset()) -> None:
+    def _commit(
+        self,
+        job: JobRequest,
+        victims: list[JobRequest],
+        backfill: set[str] | frozenset[str] = frozenset(),
+    ) -> None:
         ps = self.ps
         p = job.project_id
         q = ps.quota(p)
@@ -285,21 +317,27 @@ class Reclaim:
             vq = ps.quota(vp)
             before = dict(ps.usage.get(vp, {}))
             if v.name in backfill:
-                why = (f"preempted by {job.name} of project {p}: it ran as backfill in "
-                       f"capacity held for {job.name} (or behind it), which can start now "
-                       f"and needs "
-                       f"{fmt_units(job.resources)}; project {vp} at "
-                       f"{fmt_ratio(before, vq, v.resources)} of its quota")
+                why = (
+                    f"preempted by {job.name} of project {p}: it ran as backfill in "
+                    f"capacity held for {job.name} (or behind it), which can start now "
+                    f"and needs "
+                    f"{fmt_units(job.resources)}; project {vp} at "
+                    f"{fmt_ratio(before, vq, v.resources)} of its quota"
+                )
             elif vp == p:
-                why = (f"preempted by higher-priority {job.name} (priority {job.priority} over "
-                       f"{v.priority}) of the same project {p}, which needs "
-                       f"{fmt_units(job.resources)}; {p} at "
-                       f"{fmt_ratio(before, q, job.resources)} of its quota")
+                why = (
+                    f"preempted by higher-priority {job.name} (priority {job.priority} over "
+                    f"{v.priority}) of the same project {p}, which needs "
+                    f"{fmt_units(job.resources)}; {p} at "
+                    f"{fmt_ratio(before, q, job.resources)} of its quota"
+                )
             else:
-                why = (f"preempted by {job.name} of project {p}, reclaiming its guaranteed "
-                       f"quota: {p} needs {fmt_units(job.resources)} "
-                       f"({fmt_ratio(after, q, job.resources)} with it); project {vp} was "
-                       f"borrowing ({fmt_ratio(before, vq, v.resources)})")
+                why = (
+                    f"preempted by {job.name} of project {p}, reclaiming its guaranteed "
+                    f"quota: {p} needs {fmt_units(job.resources)} "
+                    f"({fmt_ratio(after, q, job.resources)} with it); project {vp} was "
+                    f"borrowing ({fmt_ratio(before, vq, v.resources)})"
+                )
             self.reasons[v.name] = why
             self.chosen.add(v.name)
             if vp != p:
@@ -309,14 +347,15 @@ class Reclaim:
                 self._undiscount(v, 0)
 
 
-
-def _drop_unneeded(chosen: list[JobRequest], p: str, cs: dict[str, int],
-                   qs: dict[str, int]) -> None:
+def _drop_unneeded(
+    chosen: list[JobRequest], p: str, cs: dict[str, int], qs: dict[str, int]
+) -> None:
     """Kueue's walk back: drop, latest chosen first, the victims not needed after all."""
     for c in reversed(list(chosen)):
         own = c.project_id == p
         if all(cs[r] + c.resources.get(r, 0) <= 0 for r in cs) and (
-                not own or all(qs[r] + c.resources.get(r, 0) <= 0 for r in qs)):
+            not own or all(qs[r] + c.resources.get(r, 0) <= 0 for r in qs)
+        ):
             chosen.remove(c)
             _sub(cs, c.resources, -1)
             if own:

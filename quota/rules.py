@@ -60,9 +60,14 @@ def _add(acc: dict[str, int], res: Mapping[str, int], sign: int = 1) -> None:
         acc[r] = acc.get(r, 0) + sign * n
 
 
-def measure(pool: Mapping[str, int], quotas: Mapping[str, Mapping[str, float]],
-            jobs: Mapping[str, Mapping[str, Any]], events: Iterable[Mapping[str, Any]],
-            grace: float, period: float) -> dict[str, Any]:
+def measure(
+    pool: Mapping[str, int],
+    quotas: Mapping[str, Mapping[str, float]],
+    jobs: Mapping[str, Mapping[str, Any]],
+    events: Iterable[Mapping[str, Any]],
+    grace: float,
+    period: float,
+) -> dict[str, Any]:
     events = list(events)
     rejected = {e["name"] for e in events if e["event"] == "reject"}
     valid = {n: j for n, j in jobs.items() if n not in rejected}
@@ -101,8 +106,9 @@ def measure(pool: Mapping[str, int], quotas: Mapping[str, Mapping[str, float]],
 
     def fitting(p: str) -> bool:
         q, used = quotas.get(p, {}), usage.get(p, {})
-        return any(valid[n]["project_id"] == p and _within(used, valid[n]["resources"], q)
-                   for n in since)
+        return any(
+            valid[n]["project_id"] == p and _within(used, valid[n]["resources"], q) for n in since
+        )
 
     def close(p: str, t: float) -> None:
         t0 = episode.pop(p)
@@ -172,11 +178,13 @@ def measure(pool: Mapping[str, int], quotas: Mapping[str, Mapping[str, float]],
         for p, victims in instant_victims.items():
             used = dict(victims[0][1])  # usage before the first removal at this instant
             q = quotas.get(p, {})
-            for n, _ in sorted(victims, key=lambda v: (sum(valid[v[0]]["resources"].values()),
-                                                       v[0])):
+            for n, _ in sorted(
+                victims, key=lambda v: (sum(valid[v[0]]["resources"].values()), v[0])
+            ):
                 res = valid[n]["resources"]
-                if not any(n_ > 0 and used.get(r, 0) > q.get(r, 0.0) + EPS
-                           for r, n_ in res.items()):
+                if not any(
+                    n_ > 0 and used.get(r, 0) > q.get(r, 0.0) + EPS for r, n_ in res.items()
+                ):
                     wq_violations += 1
                 _add(used, res, -1)
         for n in since:
@@ -201,8 +209,10 @@ def measure(pool: Mapping[str, int], quotas: Mapping[str, Mapping[str, float]],
         "idle_while_fit_fraction": idle_fit / pending_time if pending_time > 0 else 0.0,
         "max_deprivation_seconds": {p: ep_max.get(p, 0.0) for p in projects},
         "worst_deprivation": {p: worst[p] for p in projects if p in worst},
-        "attainment": {p: (1.0 - ep_over.get(p, 0.0) / ep_total[p]) if ep_total.get(p) else 1.0
-                       for p in projects},
+        "attainment": {
+            p: (1.0 - ep_over.get(p, 0.0) / ep_total[p]) if ep_total.get(p) else 1.0
+            for p in projects
+        },
         "within_quota_preemptions": wq_violations,
         "within_project_violations": wp_violations,
         "max_preemptions_per_job": max(preempts.values(), default=0),

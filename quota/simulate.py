@@ -44,15 +44,15 @@ from quota.usage import UsageLedger
 __all__ = ["SimulationResult", "TraceError", "TraceJob", "parse_trace", "simulate"]
 
 
-
 @dataclass(frozen=True)
 class SimulationResult:
     metrics: dict[str, Any]
     events: list[dict[str, Any]]
 
 
-def simulate(config: QuotaConfig, trace: Sequence[TraceJob],
-             poll_seconds: float) -> SimulationResult:
+def simulate(
+    config: QuotaConfig, trace: Sequence[TraceJob], poll_seconds: float
+) -> SimulationResult:
     """Replay `trace` under `config`; see the module docstring for the model and metrics."""
     if not poll_seconds > 0:
         raise ValueError(f"poll_seconds must be > 0, got {poll_seconds}")
@@ -98,8 +98,9 @@ class _Sim:
         self.t0 = self.arrivals[0].submit if trace else 0.0
         self.timers: list[tuple[float, int, str, int]] = []  # (time, kind, name, attempt)
         self.events: list[dict[str, Any]] = []
-        self.projects = {p: _Project(dict(q)) for p, q in config.quotas.items()
-                         if any(v > 0 for v in q.values())}
+        self.projects = {
+            p: _Project(dict(q)) for p, q in config.quotas.items() if any(v > 0 for v in q.values())
+        }
         self.held: dict[str, int] = {}
         self.pending = 0
         self.active: set[str] = set()  # pending, running or releasing
@@ -138,8 +139,11 @@ class _Sim:
         """Apply finishes, releases and arrivals up to t, in time order."""
         while True:
             timer = self.timers[0][0] if self.timers else math.inf
-            arrival = (self.arrivals[self.next_arrival].submit
-                       if self.next_arrival < len(self.arrivals) else math.inf)
+            arrival = (
+                self.arrivals[self.next_arrival].submit
+                if self.next_arrival < len(self.arrivals)
+                else math.inf
+            )
             when = min(timer, arrival)
             if when > t:
                 break
@@ -160,8 +164,9 @@ class _Sim:
         self.ledger = self.ledger.advance(running, t)
         plan = schedule(self.config, reqs, self.ledger.by_user, t)
         order = {Verdict.REJECT: 0, Verdict.PREEMPT: 1, Verdict.START: 2}
-        acts = sorted((order[d.verdict], d.name) for d in plan.decisions.values()
-                      if d.verdict in order)
+        acts = sorted(
+            (order[d.verdict], d.name) for d in plan.decisions.values() if d.verdict in order
+        )
         for _, name in acts:
             d = plan.decisions[name]
             job = self.jobs[name]
@@ -189,8 +194,9 @@ class _Sim:
                 proj.pending.add(spec.name)
                 add(proj.demand, spec.resources)
 
-    def _start(self, job: _Job, t: float, tier: int | None, reason: str,
-               backfill_for: tuple[str, ...] = ()) -> None:
+    def _start(
+        self, job: _Job, t: float, tier: int | None, reason: str, backfill_for: tuple[str, ...] = ()
+    ) -> None:
         spec = job.spec
         job.phase, job.start, job.tier, job.started = Phase.RUNNING, t, tier, True
         job.backfill_for = backfill_for
@@ -247,20 +253,37 @@ class _Sim:
 
     def _event(self, t: float, kind: str, job: _Job, reason: str, **extra: Any) -> None:
         s = job.spec
-        self.events.append({"time": t, "event": kind, "name": s.name, "project_id": s.project_id,
-                            "resources": dict(s.resources), "tier": job.tier, "reason": reason,
-                            **extra})
+        self.events.append(
+            {
+                "time": t,
+                "event": kind,
+                "name": s.name,
+                "project_id": s.project_id,
+                "resources": dict(s.resources),
+                "tier": job.tier,
+                "reason": reason,
+                **extra,
+            }
+        )
 
     def _as_request(self, job: _Job) -> JobRequest:
         s = job.spec
         running = job.phase is not Phase.PENDING
-        return JobRequest(s.name, s.project_id, s.user_id, s.resources, s.priority, s.submit,
-                          job.phase or Phase.PENDING, job.start if running else None,
-                          job.tier if running else None,
-                          job.preempted_by if job.phase is Phase.RELEASING else None,
-                          backfill_for=job.backfill_for if running else (),
-                          preemptions=job.preemptions,
-                          pending_since=None if running else job.since)
+        return JobRequest(
+            s.name,
+            s.project_id,
+            s.user_id,
+            s.resources,
+            s.priority,
+            s.submit,
+            job.phase or Phase.PENDING,
+            job.start if running else None,
+            job.tier if running else None,
+            job.preempted_by if job.phase is Phase.RELEASING else None,
+            backfill_for=job.backfill_for if running else (),
+            preemptions=job.preemptions,
+            pending_since=None if running else job.since,
+        )
 
     # -- metrics ------------------------------------------------------------------------------
 
@@ -282,10 +305,15 @@ class _Sim:
                     proj.attained += dt
 
     def _metrics(self) -> dict[str, Any]:
-        util = {r: (self.util[r] / (self.waiting_time * n) if self.waiting_time > 0 else 1.0)
-                for r, n in sorted(self.pool.items()) if n > 0}
-        share = {p: (pr.attained / pr.demanding if pr.demanding > 0 else 1.0)
-                 for p, pr in sorted(self.projects.items())}
+        util = {
+            r: (self.util[r] / (self.waiting_time * n) if self.waiting_time > 0 else 1.0)
+            for r, n in sorted(self.pool.items())
+            if n > 0
+        }
+        share = {
+            p: (pr.attained / pr.demanding if pr.demanding > 0 else 1.0)
+            for p, pr in sorted(self.projects.items())
+        }
         started = [j for j in self.jobs.values() if j.started]
         waits = sorted(j.wait for j in started)
         by_project: dict[str, list[float]] = {}
@@ -301,25 +329,44 @@ class _Sim:
             },
             "preemptions": self.preemptions,
             "lost_resource_seconds": self.lost,
-            "max_preemptions_per_job": max((j.preemptions for j in self.jobs.values()),
-                                           default=0),
+            "max_preemptions_per_job": max((j.preemptions for j in self.jobs.values()), default=0),
             "makespan_seconds": self.last_finish - self.t0 if started else 0.0,
-            "jobs": {"total": len(self.jobs), "started": len(started),
-                     "rejected": sum(1 for e in self.events if e["event"] == "reject")},
+            "jobs": {
+                "total": len(self.jobs),
+                "started": len(started),
+                "rejected": sum(1 for e in self.events if e["event"] == "reject"),
+            },
             **self._rules(),
         }
 
     def _rules(self) -> dict[str, Any]:
         """Issue 13's rules, measured from the event log alone (quota/rules.py)."""
         k = self.knobs
-        jobs = {n: {"project_id": j.spec.project_id, "submit": j.spec.submit,
-                    "resources": dict(j.spec.resources), "priority": j.spec.priority}
-                for n, j in self.jobs.items() if j.valid}
-        m = measure(self.pool, self.config.quotas, jobs, self.events,
-                    k.preemption_grace_seconds,
-                    k.min_runtime_seconds + k.preemption_grace_seconds + 2 * self.poll)
-        keys = ("idle_while_fit_fraction", "max_deprivation_seconds", "attainment",
-                "within_quota_preemptions", "within_project_violations")
+        jobs = {
+            n: {
+                "project_id": j.spec.project_id,
+                "submit": j.spec.submit,
+                "resources": dict(j.spec.resources),
+                "priority": j.spec.priority,
+            }
+            for n, j in self.jobs.items()
+            if j.valid
+        }
+        m = measure(
+            self.pool,
+            self.config.quotas,
+            jobs,
+            self.events,
+            k.preemption_grace_seconds,
+            k.min_runtime_seconds + k.preemption_grace_seconds + 2 * self.poll,
+        )
+        keys = (
+            "idle_while_fit_fraction",
+            "max_deprivation_seconds",
+            "attainment",
+            "within_quota_preemptions",
+            "within_project_violations",
+        )
         return {key: m[key] for key in keys}
 
 
@@ -330,9 +377,14 @@ def _attainment(proj: _Project, jobs: dict[str, _Job]) -> tuple[bool, bool]:
         return False, False
     if all(proj.usage.get(r, 0) >= q[r] - EPS for r in hot):
         return True, True
-    fits = any(all(proj.usage.get(r, 0) + n <= q.get(r, 0.0) + EPS
-                   for r, n in jobs[name].spec.resources.items() if n > 0)
-               for name in proj.pending)
+    fits = any(
+        all(
+            proj.usage.get(r, 0) + n <= q.get(r, 0.0) + EPS
+            for r, n in jobs[name].spec.resources.items()
+            if n > 0
+        )
+        for name in proj.pending
+    )
     return True, not fits
 
 

@@ -81,8 +81,9 @@ def _job(obj: dict[str, Any]) -> tuple[TraceJob | None, list[str]]:
         v = obj.get(key)
         ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
         if not ok or v < 0 or (positive and v == 0):
-            errs.append(f"{key}: must be a number of seconds {'> 0' if positive else '>= 0'}, "
-                        f"got {v!r}")
+            errs.append(
+                f"{key}: must be a number of seconds {'> 0' if positive else '>= 0'}, got {v!r}"
+            )
             return 0.0
         return float(v)
 
@@ -91,7 +92,7 @@ def _job(obj: dict[str, Any]) -> tuple[TraceJob | None, list[str]]:
     res = obj.get("resources")
     resources: dict[str, int] = {}
     if not isinstance(res, dict):
-        errs.append(f"resources: must be an object like {{\"v4\": 8}}, got {res!r}")
+        errs.append(f'resources: must be an object like {{"v4": 8}}, got {res!r}')
     else:
         for r, n in res.items():
             if not isinstance(n, int) or isinstance(n, bool) or n < 0:

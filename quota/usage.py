@@ -41,8 +41,11 @@ class UsageLedger:
         return UsageLedger(h, now, {u: v for u, v in sorted(out.items()) if v > _FORGET})
 
     def to_json(self) -> dict[str, Any]:
-        return {"half_life_seconds": self.half_life_seconds, "as_of": self.as_of,
-                "by_user": dict(self.by_user)}
+        return {
+            "half_life_seconds": self.half_life_seconds,
+            "as_of": self.as_of,
+            "by_user": dict(self.by_user),
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> UsageLedger:

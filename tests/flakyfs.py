@@ -6,7 +6,7 @@
 bucket fails either *before* doing anything or *after* doing it (the request reached the bucket,
 the answer was lost), which is the ambiguous case real clients must survive.
 
-The filesystem is not a ``LocalFileSystem``, so ``bastion.store.Store`` takes its generic
+The filesystem is not a ``LocalFileSystem``, so ``bastion.bucket.store.Store`` takes its generic
 (object-store) code paths with it. Writes are whole-object and atomic (temporary file outside the
 listed directories, then ``os.replace``), as in a real bucket.
 
@@ -28,8 +28,8 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.spec import AbstractFileSystem
 
-from bastion.objects import Objects
-from bastion.objects import register as register_bucket
+from bastion.bucket.objects import Objects
+from bastion.bucket.objects import register as register_bucket
 
 PROTOCOL = "flaky"
 READS = frozenset({"ls", "info", "size", "cat_file"})

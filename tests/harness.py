@@ -15,7 +15,7 @@ from typing import Any
 
 import psutil
 
-from bastion.store import Store
+from bastion.bucket.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -114,8 +114,19 @@ def _in_new_namespace(private: tuple[Path, Path] | None, argv: list[str]) -> lis
     see one path, each its own directory, as two containers with the same default paths."""
     source, target = (str(private[0]), str(private[1])) if private else ("", "")
     return [
-        "unshare", "--pid", "--mount-proc", "--kill-child", "--propagation", "private",
-        "/bin/sh", "-c", _PRIVATE, "sh", source, target, *argv,
+        "unshare",
+        "--pid",
+        "--mount-proc",
+        "--kill-child",
+        "--propagation",
+        "private",
+        "/bin/sh",
+        "-c",
+        _PRIVATE,
+        "sh",
+        source,
+        target,
+        *argv,
     ]
 
 
@@ -132,8 +143,11 @@ class PidNamespace:
             what="the namespace's init",
         )
         self.init_pid = init.pid
-        wait_for(lambda: pid_namespace(self.init_pid) != pid_namespace(), timeout=10,
-                 what="the namespace's init to be in its namespace")
+        wait_for(
+            lambda: pid_namespace(self.init_pid) != pid_namespace(),
+            timeout=10,
+            what="the namespace's init to be in its namespace",
+        )
         self.inode = pid_namespace(self.init_pid)
 
     def enter(self, argv: list[str]) -> list[str]:

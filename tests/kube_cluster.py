@@ -53,18 +53,37 @@ CRD = {
     "spec": {
         "group": GROUP,
         "scope": "Namespaced",
-        "names": {"plural": PLURAL, "singular": "jobset", "kind": "JobSet",
-                  "listKind": "JobSetList"},
-        "versions": [{
-            "name": VERSION, "served": True, "storage": True,
-            "subresources": {"status": {}},
-            "schema": {"openAPIV3Schema": {"type": "object", "properties": {
-                "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-                "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-            }}},
-        }],
+        "names": {
+            "plural": PLURAL,
+            "singular": "jobset",
+            "kind": "JobSet",
+            "listKind": "JobSetList",
+        },
+        "versions": [
+            {
+                "name": VERSION,
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {
+                                "type": "object",
+                                "x-kubernetes-preserve-unknown-fields": True,
+                            },
+                            "status": {
+                                "type": "object",
+                                "x-kubernetes-preserve-unknown-fields": True,
+                            },
+                        },
+                    }
+                },
+            }
+        ],
     },
-}  # fmt: skip
+}
 
 
 def free_port() -> int:
@@ -154,8 +173,9 @@ def _healthy(url: str, token: str | None = None) -> bool:
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(request, timeout=2,
-                                    context=ssl._create_unverified_context()) as answer:
+        with urllib.request.urlopen(
+            request, timeout=2, context=ssl._create_unverified_context()
+        ) as answer:
             return answer.status == 200
     except Exception:
         return False
@@ -166,16 +186,23 @@ def kube_server() -> Any:
     """Build (cached) and start etcd, kube-apiserver and the garbage collector; stop them."""
     began = time.monotonic()
     try:
-        done = subprocess.run(["bash", str(SETUP)], capture_output=True, text=True,
-                              timeout=SETUP_TIMEOUT)  # fmt: skip
+        done = subprocess.run(
+            ["bash", str(SETUP)], capture_output=True, text=True, timeout=SETUP_TIMEOUT
+        )
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"{SETUP} took more than {SETUP_TIMEOUT} s:\n{e.stderr or ''}", pytrace=False)
     if done.returncode != 0:
-        pytest.fail(f"{SETUP} failed (exit {done.returncode}): the gke tests need a real "
-                    f"kube-apiserver.\n{done.stdout}\n{done.stderr}", pytrace=False)  # fmt: skip
+        pytest.fail(
+            f"{SETUP} failed (exit {done.returncode}): the gke tests need a real "
+            f"kube-apiserver.\n{done.stdout}\n{done.stderr}",
+            pytrace=False,
+        )
     build_seconds = time.monotonic() - began
-    exports = dict(line.removeprefix("export ").split("=", 1)
-                   for line in done.stdout.splitlines() if line.startswith("export "))  # fmt: skip
+    exports = dict(
+        line.removeprefix("export ").split("=", 1)
+        for line in done.stdout.splitlines()
+        if line.startswith("export ")
+    )
     work = Path(tempfile.mkdtemp(prefix="bastion-kube-"))
     procs: list[subprocess.Popen] = []
     logs: list[Any] = []
@@ -184,8 +211,13 @@ def kube_server() -> Any:
         log = work / f"{name}.log"
         out = open(log, "wb")  # noqa: SIM115 (closed at the end)
         logs.append(out)
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         procs.append(proc)
         return proc, log
 
@@ -193,43 +225,83 @@ def kube_server() -> Any:
         started = time.monotonic()
         client_port, peer_port = free_port(), free_port()
         etcd_url = f"http://127.0.0.1:{client_port}"
-        etcd, etcd_log = spawn("etcd", [
-            exports["BASTION_ETCD"], "--data-dir", str(work / "etcd"),
-            "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
-            "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
-            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
-            "--initial-cluster", f"default=http://127.0.0.1:{peer_port}",
-            "--log-level", "warn"])  # fmt: skip
+        etcd, etcd_log = spawn(
+            "etcd",
+            [
+                exports["BASTION_ETCD"],
+                "--data-dir",
+                str(work / "etcd"),
+                "--listen-client-urls",
+                etcd_url,
+                "--advertise-client-urls",
+                etcd_url,
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{peer_port}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{peer_port}",
+                "--initial-cluster",
+                f"default=http://127.0.0.1:{peer_port}",
+                "--log-level",
+                "warn",
+            ],
+        )
         _wait("etcd", lambda: _healthy(f"{etcd_url}/health"), etcd, etcd_log)
         key = work / "sa.key"
-        subprocess.run(["openssl", "genrsa", "-out", str(key), "2048"], check=True,
-                       capture_output=True)  # fmt: skip
+        subprocess.run(
+            ["openssl", "genrsa", "-out", str(key), "2048"], check=True, capture_output=True
+        )
         admin, nobody = secrets.token_hex(16), secrets.token_hex(16)
         (work / "tokens.csv").write_text(
             f'{admin},admin,admin-uid,"system:masters"\n{nobody},nobody,nobody-uid\n'
         )
         port = free_port()
         url = f"https://127.0.0.1:{port}"
-        apiserver, api_log = spawn("kube-apiserver", [
-            exports["BASTION_KUBE_APISERVER"], f"--etcd-servers={etcd_url}",
-            f"--secure-port={port}", "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1", f"--cert-dir={work / 'certs'}",
-            "--authorization-mode=RBAC", f"--token-auth-file={work / 'tokens.csv'}",
-            "--service-account-issuer=https://bastion.test", f"--service-account-key-file={key}",
-            f"--service-account-signing-key-file={key}",
-            "--service-cluster-ip-range=10.255.0.0/24",
-            "--disable-admission-plugins=ServiceAccount", "--logtostderr", "-v=0"])  # fmt: skip
+        apiserver, api_log = spawn(
+            "kube-apiserver",
+            [
+                exports["BASTION_KUBE_APISERVER"],
+                f"--etcd-servers={etcd_url}",
+                f"--secure-port={port}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--cert-dir={work / 'certs'}",
+                "--authorization-mode=RBAC",
+                f"--token-auth-file={work / 'tokens.csv'}",
+                "--service-account-issuer=https://bastion.test",
+                f"--service-account-key-file={key}",
+                f"--service-account-signing-key-file={key}",
+                "--service-cluster-ip-range=10.255.0.0/24",
+                "--disable-admission-plugins=ServiceAccount",
+                "--logtostderr",
+                "-v=0",
+            ],
+        )
         _wait("kube-apiserver", lambda: _healthy(f"{url}/readyz", admin), apiserver, api_log)
         ca = work / "certs" / "apiserver.crt"  # self-signed, for 127.0.0.1 and localhost
         kubeconfig = _kubeconfig(work / "admin.kubeconfig", url, admin, ca)
-        server = KubeServer(url, admin, nobody, kubeconfig,
-                            _kubeconfig(work / "nobody.kubeconfig", url, nobody, ca),
-                            build_seconds, 0.0)  # fmt: skip
+        server = KubeServer(
+            url,
+            admin,
+            nobody,
+            kubeconfig,
+            _kubeconfig(work / "nobody.kubeconfig", url, nobody, ca),
+            build_seconds,
+            0.0,
+        )
         server.install_crd()
-        spawn("kube-controller-manager", [
-            exports["BASTION_KUBE_CONTROLLER_MANAGER"], f"--kubeconfig={kubeconfig}",
-            "--controllers=garbagecollector", "--leader-elect=false", "--port=0",
-            "--secure-port=0", "--concurrent-gc-syncs=5", "--logtostderr"])  # fmt: skip
+        spawn(
+            "kube-controller-manager",
+            [
+                exports["BASTION_KUBE_CONTROLLER_MANAGER"],
+                f"--kubeconfig={kubeconfig}",
+                "--controllers=garbagecollector",
+                "--leader-elect=false",
+                "--port=0",
+                "--secure-port=0",
+                "--concurrent-gc-syncs=5",
+                "--logtostderr",
+            ],
+        )
         server.start_seconds = time.monotonic() - started
         yield server
     finally:
@@ -277,33 +349,50 @@ class Cluster:
         return {js["metadata"]["name"]: js for js in found["items"]}
 
     def pods(self, jobset: str | None = None) -> list[dict]:
-        found = self.api.sanitize_for_serialization(self.core.list_namespaced_pod(
-            self.namespace,
-            label_selector=f"jobset.sigs.k8s.io/jobset-name={jobset}" if jobset else None))
+        found = self.api.sanitize_for_serialization(
+            self.core.list_namespaced_pod(
+                self.namespace,
+                label_selector=f"jobset.sigs.k8s.io/jobset-name={jobset}" if jobset else None,
+            )
+        )
         return found["items"]
 
     # -- what tests do ---------------------------------------------------------------------
     def create_jobset(self, body: dict) -> dict:
-        return self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace,
-                                                           PLURAL, body)  # fmt: skip
+        return self.custom.create_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, body
+        )
 
     def admit(self, name: str) -> None:
         """Kueue admits the workload: ``spec.suspend`` false, Suspended condition False."""
-        self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name,
-                                                   {"spec": {"suspend": False}})  # fmt: skip
+        self.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, name, {"spec": {"suspend": False}}
+        )
         self._set_condition(name, "Suspended", "False", "ResumeJobs", "jobset is resumed")
 
-    def evict(self, pod: str, reason: str = "PreemptionByScheduler",
-              message: str = "spot node reclaimed") -> None:  # fmt: skip
+    def evict(
+        self, pod: str, reason: str = "PreemptionByScheduler", message: str = "spot node reclaimed"
+    ) -> None:
         """A spot node going away: the pod gets DisruptionTarget, then fails, its process
         gets SIGTERM (the agent flushes) and the JobSet fails (maxRestarts 0)."""
         now = _now()
-        body = {"status": {"phase": "Failed", "reason": "Terminated", "message": message,
-                           "conditions": [
-                               {"type": "PodScheduled", "status": "True",
-                                "lastTransitionTime": now},
-                               {"type": "DisruptionTarget", "status": "True", "reason": reason,
-                                "message": message, "lastTransitionTime": now}]}}  # fmt: skip
+        body = {
+            "status": {
+                "phase": "Failed",
+                "reason": "Terminated",
+                "message": message,
+                "conditions": [
+                    {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+                    {
+                        "type": "DisruptionTarget",
+                        "status": "True",
+                        "reason": reason,
+                        "message": message,
+                        "lastTransitionTime": now,
+                    },
+                ],
+            }
+        }
         with self._lock:
             self.exit_codes[pod] = 143
             proc = self.procs.get(pod)
@@ -318,10 +407,26 @@ class Cluster:
             self.exit_codes[pod] = -1
         if proc is not None and proc.poll() is None:
             proc.kill()
-        body = {"status": {"phase": "Pending", "containerStatuses": [{
-            "name": "main", "ready": False, "restartCount": 0, "image": "x", "imageID": "",
-            "state": {"waiting": {"reason": "ImagePullBackOff",
-                                  "message": 'Back-off pulling image "nope:latest"'}}}]}}
+        body = {
+            "status": {
+                "phase": "Pending",
+                "containerStatuses": [
+                    {
+                        "name": "main",
+                        "ready": False,
+                        "restartCount": 0,
+                        "image": "x",
+                        "imageID": "",
+                        "state": {
+                            "waiting": {
+                                "reason": "ImagePullBackOff",
+                                "message": 'Back-off pulling image "nope:latest"',
+                            }
+                        },
+                    }
+                ],
+            }
+        }
         self.core.patch_namespaced_pod_status(pod, self.namespace, body)
 
     # -- the loop --------------------------------------------------------------------------
@@ -356,9 +461,11 @@ class Cluster:
                 self.stored[name] = js
                 if self.kueue is not None and labels.get("kueue.x-k8s.io/queue-name"):
                     self.custom.patch_namespaced_custom_object(
-                        GROUP, VERSION, self.namespace, PLURAL, name, {"spec": {"suspend": True}})
-                    self._set_condition(name, "Suspended", "True", "SuspendedJobs",
-                                        "jobset is suspended")  # fmt: skip
+                        GROUP, VERSION, self.namespace, PLURAL, name, {"spec": {"suspend": True}}
+                    )
+                    self._set_condition(
+                        name, "Suspended", "True", "SuspendedJobs", "jobset is suspended"
+                    )
                     continue
             if js.get("spec", {}).get("suspend"):
                 continue
@@ -380,30 +487,45 @@ class Cluster:
             for j in range(int(rjob.get("replicas", 1))):
                 for i in range(int(spec.get("parallelism", 1))):
                     meta = template.get("metadata") or {}
-                    js_labels = {"jobset.sigs.k8s.io/jobset-name": name,
-                                 "jobset.sigs.k8s.io/replicatedjob-name": rjob["name"],
-                                 "jobset.sigs.k8s.io/job-index": str(j)}  # fmt: skip
-                    annotations = {**(meta.get("annotations") or {}), **js_labels,
-                                   "jobset.sigs.k8s.io/replicatedjob-replicas":
-                                       str(rjob.get("replicas", 1)),
-                                   "batch.kubernetes.io/job-completion-index": str(i)}  # fmt: skip
-                    body = {"metadata": {
-                        "name": f"{name}-{rjob['name']}-{j}-{i}-{secrets.token_hex(3)[:5]}",
-                        "labels": {**(meta.get("labels") or {}), **js_labels},
-                        "annotations": annotations,
-                        "ownerReferences": [{
-                            "apiVersion": f"{GROUP}/{VERSION}", "kind": "JobSet", "name": name,
-                            "uid": js["metadata"]["uid"], "controller": True,
-                            "blockOwnerDeletion": True}]},
-                        "spec": template["spec"]}  # fmt: skip
+                    js_labels = {
+                        "jobset.sigs.k8s.io/jobset-name": name,
+                        "jobset.sigs.k8s.io/replicatedjob-name": rjob["name"],
+                        "jobset.sigs.k8s.io/job-index": str(j),
+                    }
+                    annotations = {
+                        **(meta.get("annotations") or {}),
+                        **js_labels,
+                        "jobset.sigs.k8s.io/replicatedjob-replicas": str(rjob.get("replicas", 1)),
+                        "batch.kubernetes.io/job-completion-index": str(i),
+                    }
+                    body = {
+                        "metadata": {
+                            "name": f"{name}-{rjob['name']}-{j}-{i}-{secrets.token_hex(3)[:5]}",
+                            "labels": {**(meta.get("labels") or {}), **js_labels},
+                            "annotations": annotations,
+                            "ownerReferences": [
+                                {
+                                    "apiVersion": f"{GROUP}/{VERSION}",
+                                    "kind": "JobSet",
+                                    "name": name,
+                                    "uid": js["metadata"]["uid"],
+                                    "controller": True,
+                                    "blockOwnerDeletion": True,
+                                }
+                            ],
+                        },
+                        "spec": template["spec"],
+                    }
                     self.core.create_namespaced_pod(self.namespace, body)
 
     def _kubelet(self, pod: dict) -> None:
         """Schedule and run a pending pod (unless held); report a finished process."""
         name = pod["metadata"]["name"]
         status = pod.get("status") or {}
-        if pod["metadata"].get("deletionTimestamp") or status.get("phase") in ("Succeeded",
-                                                                               "Failed"):
+        if pod["metadata"].get("deletionTimestamp") or status.get("phase") in (
+            "Succeeded",
+            "Failed",
+        ):
             return
         with self._lock:
             proc, code = self.procs.get(name), self.exit_codes.get(name)
@@ -411,31 +533,80 @@ class Cluster:
             return
         if proc is None:
             if self.hold:
-                self.core.patch_namespaced_pod_status(name, self.namespace, {"status": {
-                    "phase": "Pending", "conditions": [{
-                        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                        "message": "0/3 nodes are available: 3 Insufficient google.com/tpu.",
-                        "lastTransitionTime": _now()}]}})  # fmt: skip
+                self.core.patch_namespaced_pod_status(
+                    name,
+                    self.namespace,
+                    {
+                        "status": {
+                            "phase": "Pending",
+                            "conditions": [
+                                {
+                                    "type": "PodScheduled",
+                                    "status": "False",
+                                    "reason": "Unschedulable",
+                                    "message": "0/3 nodes are available: 3 Insufficient google.com/tpu.",  # noqa: E501
+                                    "lastTransitionTime": _now(),
+                                }
+                            ],
+                        }
+                    },
+                )
                 return
             self._run(pod)
-            self.core.patch_namespaced_pod_status(name, self.namespace, {"status": {
-                "phase": "Running", "startTime": _now(), "conditions": [
-                    {"type": "PodScheduled", "status": "True", "lastTransitionTime": _now()}],
-                "containerStatuses": [{"name": "main", "ready": True, "restartCount": 0,
-                                       "image": "x", "imageID": "", "started": True,
-                                       "state": {"running": {"startedAt": _now()}}}]}})
+            self.core.patch_namespaced_pod_status(
+                name,
+                self.namespace,
+                {
+                    "status": {
+                        "phase": "Running",
+                        "startTime": _now(),
+                        "conditions": [
+                            {"type": "PodScheduled", "status": "True", "lastTransitionTime": _now()}
+                        ],
+                        "containerStatuses": [
+                            {
+                                "name": "main",
+                                "ready": True,
+                                "restartCount": 0,
+                                "image": "x",
+                                "imageID": "",
+                                "started": True,
+                                "state": {"running": {"startedAt": _now()}},
+                            }
+                        ],
+                    }
+                },
+            )
             return
         if proc.poll() is None:
             return
         code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
         with self._lock:
             self.exit_codes.setdefault(name, code)
-        self.core.patch_namespaced_pod_status(name, self.namespace, {"status": {
-            "phase": "Succeeded" if code == 0 else "Failed",
-            "containerStatuses": [{"name": "main", "ready": False, "restartCount": 0,
-                                   "image": "x", "imageID": "", "state": {"terminated": {
-                                       "exitCode": code, "reason":
-                                           "Completed" if code == 0 else "Error"}}}]}})
+        self.core.patch_namespaced_pod_status(
+            name,
+            self.namespace,
+            {
+                "status": {
+                    "phase": "Succeeded" if code == 0 else "Failed",
+                    "containerStatuses": [
+                        {
+                            "name": "main",
+                            "ready": False,
+                            "restartCount": 0,
+                            "image": "x",
+                            "imageID": "",
+                            "state": {
+                                "terminated": {
+                                    "exitCode": code,
+                                    "reason": "Completed" if code == 0 else "Error",
+                                }
+                            },
+                        }
+                    ],
+                }
+            },
+        )
 
     def _run(self, pod: dict) -> None:
         name = pod["metadata"]["name"]
@@ -450,9 +621,15 @@ class Cluster:
                 key = path.split("['", 1)[1].rstrip("']")
                 env[item["name"]] = annotations.get(key, "")
         out = open(self.tmp / f"{name}.out", "wb")  # noqa: SIM115 (closed by the child)
-        proc = subprocess.Popen(container["command"], cwd=REPO, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            container["command"],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         out.close()
         with self._lock:
             self.procs[name] = proc
@@ -463,23 +640,38 @@ class Cluster:
         name = js["metadata"]["name"]
         phases = [(p.get("status") or {}).get("phase") for p in pods]
         if any(phase == "Failed" for phase in phases):
-            self._set_condition(name, "Failed", "True", "FailedJobs",
-                                "jobset failed due to one or more job failures")  # fmt: skip
+            self._set_condition(
+                name,
+                "Failed",
+                "True",
+                "FailedJobs",
+                "jobset failed due to one or more job failures",
+            )
         elif phases and all(phase == "Succeeded" for phase in phases):
-            self._set_condition(name, "Completed", "True", "AllJobsCompleted",
-                                "jobset completed successfully")  # fmt: skip
+            self._set_condition(
+                name, "Completed", "True", "AllJobsCompleted", "jobset completed successfully"
+            )
 
     def _set_condition(self, name: str, kind: str, status: str, reason: str, message: str) -> None:
         js = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
-        conditions = [c for c in (js.get("status") or {}).get("conditions") or []
-                      if c.get("type") != kind]  # fmt: skip
-        conditions.append({"type": kind, "status": status, "reason": reason, "message": message,
-                           "lastTransitionTime": _now()})  # fmt: skip
+        conditions = [
+            c for c in (js.get("status") or {}).get("conditions") or [] if c.get("type") != kind
+        ]
+        conditions.append(
+            {
+                "type": kind,
+                "status": status,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": _now(),
+            }
+        )
         status_body: dict[str, Any] = {"conditions": conditions}
         if kind in ("Completed", "Failed") and status == "True":
             status_body["terminalState"] = kind
         self.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, self.namespace, PLURAL, name, {"status": status_body})
+            GROUP, VERSION, self.namespace, PLURAL, name, {"status": status_body}
+        )
 
     def close(self) -> None:
         self._stop.set()
@@ -497,15 +689,23 @@ class Cluster:
         for name in self.jobsets():
             with contextlib.suppress(Exception):
                 self.custom.delete_namespaced_custom_object(
-                    GROUP, VERSION, self.namespace, PLURAL, name, grace_period_seconds=0,
-                    propagation_policy="Background")
+                    GROUP,
+                    VERSION,
+                    self.namespace,
+                    PLURAL,
+                    name,
+                    grace_period_seconds=0,
+                    propagation_policy="Background",
+                )
         with contextlib.suppress(Exception):
             self.core.delete_collection_namespaced_pod(self.namespace, grace_period_seconds=0)
 
 
 def _true(js: dict, kind: str) -> bool:
-    return any(c.get("type") == kind and c.get("status") == "True"
-               for c in (js.get("status") or {}).get("conditions") or [])  # fmt: skip
+    return any(
+        c.get("type") == kind and c.get("status") == "True"
+        for c in (js.get("status") or {}).get("conditions") or []
+    )
 
 
 def _now() -> str:

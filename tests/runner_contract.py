@@ -47,7 +47,7 @@ from typing import Any
 import pytest
 
 from bastion.runners import base
-from bastion.runners.base import Attempt, Handle, Observation, Phase, Runner
+from bastion.runners.base import Attempt, AttemptPhase, Handle, Observation, Runner
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str = "condition") -> Any:
@@ -166,7 +166,7 @@ class RunnerContract:
     def test_success_ends_succeeded_with_exactly_its_output(self, runner):
         handle = runner.start(self.attempt("two-lines", "echo first line; echo second"))
         obs = self.wait_finished(runner, handle)
-        assert (obs.phase, obs.exit_code) == (Phase.SUCCEEDED, 0)
+        assert (obs.phase, obs.exit_code) == (AttemptPhase.SUCCEEDED, 0)
         whole = b"first line\nsecond\n"
         assert read_all(runner, handle) == whole
         pieces, offset = [], 0
@@ -179,13 +179,13 @@ class RunnerContract:
 
     def test_nonzero_exit_fails_with_its_code_and_is_not_retryable(self, runner):
         obs = self.wait_finished(runner, runner.start(self.attempt("exit-3", "exit 3")))
-        assert (obs.phase, obs.exit_code, obs.retryable) == (Phase.FAILED, 3, False)
+        assert (obs.phase, obs.exit_code, obs.retryable) == (AttemptPhase.FAILED, 3, False)
 
     def test_start_twice_is_one_attempt(self, runner):
         attempt = self.attempt("twice", "echo once; sleep 0.2")
         first, second = runner.start(attempt), runner.start(attempt)
         obs = self.wait_finished(runner, first)
-        assert obs.phase == Phase.SUCCEEDED
+        assert obs.phase == AttemptPhase.SUCCEEDED
         assert runner.poll(second) == obs
         assert read_all(runner, first) == read_all(runner, second) == b"once\n"
         assert [o.name for o in runner.list_owned()].count(attempt.name) == 1
@@ -198,7 +198,7 @@ class RunnerContract:
         for _ in range(20):
             runner.poll(handle)
         obs = self.wait_finished(runner, handle)
-        assert (obs.phase, obs.exit_code) == (Phase.FAILED, 4)
+        assert (obs.phase, obs.exit_code) == (AttemptPhase.FAILED, 4)
         for _ in range(50):
             assert runner.poll(handle) == obs
             assert read_all(runner, handle) == b"a\n"
@@ -210,7 +210,7 @@ class RunnerContract:
         runner.stop(handle, time.time() + 30)
         obs = self.wait_finished(runner, handle)
         assert time.monotonic() - began < 5
-        assert obs.phase != Phase.SUCCEEDED
+        assert obs.phase != AttemptPhase.SUCCEEDED
 
     def test_stop_forces_a_command_ignoring_term_once_the_deadline_passes(self, runner):
         if not self.stop_waits_for_deadline:
@@ -221,7 +221,7 @@ class RunnerContract:
         deadline = time.time() + 1
         runner.stop(handle, deadline)
         time.sleep(0.3)  # time enough for a TERM to have ended it, were it not ignored
-        assert runner.poll(handle).phase == Phase.RUNNING
+        assert runner.poll(handle).phase == AttemptPhase.RUNNING
         assert read_all(runner, handle) == b"up\n"
 
         def stop_again():  # as the daemon does, every cycle
@@ -230,7 +230,7 @@ class RunnerContract:
 
         wait_until(stop_again, self.timeout, "the forced end")
         assert time.time() >= deadline
-        assert runner.poll(handle).phase != Phase.SUCCEEDED
+        assert runner.poll(handle).phase != AttemptPhase.SUCCEEDED
 
     def test_restarted_runner_adopts_a_running_attempt(self, runner):
         attempt = self.attempt("restart", "echo first; sleep 1.5; echo second")
@@ -240,7 +240,7 @@ class RunnerContract:
         assert len(owned) == 1 and not owned[0].finished
         handle = owned[0].handle
         obs = self.wait_finished(restarted, handle)
-        assert (obs.phase, obs.exit_code) == (Phase.SUCCEEDED, 0)
+        assert (obs.phase, obs.exit_code) == (AttemptPhase.SUCCEEDED, 0)
         assert restarted.read_output(handle, len(b"first\n"), 1 << 20) == b"second\n"
         assert restarted.read_output(handle, 2, 4) == b"rst\n"
 
@@ -255,7 +255,7 @@ class RunnerContract:
     def test_stop_and_delete_after_the_end_are_harmless(self, runner):
         handle = runner.start(self.attempt("ended", "echo done; exit 5"))
         obs = self.wait_finished(runner, handle)
-        assert (obs.phase, obs.exit_code) == (Phase.FAILED, 5)
+        assert (obs.phase, obs.exit_code) == (AttemptPhase.FAILED, 5)
         runner.stop(handle, time.time() + 30)
         runner.stop(handle, time.time() - 1)
         assert runner.poll(handle) == obs

@@ -49,8 +49,9 @@ class SlurmCluster:
     env: dict[str, str]
 
     def run(self, *argv: str, check: bool = True, input: str | None = None) -> str:
-        done = subprocess.run(list(argv), env=self.env, capture_output=True, text=True,
-                              input=input, timeout=60)  # fmt: skip
+        done = subprocess.run(
+            list(argv), env=self.env, capture_output=True, text=True, input=input, timeout=60
+        )
         if check and done.returncode != 0:
             raise AssertionError(f"{' '.join(argv)} exited {done.returncode}: {done.stderr}")
         return done.stdout
@@ -62,8 +63,17 @@ class SlurmCluster:
         return [dict(zip(keys, line.split("|", 4), strict=True)) for line in out.splitlines()]
 
     def live(self) -> list[dict[str, str]]:
-        ended = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL",
-                 "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}  # fmt: skip
+        ended = {
+            "COMPLETED",
+            "FAILED",
+            "CANCELLED",
+            "TIMEOUT",
+            "PREEMPTED",
+            "NODE_FAIL",
+            "OUT_OF_MEMORY",
+            "BOOT_FAIL",
+            "DEADLINE",
+        }
         return [j for j in self.jobs() if j["state"] not in ended]
 
     def idle(self) -> bool:
@@ -74,14 +84,17 @@ class SlurmCluster:
     def quiesce(self, timeout: float = 60) -> None:
         """Cancel every job and wait until both nodes are idle (tests start from nothing)."""
         if self.live():
-            self.run("scancel", "--full", "--signal=KILL", *[j["id"] for j in self.live()],
-                     check=False)  # fmt: skip
+            self.run(
+                "scancel", "--full", "--signal=KILL", *[j["id"] for j in self.live()], check=False
+            )
             self.run("scancel", *[j["id"] for j in self.live()], check=False)
         deadline = time.monotonic() + timeout
         while not (self.idle() and not self.live()):
             if time.monotonic() > deadline:
-                raise AssertionError(f"Slurm not idle after {timeout} s: {self.live()}\n"
-                                     f"{self.run('sinfo', check=False)}")  # fmt: skip
+                raise AssertionError(
+                    f"Slurm not idle after {timeout} s: {self.live()}\n"
+                    f"{self.run('sinfo', check=False)}"
+                )
             time.sleep(0.2)
 
     def logs(self) -> str:
@@ -160,8 +173,9 @@ def _stop(d: Path) -> None:
 def start_cluster(d: Path) -> SlurmCluster:
     done = subprocess.run(["bash", str(SETUP)], capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
-        raise RuntimeError(f"{SETUP} failed (exit {done.returncode}):\n{done.stdout}\n"
-                           f"{done.stderr}")  # fmt: skip
+        raise RuntimeError(
+            f"{SETUP} failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr}"
+        )
     for sub in ("state", "spool", "munge", "gpu"):
         (d / sub).mkdir(parents=True, exist_ok=True)
     (d / "munge").chmod(0o700)
@@ -174,15 +188,22 @@ def start_cluster(d: Path) -> SlurmCluster:
     host = socket.gethostname().split(".")[0]
     conf = d / "slurm.conf"
     conf.write_text(_config(d, host, [_free_port() for _ in range(1 + len(NODES))]))
-    (d / "gres.conf").write_text("".join(
-        f"NodeName={n} Name=gpu File={d}/gpu/nvidia[0-{GPUS_PER_NODE - 1}]\n" for n in NODES))
+    (d / "gres.conf").write_text(
+        "".join(
+            f"NodeName={n} Name=gpu File={d}/gpu/nvidia[0-{GPUS_PER_NODE - 1}]\n" for n in NODES
+        )
+    )
     env = {**os.environ, "SLURM_CONF": str(conf)}
     cluster = SlurmCluster(d, conf, d / "jobcomp.txt", env)
     cluster.run(
-        "munged", "--force", f"--socket={d}/munge/munge.sock",
-        f"--pid-file={d}/munge/munged.pid", f"--log-file={d}/munge/munged.log",
-        f"--seed-file={d}/munge/munged.seed", "--key-file=/etc/munge/munge.key",
-    )  # fmt: skip
+        "munged",
+        "--force",
+        f"--socket={d}/munge/munge.sock",
+        f"--pid-file={d}/munge/munged.pid",
+        f"--log-file={d}/munge/munged.log",
+        f"--seed-file={d}/munge/munged.seed",
+        "--key-file=/etc/munge/munge.key",
+    )
     cluster.run("slurmctld")
     for n in NODES:
         cluster.run("slurmd", "-N", n)

@@ -16,9 +16,9 @@ import psutil
 import pytest
 
 from bastion.agent import Agent
-from bastion.runners.base import Phase
+from bastion.bucket.store import Store
+from bastion.runners.base import AttemptPhase
 from bastion.runners.kit.records import RemoteRecords
-from bastion.store import Store
 from tests.harness import REPO, kill_all, processes_with_env, wait_for
 from tests.standins.metadata import MetadataServer
 
@@ -99,7 +99,7 @@ def test_output_in_chunks_while_running_and_whole_after_exit(root, agents, tmp_p
     wait_for(lambda: b"first 0/1\n" in output(remote), timeout=30, what="the first chunk")
     assert proc.poll() is None, "output must arrive while the command still runs"
     listing = remote.list()
-    assert remote.observe(listing, time.time()).phase == Phase.RUNNING
+    assert remote.observe(listing, time.time()).phase == AttemptPhase.RUNNING
     gate.touch()
     assert finished(proc) == 5
     listing = remote.list()
@@ -119,7 +119,7 @@ def test_output_in_chunks_while_running_and_whole_after_exit(root, agents, tmp_p
     assert exit_record["code"] == 5 and exit_record["preempted"] is False
     assert exit_record["output_bytes"] == len(whole)  # the daemon knows the log is complete
     observed = remote.observe(listing, time.time())
-    assert (observed.phase, observed.exit_code) == (Phase.FAILED, 5)
+    assert (observed.phase, observed.exit_code) == (AttemptPhase.FAILED, 5)
     assert observed.reason == "worker 0 exited with status 5"
 
     again = agents(root, command)  # the startup script runs again on the same attempt
@@ -148,7 +148,7 @@ def test_sigterm_reaches_the_command_and_the_last_line_is_flushed(root, agents, 
     exit_record = Store(root).read_run_record("train", "a1", 0, "exit")
     assert exit_record["code"] == 143 and exit_record["preempted"] is False
     assert exit_record["reason"] == "stopped by SIGTERM"
-    assert remote.observe(remote.list(), time.time()).phase == Phase.FAILED
+    assert remote.observe(remote.list(), time.time()).phase == AttemptPhase.FAILED
 
 
 def test_preemption_notice_stops_and_marks_the_exit(root, agents, tmp_path, metadata):
@@ -169,12 +169,13 @@ def test_preemption_notice_stops_and_marks_the_exit(root, agents, tmp_path, meta
     exit_record = Store(root).read_run_record("train", "a1", 1, "exit")
     assert exit_record["preempted"] is True and exit_record["code"] == 143
     observed = remote.observe(remote.list(), time.time())
-    assert observed.phase == Phase.PREEMPTED and observed.retryable
+    assert observed.phase == AttemptPhase.PREEMPTED and observed.retryable
     assert "worker 1" in observed.reason
 
 
-def test_a_sigterm_on_a_preempted_vm_is_a_preemption_not_a_failure(root, agents, tmp_path,
-                                                                    metadata):
+def test_a_sigterm_on_a_preempted_vm_is_a_preemption_not_a_failure(
+    root, agents, tmp_path, metadata
+):
     """The shutdown's SIGTERM arrives before the watcher's long-poll hears of the notice."""
     ready = tmp_path / "ready"
     command = f"trap 'exit 143' TERM; touch {ready}; while true; do sleep 0.05; done"
@@ -188,7 +189,7 @@ def test_a_sigterm_on_a_preempted_vm_is_a_preemption_not_a_failure(root, agents,
     exit_record = Store(root).read_run_record("train", "a1", 0, "exit")
     assert exit_record["preempted"] is True
     assert exit_record["reason"] == "preempted by the provider"
-    assert records(root).observe(records(root).list(), time.time()).phase == Phase.PREEMPTED
+    assert records(root).observe(records(root).list(), time.time()).phase == AttemptPhase.PREEMPTED
 
 
 def test_a_failing_worker_fails_the_job_with_its_code(tmp_path, agents):
@@ -198,11 +199,11 @@ def test_a_failing_worker_fails_the_job_with_its_code(tmp_path, agents):
     assert remote.observe(remote.list(), time.time()) is None  # nothing started: ask the cloud
     w0 = agents(root, f"while [ ! -e {gate} ]; do sleep 0.05; done", worker=0, num_workers=2)
     wait_for(lambda: Store.run_name(0, "started") in remote.list(), what="worker 0 to start")
-    assert remote.observe(remote.list(), time.time()).phase == Phase.RUNNING
+    assert remote.observe(remote.list(), time.time()).phase == AttemptPhase.RUNNING
     w1 = agents(root, "echo bad input; exit 3", worker=1, num_workers=2)
     assert finished(w1) == 3
     observed = remote.observe(remote.list(), time.time())
-    assert (observed.phase, observed.exit_code) == (Phase.FAILED, 3)
+    assert (observed.phase, observed.exit_code) == (AttemptPhase.FAILED, 3)
     assert observed.reason == "worker 1 exited with status 3"
     assert not observed.retryable
     gate.touch()
@@ -216,7 +217,7 @@ def test_all_workers_exit_zero_is_success(tmp_path, agents):
     procs = [agents(root, "echo ok", worker=w, num_workers=2) for w in (0, 1)]
     assert [finished(p) for p in procs] == [0, 0]
     remote = records(root, workers=2)
-    assert remote.observe(remote.list(), time.time()).phase == Phase.SUCCEEDED
+    assert remote.observe(remote.list(), time.time()).phase == AttemptPhase.SUCCEEDED
 
 
 def escaped_sleep(pidfile: Path) -> int:
@@ -267,13 +268,13 @@ def test_a_worker_that_stops_heartbeating_is_lost(tmp_path, agents):
     proc = agents(root, "sleep 60", beat=0.2)
     remote = records(root, timeout=5.0)
     wait_for(lambda: Store.run_name(0, "heartbeat") in remote.list(), what="a heartbeat")
-    assert remote.observe(remote.list(), time.time()).phase == Phase.RUNNING
+    assert remote.observe(remote.list(), time.time()).phase == AttemptPhase.RUNNING
     proc.kill()  # the VM vanished: no exit record, the heartbeat goes stale
     proc.wait(10)
     listing = remote.list()
-    assert remote.observe(listing, time.time() + 1).phase == Phase.RUNNING
+    assert remote.observe(listing, time.time() + 1).phase == AttemptPhase.RUNNING
     observed = remote.observe(listing, time.time() + 10)
-    assert observed.phase == Phase.LOST and observed.retryable
+    assert observed.phase == AttemptPhase.LOST and observed.retryable
     assert observed.reason.startswith("worker 0 stopped heartbeating")
 
 
@@ -284,10 +285,10 @@ def test_stale_records_written_directly(tmp_path):
     store = Store(str(tmp_path / "root"))
     store.claim_run_worker("train", "a1", 0, {"worker": 0, "time": 1000.0})
     remote = records(str(tmp_path / "root"), timeout=60)
-    assert remote.observe(remote.list(), 1030.0).phase == Phase.RUNNING
-    assert remote.observe(remote.list(), 1100.0).phase == Phase.LOST
+    assert remote.observe(remote.list(), 1030.0).phase == AttemptPhase.RUNNING
+    assert remote.observe(remote.list(), 1100.0).phase == AttemptPhase.LOST
     store.write_run_record("train", "a1", 0, "heartbeat", {"worker": 0, "time": 1090.0})
-    assert remote.observe(remote.list(), 1100.0).phase == Phase.RUNNING
+    assert remote.observe(remote.list(), 1100.0).phase == AttemptPhase.RUNNING
 
 
 def test_each_worker_health_is_one_stable_word(tmp_path):
@@ -296,14 +297,18 @@ def test_each_worker_health_is_one_stable_word(tmp_path):
     for w in (0, 1, 2):
         store.claim_run_worker("train", "a1", w, {"worker": w, "time": 0.0})
     store.write_run_record("train", "a1", 2, "exit", {"code": 0, "preempted": False})
-    assert remote.observe(remote.list(), 1000.0).workers == ("running", "running", "exit 0",
-                                                             "waiting")
+    assert remote.observe(remote.list(), 1000.0).workers == (
+        "running",
+        "running",
+        "exit 0",
+        "waiting",
+    )
     store.write_run_record("train", "a1", 0, "heartbeat", {"time": 1.0})
     observed = remote.observe(remote.list(), 1040.0)  # worker 1 silent for 40 s of 60
     assert observed.workers == ("running", "late", "exit 0", "waiting")
-    assert observed.phase == Phase.RUNNING and observed.reason == "2 of 4 workers running"
+    assert observed.phase == AttemptPhase.RUNNING and observed.reason == "2 of 4 workers running"
     observed = remote.observe(remote.list(), 1061.0)
-    assert observed.workers[1] == "lost" and observed.phase == Phase.LOST
+    assert observed.workers[1] == "lost" and observed.phase == AttemptPhase.LOST
     assert observed.reason == "worker 1 stopped heartbeating (silent for 61s)"
 
 
@@ -322,7 +327,7 @@ def test_a_quiet_running_attempt_costs_no_reads(tmp_path):
     for beat in range(5):
         agent.heartbeat(time.time() + 10)
         listing = remote.list()
-        assert remote.observe(listing, 100.0 + beat).phase == Phase.RUNNING
+        assert remote.observe(listing, 100.0 + beat).phase == AttemptPhase.RUNNING
         assert remote.read_output(6, 100, listing=listing) == b""
     assert store.ops["read"] == before, "a heartbeat or an unchanged progress record was read"
     with open(agent.spool, "ab") as spool:
@@ -423,7 +428,7 @@ def test_the_agent_runs_the_command_inside_its_verified_bundle(root, agents, tmp
     assert finished(proc) == 0
     remote = records(root)
     assert output(remote) == b"from the bundle\n"
-    assert remote.observe(remote.list(), time.time()).phase == Phase.SUCCEEDED
+    assert remote.observe(remote.list(), time.time()).phase == AttemptPhase.SUCCEEDED
 
 
 def test_a_bundle_that_fails_its_digest_never_runs(tmp_path, agents):
@@ -436,7 +441,7 @@ def test_a_bundle_that_fails_its_digest_never_runs(tmp_path, agents):
     assert finished(proc) == 1
     assert not marker.exists()
     observed = records(root).observe(records(root).list(), time.time())
-    assert observed.phase == Phase.FAILED and "does not match its digest" in observed.reason
+    assert observed.phase == AttemptPhase.FAILED and "does not match its digest" in observed.reason
 
 
 def test_multislice_worker_without_a_slice_in_tpu_env_refuses_to_run(tmp_path, agents, metadata):
@@ -453,10 +458,21 @@ def test_multislice_worker_without_a_slice_in_tpu_env_refuses_to_run(tmp_path, a
 
 def test_multislice_worker_numbers_itself_from_its_slice(tmp_path, agents, metadata):
     root = str(tmp_path / "root")
-    metadata.attributes.update({"agent-worker-number": "1", "tpu-env": (
-        "MEGASCALE_SLICE_ID: '1'\nMEGASCALE_NUM_SLICES: '2'\nMEGASCALE_PORT: '8080'\n")})
-    proc = agents(root, 'echo "$BASTION_WORKER $BASTION_SLICE/$BASTION_NUM_SLICES '
-                  '$MEGASCALE_SLICE_ID/$MEGASCALE_NUM_SLICES:$MEGASCALE_PORT"',
-                  worker=None, num_workers=4, num_slices=2)  # fmt: skip
+    metadata.attributes.update(
+        {
+            "agent-worker-number": "1",
+            "tpu-env": (
+                "MEGASCALE_SLICE_ID: '1'\nMEGASCALE_NUM_SLICES: '2'\nMEGASCALE_PORT: '8080'\n"
+            ),
+        }
+    )
+    proc = agents(
+        root,
+        'echo "$BASTION_WORKER $BASTION_SLICE/$BASTION_NUM_SLICES '
+        '$MEGASCALE_SLICE_ID/$MEGASCALE_NUM_SLICES:$MEGASCALE_PORT"',
+        worker=None,
+        num_workers=4,
+        num_slices=2,
+    )
     assert finished(proc) == 0
     assert Store(root).read_run_chunk("train", "a1", 3, 0) == b"3 1/2 1/2:8080\n"

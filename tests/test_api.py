@@ -10,9 +10,15 @@ from tests.harness import wait_for
 
 def test_python_api_round_trip(bastion):
     client = Client(bastion.root)
-    spec = new_jobspec(name="api-job", command="for i in 1 2; do echo api $i; sleep 0.2; done",
-                       user_id="alice", project_id="default", resources={"cpu": 1},
-                       priority=2, env_vars={"K": "V"})
+    spec = new_jobspec(
+        name="api-job",
+        command="for i in 1 2; do echo api $i; sleep 0.2; done",
+        user_id="alice",
+        project_id="default",
+        resources={"cpu": 1},
+        priority=2,
+        env_vars={"K": "V"},
+    )
     assert JobSpec.loads(spec.dumps()).to_json() == spec.to_json()
     client.submit(spec)
     client.submit(spec)  # the same submission again (a retry) is idempotent
@@ -45,8 +51,7 @@ def test_python_api_cancel_and_errors(bastion):
         client.get("never-was")
     with pytest.raises(UnknownJob):
         client.cancel("never-was")
-    client.submit(new_jobspec(name="long", command="sleep 60", user_id="u",
-                              project_id="default"))
+    client.submit(new_jobspec(name="long", command="sleep 60", user_id="u", project_id="default"))
     bastion.start()
     wait_for(lambda: client.get("long").status == "ACTIVE", what="long to run")
     client.cancel("long", user_id="u")

@@ -36,8 +36,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-import bastion.store
-from bastion.store import Store
+import bastion.bucket.store
+from bastion.bucket.store import Store
 from tests.conftest import BUCKET
 from tests.faultproxy import FaultPlan, FaultProxy
 from tests.gcs_emulator import GcsEmulator
@@ -277,7 +277,7 @@ def test_a_request_that_never_answers_ends_in_a_timeout(
 
     The store's timeout is shortened for the test (the code path is the real one: the Store
     builds its gcsfs filesystem with it); a listing of the specs is then left unanswered."""
-    monkeypatch.setattr(bastion.store, "REQUEST_TIMEOUT_SECONDS", 2.0)
+    monkeypatch.setattr(bastion.bucket.store, "REQUEST_TIMEOUT_SECONDS", 2.0)
     store = Store(f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}", endpoint_url=proxy.endpoint)
     assert store.submit_spec("waiting", b"{}")
     proxy.fail_next(listing("jobs/active"), "hang")
@@ -306,7 +306,7 @@ def test_a_request_that_never_answers_ends_in_a_timeout(
 def test_a_stalled_quota_lookup_ends_in_a_timeout(
     proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(bastion.store, "REQUEST_TIMEOUT_SECONDS", 2.0)
+    monkeypatch.setattr(bastion.bucket.store, "REQUEST_TIMEOUT_SECONDS", 2.0)
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.endpoint)  # how the daemon is pointed
     store = Store(f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}")
     proxy.fail_next(r"^GET /storage/v1/b/[^/]+/o/[^?]*project-quotas\.config", "hang")

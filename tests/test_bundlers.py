@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import bundlers
-from bastion.store import Store
+from bastion.bucket.store import Store
 from bundlers import Bundle, BundleError, parse_spec_options, with_excludes
 from launch.bundling import bundler_for
 from tests.conftest import BUCKET
@@ -156,7 +156,7 @@ def test_excludes(store, tmp_path):
         "sub/.gitignore",
         "sub/top_only.txt",
         "sub/important.log",
-    }  # fmt: skip  (keep.log: the user's exclude wins over the negation)
+    }  # (keep.log: the user's exclude wins over the negation)
 
 
 def test_size_limit_names_the_biggest_files(store, tmp_path):

@@ -12,10 +12,10 @@ import time
 import warnings
 from pathlib import Path
 
+from bastion.bucket.store import Store
 from bastion.daemon import DECISION_RECORD_BYTES, QUEUE_REASONS_KEPT, Daemon
+from bastion.daemon.start import build_daemon
 from bastion.jobstate import Status
-from bastion.service import build_daemon
-from bastion.store import Store
 from launch.api import Client, new_jobspec
 
 QUOTA = """\
@@ -40,8 +40,14 @@ def _root(tmp_path: Path, jobs: int, command: str = "sleep 0.3") -> tuple[str, C
         warnings.simplefilter("ignore")  # no daemon yet: the tests drive its cycles themselves
         for i in range(jobs):
             client.submit(
-                new_jobspec(name=f"j{i:04d}", command=command, user_id="u",
-                            project_id="default", resources={"cpu": 1}, runner={"kind": "fake"})
+                new_jobspec(
+                    name=f"j{i:04d}",
+                    command=command,
+                    user_id="u",
+                    project_id="default",
+                    resources={"cpu": 1},
+                    runner={"kind": "fake"},
+                )
             )
     return root, client
 
@@ -51,8 +57,10 @@ def _daemon(root: str, tmp_path: Path) -> Daemon:
         root,
         work_dir=str(tmp_path / "work"),
         gpus=[],
-        settings={"default_runner": "fake",
-                  "runners": {"fake": {"state_dir": str(tmp_path / "fake")}}},
+        settings={
+            "default_runner": "fake",
+            "runners": {"fake": {"state_dir": str(tmp_path / "fake")}},
+        },
     )
 
 
@@ -190,14 +198,33 @@ def test_replan_by_is_the_next_time_threshold_of_the_plan() -> None:
 
     config = parse_quota(QUOTA)
     knobs = config.scheduling
-    running = JobRequest(name="r", project_id="default", user_id="u", resources={"cpu": 1},
-                         priority=3, submit_time=0.0, phase=Phase.RUNNING, start_time=100.0)
-    waiting = JobRequest(name="w", project_id="default", user_id="u", resources={"cpu": 1},
-                         priority=3, submit_time=50.0)
+    running = JobRequest(
+        name="r",
+        project_id="default",
+        user_id="u",
+        resources={"cpu": 1},
+        priority=3,
+        submit_time=0.0,
+        phase=Phase.RUNNING,
+        start_time=100.0,
+    )
+    waiting = JobRequest(
+        name="w",
+        project_id="default",
+        user_id="u",
+        resources={"cpu": 1},
+        priority=3,
+        submit_time=50.0,
+    )
     jobs = [running, waiting]
     # r becomes preemptible, w's reclaim delay ends (it may preempt), w becomes the aged head
-    thresholds = sorted([100.0 + knobs.min_runtime_seconds,
-                         50.0 + knobs.reclaim_delay_seconds, 50.0 + knobs.reserve_after_seconds])
+    thresholds = sorted(
+        [
+            100.0 + knobs.min_runtime_seconds,
+            50.0 + knobs.reclaim_delay_seconds,
+            50.0 + knobs.reserve_after_seconds,
+        ]
+    )
     now = 110.0
     for t in thresholds:
         assert replan_by(config, jobs, now, 10_000.0) == t

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from bastion.runners.base import Attempt, Phase, TryAgain, attempt_name
+from bastion.runners.base import Attempt, AttemptPhase, TryAgain, attempt_name
 from bastion.runners.google.gce import GceRunner
 from bastion.runners.google.queued import QueuedRunner
 from bastion.runners.google.tpu import TpuRunner
@@ -59,24 +59,58 @@ class Case:
 
 
 CASES = {
-    "tpu": Case(TpuServer, TpuRunner, {"accelerator_type": "v4-8"}, 13,
-                "Internal error encountered.", "nodes", 2),
-    "tpu-qr": Case(TpuServer, QueuedRunner, {"accelerator_type": "v4-8"}, 13,
-                   "Internal error encountered.", "queuedResources", 4),
-    "gce": Case(ComputeServer, GceRunner, {"machine_type": "a3-highgpu-8g"}, "INTERNAL_ERROR",
-                "Internal error. Please try again or contact Google Support.", "instances", 2),
-}  # fmt: skip
+    "tpu": Case(
+        TpuServer,
+        TpuRunner,
+        {"accelerator_type": "v4-8"},
+        13,
+        "Internal error encountered.",
+        "nodes",
+        2,
+    ),
+    "tpu-qr": Case(
+        TpuServer,
+        QueuedRunner,
+        {"accelerator_type": "v4-8"},
+        13,
+        "Internal error encountered.",
+        "queuedResources",
+        4,
+    ),
+    "gce": Case(
+        ComputeServer,
+        GceRunner,
+        {"machine_type": "a3-highgpu-8g"},
+        "INTERNAL_ERROR",
+        "Internal error. Please try again or contact Google Support.",
+        "instances",
+        2,
+    ),
+}
 
 
 def settings(root: str, endpoint: str, **more: Any) -> dict[str, Any]:
-    return {"root": root, "project": P, "zones": [ZA, ZB], "api_endpoint": endpoint,
-            "python": sys.executable, "listing_ttl": 0, "publish_package": False,
-            **more}  # fmt: skip
+    return {
+        "root": root,
+        "project": P,
+        "zones": [ZA, ZB],
+        "api_endpoint": endpoint,
+        "python": sys.executable,
+        "listing_ttl": 0,
+        "publish_package": False,
+        **more,
+    }
 
 
 def attempt(root: str, n: int, options: dict[str, Any]) -> Attempt:
-    return Attempt(name=attempt_name(root, "train", "sub1", n, "run"), job="train", attempt=n,
-                   command="true", env={}, options=options)  # fmt: skip
+    return Attempt(
+        name=attempt_name(root, "train", "sub1", n, "run"),
+        job="train",
+        attempt=n,
+        command="true",
+        env={},
+        options=options,
+    )
 
 
 def creates(server: Any, collection: str) -> list[str]:
@@ -105,8 +139,16 @@ def cloud(request: pytest.FixtureRequest, tmp_path):
 Made = list[tuple[float, str]]  # (time, zone) of each create call
 
 
-def _drive(case: Case, server: Any, runner: ZonalRunner, clock: Clock, root: str, n: int,
-           rounds: int, step: float = 10.0) -> tuple[int, list[str], Made]:  # fmt: skip
+def _drive(
+    case: Case,
+    server: Any,
+    runner: ZonalRunner,
+    clock: Clock,
+    root: str,
+    n: int,
+    rounds: int,
+    step: float = 10.0,
+) -> tuple[int, list[str], Made]:
     """The daemon's handling of one job for ``rounds`` cycles ``step`` seconds apart, from
     attempt ``n``: (an attempt number not used yet, each TryAgain's message, (time, zone) of
     every create call)."""
@@ -123,7 +165,11 @@ def _drive(case: Case, server: Any, runner: ZonalRunner, clock: Clock, root: str
             server.tick()
             seen = runner.poll(handle)
             if seen.finished:
-                assert (seen.phase, seen.retryable, seen.exit_code) == (Phase.FAILED, True, None)
+                assert (seen.phase, seen.retryable, seen.exit_code) == (
+                    AttemptPhase.FAILED,
+                    True,
+                    None,
+                )
                 assert f"error code {case.code}: {case.message}" in seen.reason, seen.reason
                 handle, n = None, n + 1  # requeued as the next attempt
         clock.now += step
@@ -180,11 +226,14 @@ def test_a_create_whose_workers_start_resets_its_zones_backoff(cloud, tmp_path):
     for _ in range(case.up_ticks):
         server.tick()
     seen = runner.poll(handle)
-    assert (seen.phase, seen.reason) == (Phase.RUNNING, "waiting for workers to start (0 of 1)")
+    assert (seen.phase, seen.reason) == (
+        AttemptPhase.RUNNING,
+        "waiting for workers to start (0 of 1)",
+    )
     assert runner.blocks.failures(ZA) >= 4
     runner.store.claim_run_worker("train", handle["name"], 0, {"time": time.time()})
     seen = runner.poll(handle)
-    assert (seen.phase, seen.reason) == (Phase.RUNNING, "1 of 1 workers running")
+    assert (seen.phase, seen.reason) == (AttemptPhase.RUNNING, "1 of 1 workers running")
     assert runner.blocks.failures(ZA) == 0 and runner.blocks.failures(ZB) >= 4
     server.fail_creates(case.code, case.message, zone=ZA)
     handle = runner.start(attempt(root, n + 1, case.options))
@@ -195,7 +244,7 @@ def test_a_create_whose_workers_start_resets_its_zones_backoff(cloud, tmp_path):
             break
         server.tick()
         seen = runner.poll(handle)
-    assert (seen.phase, seen.retryable) == (Phase.FAILED, True)
+    assert (seen.phase, seen.retryable) == (AttemptPhase.FAILED, True)
     why = runner.blocks.reason(ZA)
     assert why is not None and f"(1 failed create in {ZA}: backing off 30 s)" in why
     assert UNTIL.search(why)
@@ -223,11 +272,11 @@ def test_a_queued_resource_the_service_never_expires_fails_at_its_client_side_de
         assert h1["zone"] == ZA and h1["queue_seconds"] == 1 and h1["created"] <= time.time()
         tpu_server.tick()  # ACCEPTED
         tpu_server.stuck(h1["name"])  # no advance, no expiry: only the client's deadline is left
-        assert runner.poll(h1).phase is Phase.QUEUED
+        assert runner.poll(h1).phase is AttemptPhase.QUEUED
         time.sleep(max(0.0, h1["created"] + 1.2 - time.time()))
-        assert patient.poll(h1).phase is Phase.QUEUED  # within queue_seconds + its margin
+        assert patient.poll(h1).phase is AttemptPhase.QUEUED  # within queue_seconds + its margin
         seen = runner.poll(h1)
-        assert (seen.phase, seen.retryable, seen.exit_code) == (Phase.FAILED, True, None)
+        assert (seen.phase, seen.retryable, seen.exit_code) == (AttemptPhase.FAILED, True, None)
         assert seen.reason == f"queued resource waited past its deadline of 1 s in {ZA}"
         assert runner.delete(h1) is False  # force delete of the stuck request
         tpu_server.tick()
@@ -236,7 +285,7 @@ def test_a_queued_resource_the_service_never_expires_fails_at_its_client_side_de
         assert h2["zone"] == ZB
         tpu_server.stuck(h2["name"])
         time.sleep(max(0.0, h2["created"] + 1.2 - time.time()))
-        assert runner.poll(h2).phase is Phase.FAILED
+        assert runner.poll(h2).phase is AttemptPhase.FAILED
         with pytest.raises(TryAgain) as e:
             runner.start(attempt(root, 3, options))
         message = str(e.value)

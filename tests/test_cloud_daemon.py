@@ -24,11 +24,11 @@ from typing import Any
 
 import pytest
 
+from bastion.bucket.store import Store
 from bastion.daemon import SWEEP_EVERY_CYCLES, Daemon
+from bastion.daemon.start import build_daemon
 from bastion.runners.base import Attempt
 from bastion.runners.google.tpu import TpuRunner
-from bastion.service import build_daemon
-from bastion.store import Store
 from launch.api import Client, new_jobspec
 from launch.why import explain_job
 from tests.standins.compute import ComputeServer
@@ -176,8 +176,9 @@ def cloud(tmp_path: Path) -> Iterator[Cloud]:
 
 def attempt_section(log: str, n: int) -> str:
     """The output of attempt ``n`` between its start and end markers."""
-    m = re.search(rf"=== \[bastion\] attempt {n} of [^\n]* ===\n(.*?)=== \[bastion\] attempt {n} ",
-                  log, re.S)  # fmt: skip
+    m = re.search(
+        rf"=== \[bastion\] attempt {n} of [^\n]* ===\n(.*?)=== \[bastion\] attempt {n} ", log, re.S
+    )
     assert m, log[-2000:]
     return m.group(1)
 
@@ -344,8 +345,11 @@ def test_spot_preemption_requeues_on_a_new_node(cloud: Cloud) -> None:
     daemon = cloud.daemon()
     cloud.drive(daemon, lambda: "line 5\n" in cloud.log("spot"), "output of attempt 1")
     first = cloud.runner_record("spot")["name"]
-    cloud.drive(daemon, lambda: cloud.runner_record("spot").get("workers") == ["running"] * 4,
-                "every worker's health in the state")  # fmt: skip
+    cloud.drive(
+        daemon,
+        lambda: cloud.runner_record("spot").get("workers") == ["running"] * 4,
+        "every worker's health in the state",
+    )
     cloud.guests.preempt(first)  # the metadata notice, then the node turns PREEMPTED
     cloud.server.preempt(first)
     cloud.drive(daemon, lambda: cloud.info("spot").state.attempt == 2, "attempt 2")
@@ -428,8 +432,11 @@ def test_orphan_node_deleted_unlabelled_left_alone(cloud: Cloud) -> None:
     body = {"acceleratorType": "v4-8", "runtimeVersion": "tpu-ubuntu2204-base"}
     parent = f"projects/{P}/locations/{ZB}"
     labels = {"bastion-root": cloud.runner(daemon).tag}
-    api.create(parent=parent, nodeId="orphan", body={**body, "labels": labels,
-               "metadata": {"bastion-job-name": "gone"}}).execute()  # fmt: skip
+    api.create(
+        parent=parent,
+        nodeId="orphan",
+        body={**body, "labels": labels, "metadata": {"bastion-job-name": "gone"}},
+    ).execute()
     api.create(parent=parent, nodeId="someone-elses", body=body).execute()
     cloud.server.tick(2)  # both READY (no startup script: no guest runs)
     cloud.drive(daemon, node_gone(cloud, "orphan"), "the orphan to be deleted", timeout=20)
@@ -476,8 +483,11 @@ def test_api_calls_per_steady_state_cycle(cloud: Cloud, jobs: int) -> None:
 def _cli(cloud: Cloud, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "launch.cli", f"--root={cloud.root}", *args],
-        cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_list_shows_each_worker_and_logs_reads_any_worker(cloud: Cloud) -> None:
@@ -485,8 +495,11 @@ def test_list_shows_each_worker_and_logs_reads_any_worker(cloud: Cloud) -> None:
     cloud.submit("multi", command + LOOP)
     daemon = cloud.daemon()
     healthy = ["running", "running", "running", "exit 0"]
-    cloud.drive(daemon, lambda: cloud.runner_record("multi").get("workers") == healthy,
-                "three workers running and worker 3 done")  # fmt: skip
+    cloud.drive(
+        daemon,
+        lambda: cloud.runner_record("multi").get("workers") == healthy,
+        "three workers running and worker 3 done",
+    )
     info = cloud.info("multi")
     assert info.worker_summary == "3/4 running; exit 0: w3"
     listed = _cli(cloud, "list")
@@ -494,8 +507,11 @@ def test_list_shows_each_worker_and_logs_reads_any_worker(cloud: Cloud) -> None:
     assert "WORKERS" in header and "3/4 running; exit 0: w3" in row, listed.stdout
     assert _cli(cloud, "list", "--json").stdout.count('"workers"') >= 1
 
-    cloud.drive(daemon, lambda: b"line 3\n" in b"".join(cloud.client.worker_output("multi", 2)),
-                "worker 2's output in the bucket")  # fmt: skip
+    cloud.drive(
+        daemon,
+        lambda: b"line 3\n" in b"".join(cloud.client.worker_output("multi", 2)),
+        "worker 2's output in the bucket",
+    )
     two = _cli(cloud, "logs", "multi", "--worker=2")
     assert two.returncode == 0, two.stderr
     assert two.stdout.startswith("=== [bastion] attempt 1, worker 2 ===\nw2 says hi\nline 1\n")
@@ -516,8 +532,15 @@ def test_list_shows_each_worker_and_logs_reads_any_worker(cloud: Cloud) -> None:
 
 
 def test_worker_logs_of_a_one_process_job_are_its_log(cloud: Cloud) -> None:
-    cloud.client.submit(new_jobspec(name="solo", command="echo alone", user_id="tester",
-                                    project_id="default", resources={"cpu": 1}))  # fmt: skip
+    cloud.client.submit(
+        new_jobspec(
+            name="solo",
+            command="echo alone",
+            user_id="tester",
+            project_id="default",
+            resources={"cpu": 1},
+        )
+    )
     daemon = cloud.daemon()
     cloud.drive(daemon, lambda: cloud.finished("solo"), "solo to finish")
     zero = _cli(cloud, "logs", "solo", "--worker=0")
@@ -536,22 +559,30 @@ def qr_names(cloud: Cloud) -> list[str]:
 def test_spot_queued_resource_suspended_by_the_service_requeues_on_a_new_one(
     cloud: Cloud,
 ) -> None:
-    cloud.submit("qrspot", f'if [ "$BASTION_ATTEMPT" = 1 ]; then {LOOP}; fi; echo second run',
-                 kind="tpu-qr", spot=True)  # fmt: skip
+    cloud.submit(
+        "qrspot",
+        f'if [ "$BASTION_ATTEMPT" = 1 ]; then {LOOP}; fi; echo second run',
+        kind="tpu-qr",
+        spot=True,
+    )
     daemon = cloud.daemon()
     cloud.drive(daemon, lambda: "line 5\n" in cloud.log("qrspot"), "output of attempt 1")
     first = cloud.runner_record("qrspot")["name"]
     assert qr_names(cloud) == [first]
-    (post,) = [r for r in cloud.server.requests
-               if r[0] == "POST" and r[1].endswith("/queuedResources")]  # fmt: skip
+    (post,) = [
+        r for r in cloud.server.requests if r[0] == "POST" and r[1].endswith("/queuedResources")
+    ]
     assert post[2]["queuedResourceId"] == first and post[3]["spot"] == {}
     cloud.guests.preempt(first)  # the metadata notice ...
     cloud.server.preempt(first)  # ... QR SUSPENDING (then SUSPENDED) by the SERVICE
     cloud.drive(daemon, lambda: cloud.info("qrspot").state.attempt == 2, "attempt 2")
     info = cloud.info("qrspot")
     assert info.status != "FAILED" and info.state.provider_preemptions == 1
-    cloud.drive(daemon, lambda: cloud.finished("qrspot") and first not in qr_names(cloud),
-                "attempt 2 to finish and the old queued resource to be deleted")  # fmt: skip
+    cloud.drive(
+        daemon,
+        lambda: cloud.finished("qrspot") and first not in qr_names(cloud),
+        "attempt 2 to finish and the old queued resource to be deleted",
+    )
     info = cloud.info("qrspot")
     assert (info.status, info.state.attempt, info.state.exit_code) == ("SUCCEEDED", 2, 0)
     told = [(e["event"], e["attempt"], e["reason"]) for e in cloud.client.history("qrspot")]
@@ -562,15 +593,22 @@ def test_spot_queued_resource_suspended_by_the_service_requeues_on_a_new_one(
     assert ("PROVIDER_PREEMPTED", 1) in [(e, a) for e, a, _ in told]
     deleted = [(a, r) for e, a, r in told if e == "DELETED"]
     assert (1, f"deleted queued resource {first} (4 workers) in {ZA}") in deleted
-    qr_posts = [r[2]["queuedResourceId"] for r in cloud.server.requests
-                if r[0] == "POST" and r[1].endswith("/queuedResources")]  # fmt: skip
+    qr_posts = [
+        r[2]["queuedResourceId"]
+        for r in cloud.server.requests
+        if r[0] == "POST" and r[1].endswith("/queuedResources")
+    ]
     assert qr_posts == [first, second]
     log = cloud.log("qrspot")
     assert "attempt 1 was preempted by the provider" in log
     assert_attempt_output_has_no_gap(log, 1)
     assert attempt_section(log, 2) == "second run\n"
-    cloud.drive(daemon, lambda: not cloud.server.qrs and not cloud.server.nodes,
-                "every queued resource and node deleted", timeout=20)  # fmt: skip
+    cloud.drive(
+        daemon,
+        lambda: not cloud.server.qrs and not cloud.server.nodes,
+        "every queued resource and node deleted",
+        timeout=20,
+    )
 
 
 # -- what users see of a queued resource waiting for capacity --------------------------------
@@ -598,16 +636,16 @@ def test_list_shows_queued_for_a_queued_resource_waiting_for_capacity(cloud: Clo
     assert row.split()[:2] == ["waits", "QUEUED"], listed.stdout
     assert f"waiting for capacity in {ZA}" in row, listed.stdout
     assert "waiting for capacity in" in cloud.info("waits").reason
-    qr_posts = [r for r in cloud.server.requests
-                if r[0] == "POST" and r[1].endswith("/queuedResources")]  # fmt: skip
+    qr_posts = [
+        r for r in cloud.server.requests if r[0] == "POST" and r[1].endswith("/queuedResources")
+    ]
     assert [r[1].split("/")[5] for r in qr_posts] == [ZA]
     assert not cloud.server.nodes
     cloud.server.restock(ZA)
     cloud.drive(daemon, lambda: cloud.finished("waits"), "waits to finish after the restock")
     info = cloud.info("waits")
     assert (info.status, info.state.attempt) == ("SUCCEEDED", 1)
-    assert _cli(cloud, "list", "--all").stdout.splitlines()[1].split()[:2] == [
-        "waits", "SUCCEEDED"]  # fmt: skip
+    assert _cli(cloud, "list", "--all").stdout.splitlines()[1].split()[:2] == ["waits", "SUCCEEDED"]
 
 
 # -- the endpoint from the environment, as the README documents ------------------------------
@@ -688,8 +726,13 @@ def test_multislice_job_keeps_its_nodes_through_sweeps_with_both_tpu_runners_on_
     succeeds, every worker has its own number and knows its slice, and then it is deleted."""
     cloud = any_cloud
     gate = cloud.tmp / "release"
-    cloud.submit("multi", f"{SLICE_ECHO}; while [ ! -e {gate} ]; do sleep 0.1; done",
-                 acc="v5p-16", kind="tpu-qr", num_replicas=2)  # fmt: skip
+    cloud.submit(
+        "multi",
+        f"{SLICE_ECHO}; while [ ! -e {gate} ]; do sleep 0.1; done",
+        acc="v5p-16",
+        kind="tpu-qr",
+        num_replicas=2,
+    )
     daemon = cloud.daemon(zones=[ZA])
 
     def started() -> bool:
@@ -700,8 +743,9 @@ def test_multislice_job_keeps_its_nodes_through_sweeps_with_both_tpu_runners_on_
 
     cloud.drive(daemon, started, "all 4 workers to start")
     name = cloud.runner_record("multi")["name"]
-    ((_, _, query, body),) = [r for r in cloud.server.requests
-                              if r[0] == "POST" and r[1].endswith("/queuedResources")]  # fmt: skip
+    ((_, _, query, body),) = [
+        r for r in cloud.server.requests if r[0] == "POST" and r[1].endswith("/queuedResources")
+    ]
     (spec,) = body["tpu"]["nodeSpec"]
     assert query["queuedResourceId"] == name and "nodeId" not in spec
     assert spec["multisliceParams"] == {"nodeCount": 2, "nodeIdPrefix": name}
@@ -709,10 +753,14 @@ def test_multislice_job_keeps_its_nodes_through_sweeps_with_both_tpu_runners_on_
     assert cloud.node_names() == nodes
     # Defense in depth: a node named as a part of the live attempt but carrying no more than
     # the root's label (its other labels lost), which the tpu runner lists as its own.
-    stray = {"acceleratorType": "v4-8", "runtimeVersion": "tpu-ubuntu2204-base",
-             "labels": {"bastion-root": cloud.runner(daemon).tag}}  # fmt: skip
+    stray = {
+        "acceleratorType": "v4-8",
+        "runtimeVersion": "tpu-ubuntu2204-base",
+        "labels": {"bastion-root": cloud.runner(daemon).tag},
+    }
     cloud.runner(daemon).client.nodes().create(
-        parent=f"projects/{P}/locations/{ZA}", nodeId=f"{name}-s9", body=stray).execute()
+        parent=f"projects/{P}/locations/{ZA}", nodeId=f"{name}-s9", body=stray
+    ).execute()
     nodes.append(f"{name}-s9")
     for _ in range(SWEEP_EVERY_CYCLES + 3):  # at least one sweep, and the effects after it
         cloud.step(daemon)
@@ -721,7 +769,8 @@ def test_multislice_job_keeps_its_nodes_through_sweeps_with_both_tpu_runners_on_
     assert {n["state"] for n in cloud.server.nodes.values()} == {"READY"}
     assert cloud.runner_record("multi").get("phase") == "RUNNING"
     coordinator = cloud.server.nodes[f"projects/{P}/locations/{ZA}/nodes/{name}-0"][
-        "networkEndpoints"][0]["ipAddress"]  # fmt: skip
+        "networkEndpoints"
+    ][0]["ipAddress"]
     gate.touch()
     cloud.drive(daemon, lambda: cloud.finished("multi"), "multi to finish")
     info = cloud.info("multi")
@@ -736,6 +785,8 @@ def test_multislice_job_keeps_its_nodes_through_sweeps_with_both_tpu_runners_on_
     # The stray, an orphan once its attempt ended, goes at the next sweep (one may have run
     # already while the job finished: how many cycles that took depends on the root).
     cloud.drive(daemon, node_gone(cloud, f"{name}-s9"), "the stray, orphaned now, to go")
+
+
 # -- a worker that never starts (issue 20, defect 3) ------------------------------------------
 
 BOOT_QUOTA = QUOTA.replace("cpu = 64\n", "cpu = 64\ngpu = 64\n").replace(
@@ -768,22 +819,39 @@ class Boot:
         return store.url(*path.split("/"))
 
     def daemon(self, **more: Any) -> Daemon:
-        runner = {"project": P, "zones": [ZA], "api_endpoint": self.server.endpoint,
-                  "agent_args": FAST, "listing_ttl": 0, "heartbeat_timeout": 30, **more}
-        daemon = build_daemon(self.root, work_dir=str(self.tmp / "work"), gpus=[],
-                              settings={"default_runner": "local",
-                                        "runners": {self.kind: runner}})  # fmt: skip
+        runner = {
+            "project": P,
+            "zones": [ZA],
+            "api_endpoint": self.server.endpoint,
+            "agent_args": FAST,
+            "listing_ttl": 0,
+            "heartbeat_timeout": 30,
+            **more,
+        }
+        daemon = build_daemon(
+            self.root,
+            work_dir=str(self.tmp / "work"),
+            gpus=[],
+            settings={"default_runner": "local", "runners": {self.kind: runner}},
+        )
         daemon.runners.get(self.kind).sleep = lambda _s: None
         self.daemons.append(daemon)
         return daemon
 
     def submit(self, name: str, command: str) -> None:
         tpu = self.kind == "tpu"
-        self.client.submit(new_jobspec(
-            name=name, command=command, user_id="tester", project_id="default",
-            resources={"v4": 8} if tpu else {"gpu": 8},
-            runner={"kind": "tpu", "accelerator_type": "v4-8"} if tpu
-            else {"kind": "gce", "machine_type": "a3-highgpu-8g"}))  # fmt: skip
+        self.client.submit(
+            new_jobspec(
+                name=name,
+                command=command,
+                user_id="tester",
+                project_id="default",
+                resources={"v4": 8} if tpu else {"gpu": 8},
+                runner={"kind": "tpu", "accelerator_type": "v4-8"}
+                if tpu
+                else {"kind": "gce", "machine_type": "a3-highgpu-8g"},
+            )
+        )
 
     def creates(self) -> list[tuple]:
         collection = "/nodes" if self.kind == "tpu" else "/instances"
@@ -815,8 +883,11 @@ def boot(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Boot]:
         request.getfixturevalue("gcs_emulator")
         root = f"gs://bastion-test/{uuid.uuid4().hex[:12]}"
     guests = Guests(tmp_path)
-    server = TpuServer(on_ready=guests.on_ready) if kind == "tpu" else ComputeServer(
-        on_ready=guests.on_ready, console=guests.console)  # fmt: skip
+    server = (
+        TpuServer(on_ready=guests.on_ready)
+        if kind == "tpu"
+        else ComputeServer(on_ready=guests.on_ready, console=guests.console)
+    )
     with server:
         b = Boot(tmp_path, kind, root, server, guests)
         try:

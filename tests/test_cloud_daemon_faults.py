@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from bastion.daemon import Daemon
+from bastion.daemon.start import build_daemon
 from bastion.runners.google.zonal import ZonalRunner
-from bastion.service import build_daemon
 from tests.standins.common import ApiError
 from tests.standins.compute import ComputeServer
 from tests.standins.tpu import TpuServer
@@ -61,8 +61,15 @@ class Bursts:
         self._bursts: list[list[Any]] = []
         self.answers: list[tuple[str, str, int]] = []
 
-    def burst(self, n: int, status: int, method: str, path: str, lost: bool = False,
-              error: ApiError | None = None) -> None:  # fmt: skip
+    def burst(
+        self,
+        n: int,
+        status: int,
+        method: str,
+        path: str,
+        lost: bool = False,
+        error: ApiError | None = None,
+    ) -> None:
         with self.lock:  # type: ignore[attr-defined]
             self._bursts.append([n, status, method, re.compile(path), lost, error])
 
@@ -146,8 +153,10 @@ class Faults(Cloud):
         if self.kind == "tpu":
             daemon = super().daemon(work, **more)
         else:
-            settings = {"default_runner": "local",
-                        "runners": {"gce": {**self.tpu_settings, **more}}}  # fmt: skip
+            settings = {
+                "default_runner": "local",
+                "runners": {"gce": {**self.tpu_settings, **more}},
+            }
             daemon = build_daemon(
                 str(self.root), work_dir=str(self.tmp / work), gpus=[], settings=settings
             )
@@ -223,8 +232,11 @@ def either(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Faults]:
 
 def wait_until_running(cloud: Faults, daemon: Daemon, name: str) -> str:
     """Drive until the attempt's one worker reports running; its VM's name."""
-    cloud.drive(daemon, lambda: cloud.runner_record(name).get("workers") == ["running"],
-                "the worker running")  # fmt: skip
+    cloud.drive(
+        daemon,
+        lambda: cloud.runner_record(name).get("workers") == ["running"],
+        "the worker running",
+    )
     return str(cloud.runner_record(name)["name"])
 
 
@@ -298,8 +310,10 @@ def test_gce_worker_silent_past_heartbeat_timeout_is_lost_and_requeued_on_a_new_
     history = gce.history("beat")
     (lost_event,) = [(a, r) for e, a, r in history if e == "LOST"]
     assert lost_event[0] == 1
-    assert "worker 0 stopped heartbeating" in lost_event[1] and "requeued as attempt 2" in (
-        lost_event[1])  # fmt: skip
+    assert (
+        "worker 0 stopped heartbeating" in lost_event[1]
+        and "requeued as attempt 2" in (lost_event[1])
+    )
     placed = [r.split()[4] for e, _, r in history if e == "PLACED"]  # attempt N on VM x
     assert placed[0] == first and placed[1] != first and placed[1].endswith("-a2")
     deleted = [r.split()[2] for e, _, r in history if e == "DELETED"]
@@ -348,8 +362,7 @@ def test_gce_spot_preemption_requeues_on_a_new_vm_without_failing_the_job(
     history = gce.history("spot")
     events = [e for e, _, _ in history]
     assert "PROVIDER_PREEMPTED" in events and "FAILED" not in events and "LOST" not in events
-    assert (
-        "DELETED", 1, f"deleted VM {first} (1 worker) in {ZA}") in history  # fmt: skip
+    assert ("DELETED", 1, f"deleted VM {first} (1 worker) in {ZA}") in history
     deletes = [p for m, p, _ in gce.server.answers if m == "DELETE" and p.endswith("/" + first)]
     assert len(deletes) == (1 if action == "STOP" else 0)  # the TERMINATED one: by the daemon
     log = gce.log("spot")
@@ -379,8 +392,9 @@ def test_bursts_within_the_retry_budget_on_every_call_are_absorbed_with_one_crea
     assert attempt_section(cloud.log("burst"), 1) == "through\n"
     # the create was retried until it got through, and created exactly one VM/node
     assert cloud.answered("create") == [status] * n + [200]
-    assert len({body.get("name") or query.get("nodeId")
-                for _, _, query, body in cloud.creates()}) == 1  # fmt: skip
+    assert (
+        len({body.get("name") or query.get("nodeId") for _, _, query, body in cloud.creates()}) == 1
+    )
     assert cloud.node_names() == []
     # each kind of call was refused n times, each refusal retried once after a backoff
     for call in ("list", "delete"):
@@ -436,8 +450,7 @@ def test_listing_burst_beyond_the_retry_budget_is_watched_again_next_cycle(
     assert info.reason.startswith("could not watch attempt 1: ") and str(status) in info.reason
     assert cloud.answered("list")[before:] == [status] * (budget + 1)
     lines = cloud.log("watch").count("\n")
-    cloud.drive(daemon, lambda: cloud.log("watch").count("\n") > lines + 5,
-                "output copied again")  # fmt: skip
+    cloud.drive(daemon, lambda: cloud.log("watch").count("\n") > lines + 5, "output copied again")
     assert cloud.runner_record("watch")["name"] == name and cloud.node_names() == [name]
     assert cloud.info("watch").state.attempt == 1
     cloud.client.cancel("watch", user_id="tester")
@@ -537,9 +550,22 @@ def test_create_whose_answer_is_lost_is_retried_into_the_same_vm_or_node(either:
 def test_gce_insert_403_rate_limit_exceeded_is_retried_not_a_failed_job(gce: Faults) -> None:
     """Compute answers some rate limits with 403 ``rateLimitExceeded`` (cloud.md 2.6), which
     googleapiclient retries like a 429; it is no quota and no error of the job."""
-    limited = ApiError(403, {"error": {"code": 403, "message": "Rate Limit Exceeded", "errors": [
-        {"message": "Rate Limit Exceeded", "domain": "usageLimits",
-         "reason": "rateLimitExceeded"}]}})  # fmt: skip
+    limited = ApiError(
+        403,
+        {
+            "error": {
+                "code": 403,
+                "message": "Rate Limit Exceeded",
+                "errors": [
+                    {
+                        "message": "Rate Limit Exceeded",
+                        "domain": "usageLimits",
+                        "reason": "rateLimitExceeded",
+                    }
+                ],
+            }
+        },
+    )
     gce.server.burst(2, 403, *gce.calls["create"], error=limited)
     gce.submit("rate", "echo eventually")
     daemon = gce.daemon()

@@ -22,11 +22,12 @@ from pathlib import Path
 import pytest
 from googleapiclient.errors import HttpError
 
+from bastion.bucket.store import Store
 from bastion.runners.base import (
     Attempt,
+    AttemptPhase,
     Fenced,
     Observation,
-    Phase,
     RunnerError,
     TryAgain,
     attempt_name,
@@ -34,7 +35,6 @@ from bastion.runners.base import (
 from bastion.runners.google.gce import GceRunner, request_id
 from bastion.runners.google.queued import QueuedRunner, node_prefix
 from bastion.runners.google.tpu import TpuRunner
-from bastion.store import Store
 from tests.harness import REPO, kill_all, processes_with_env
 from tests.standins.compute import ComputeServer
 from tests.standins.metadata import MetadataServer
@@ -60,9 +60,12 @@ class Guests:
         md = MetadataServer(attributes).start()
         env = dict(os.environ, GCE_METADATA_HOST=md.host, CLOUD_TEST_TAG=self.tag)
         if emulator := os.environ.get("STORAGE_EMULATOR_HOST"):  # the VM's gcloud: this bucket
-            env.update(CLOUDSDK_API_ENDPOINT_OVERRIDES_STORAGE=f"{emulator}/storage/v1/",
-                       CLOUDSDK_AUTH_DISABLE_CREDENTIALS="True", CLOUDSDK_CORE_PROJECT=P,
-                       CLOUDSDK_CONFIG=str(self.tmp / "gcloud-config"))  # fmt: skip
+            env.update(
+                CLOUDSDK_API_ENDPOINT_OVERRIDES_STORAGE=f"{emulator}/storage/v1/",
+                CLOUDSDK_AUTH_DISABLE_CREDENTIALS="True",
+                CLOUDSDK_CORE_PROJECT=P,
+                CLOUDSDK_CONFIG=str(self.tmp / "gcloud-config"),
+            )
         out = open(self.tmp / f"{name}.{worker}.boot", "wb")  # noqa: SIM115 (closed by the child)
         proc = subprocess.Popen(
             ["bash", "-c", metadata["startup-script"]],
@@ -211,7 +214,7 @@ def test_tpu_happy_path_four_workers(any_root, tpu_server, tpu_any, guests):
     handle = tpu.start(a)
     assert (handle["zone"], handle["workers"]) == (ZA, 4)
     assert Store(root).read_provision("train", a.name)["zone"] == ZA
-    assert tpu.poll(handle).phase is Phase.PROVISIONING
+    assert tpu.poll(handle).phase is AttemptPhase.PROVISIONING
     body = creates(tpu_server)[0][3]
     assert body["labels"] == {
         "bastion-root": tpu.tag,
@@ -221,9 +224,9 @@ def test_tpu_happy_path_four_workers(any_root, tpu_server, tpu_any, guests):
         "bastion-attempt": "1",
     }
     assert body["acceleratorType"] == "v4-32" and body["schedulingConfig"] == {"spot": True}
-    seen = poll_until(tpu, handle, tpu_server, {Phase.SUCCEEDED, Phase.FAILED})
+    seen = poll_until(tpu, handle, tpu_server, {AttemptPhase.SUCCEEDED, AttemptPhase.FAILED})
     done = ("exit 0",) * 4
-    assert seen == Observation(Phase.SUCCEEDED, "all 4 workers exited 0", 0, workers=done)
+    assert seen == Observation(AttemptPhase.SUCCEEDED, "all 4 workers exited 0", 0, workers=done)
     assert len(guests.workers[a.name]) == 4 and guests.wait(a.name) == [0, 0, 0, 0]
     assert tpu.read_output(handle, 0, 1 << 20) == b"hello from 0 of 4: it's a 'test'\n"
     records = tpu.channel.records(handle)
@@ -250,7 +253,7 @@ def test_tpu_start_twice_is_one_node_and_restart_adopts(root, tpu_server, tpu):
     assert owned[a.name].handle["workers"] == 4 and not owned[a.name].finished
     again = restarted.start(a)
     assert again["zone"] == ZA and len(creates(tpu_server)) == 1
-    assert restarted.poll(again).phase is Phase.PROVISIONING
+    assert restarted.poll(again).phase is AttemptPhase.PROVISIONING
 
 
 def test_tpu_phantom_409_is_adopted(root, tpu_server, tpu):
@@ -258,7 +261,7 @@ def test_tpu_phantom_409_is_adopted(root, tpu_server, tpu):
     a = attempt(root, "true", **V4)
     handle = tpu.start(a)
     assert handle["zone"] == ZA and len(creates(tpu_server)) == 1
-    assert tpu.poll(handle).phase is Phase.PROVISIONING  # the node that the 409 hid
+    assert tpu.poll(handle).phase is AttemptPhase.PROVISIONING  # the node that the 409 hid
 
 
 def test_tpu_stockout_blocks_the_zone_next_attempt_in_the_next(root, tpu_server, tpu):
@@ -267,7 +270,7 @@ def test_tpu_stockout_blocks_the_zone_next_attempt_in_the_next(root, tpu_server,
     h1 = tpu.start(a1)
     tpu_server.tick()
     seen = tpu.poll(h1)
-    assert (seen.phase, seen.retryable, seen.exit_code) == (Phase.FAILED, True, None)
+    assert (seen.phase, seen.retryable, seen.exit_code) == (AttemptPhase.FAILED, True, None)
     assert seen.reason.startswith(f"stockout in {ZA}: There is no more capacity")
     h2 = tpu.start(attempt(root, "true", 2, **V4))  # the daemon requeues: a new name
     assert h2["zone"] == ZB
@@ -291,7 +294,7 @@ def test_tpu_quota_blocks_the_region_without_a_hot_loop(root, tpu_server, tpu):
 def test_tpu_spot_preemption_while_running(root, tpu_server, tpu, guests):
     a = attempt(root, "for i in $(seq 1 100000); do echo line $i; sleep 0.02; done", **V4)
     handle = tpu.start(a)
-    poll_until(tpu, handle, tpu_server, {Phase.RUNNING})
+    poll_until(tpu, handle, tpu_server, {AttemptPhase.RUNNING})
     deadline = time.monotonic() + 30
     while tpu.poll(handle).reason != "4 of 4 workers running" or b"line 5\n" not in tpu.read_output(
         handle, 0, 1 << 20
@@ -301,9 +304,11 @@ def test_tpu_spot_preemption_while_running(root, tpu_server, tpu, guests):
     guests.preempt(a.name)  # the metadata notice, then the node turns PREEMPTED
     tpu_server.preempt(a.name)
     seen = tpu.poll(handle)  # PREEMPTED only once every agent has flushed its exit record
-    assert seen.phase is Phase.RUNNING and seen.reason.endswith("the agents are flushing")
-    seen = poll_until(tpu, handle, tpu_server, {Phase.PREEMPTED, Phase.FAILED}, timeout=30)
-    assert (seen.phase, seen.retryable) == (Phase.PREEMPTED, True)
+    assert seen.phase is AttemptPhase.RUNNING and seen.reason.endswith("the agents are flushing")
+    seen = poll_until(
+        tpu, handle, tpu_server, {AttemptPhase.PREEMPTED, AttemptPhase.FAILED}, timeout=30
+    )
+    assert (seen.phase, seen.retryable) == (AttemptPhase.PREEMPTED, True)
     assert guests.wait(a.name) == [143] * 4 or all(c != 0 for c in guests.wait(a.name))
     out = tpu.read_output(handle, 0, 1 << 24).decode()
     n = out.count("\n")
@@ -318,9 +323,12 @@ def test_tpu_spot_preemption_while_running(root, tpu_server, tpu, guests):
 def test_tpu_one_worker_fails(root, tpu_server, tpu, guests):
     a = attempt(root, 'if [ "$BASTION_WORKER" = 2 ]; then echo bad; exit 1; fi; sleep 60', **V4)
     handle = tpu.start(a)
-    seen = poll_until(tpu, handle, tpu_server, {Phase.FAILED, Phase.SUCCEEDED})
+    seen = poll_until(tpu, handle, tpu_server, {AttemptPhase.FAILED, AttemptPhase.SUCCEEDED})
     assert (seen.phase, seen.reason, seen.exit_code) == (
-        Phase.FAILED, "worker 2 exited with status 1", 1)
+        AttemptPhase.FAILED,
+        "worker 2 exited with status 1",
+        1,
+    )
     assert seen.workers[2] == "exit 1"
     tpu.stop(handle, time.time() + 30)  # the daemon stops the others: the node is deleted
     assert tpu_server.nodes[f"projects/{P}/locations/{ZA}/nodes/{a.name}"]["state"] == "DELETING"
@@ -361,7 +369,7 @@ def test_tpu_429_and_5xx_bursts_are_retried(root, tpu_server, tpu):
     handle = tpu.start(attempt(root, "true", **V4))
     assert len(tpu_server.nodes) == 1
     tpu_server.rate_limit(4)
-    assert tpu.poll(handle).phase is Phase.PROVISIONING
+    assert tpu.poll(handle).phase is AttemptPhase.PROVISIONING
     tpu_server.transient_5xx(10)  # more than num_retries (5): the error surfaces, bounded
     with pytest.raises(HttpError):
         tpu.poll(handle)
@@ -372,7 +380,7 @@ def test_tpu_listing_pages_and_one_list_per_zone_per_cycle(root, tpu_server):
     handles = [runner.start(attempt(root, "true", n, job=f"j{n}", **V4)) for n in range(20)]
     assert {h["zone"] for h in handles} == {ZA}
     before = len(tpu_server.requests)
-    assert all(runner.poll(h).phase is Phase.PROVISIONING for h in handles)
+    assert all(runner.poll(h).phase is AttemptPhase.PROVISIONING for h in handles)
     asked = tpu_server.requests[before:]
     assert len(asked) == 3 and all(r[1].endswith("/nodes") for r in asked)  # 20 nodes, 3 pages
     assert len({o.name for o in runner.list_owned()}) == 20
@@ -382,7 +390,7 @@ def test_tpu_preempted_while_creating(root, tpu_server, tpu):
     handle = tpu.start(attempt(root, "true", **V4))
     tpu_server.preempt(handle["name"])
     seen = tpu.poll(handle)
-    assert (seen.phase, seen.retryable) == (Phase.PREEMPTED, True)
+    assert (seen.phase, seen.retryable) == (AttemptPhase.PREEMPTED, True)
 
 
 # --- GCE GPU VM ----------------------------------------------------------------------------
@@ -413,8 +421,9 @@ def test_gce_never_owns_the_daemons_own_vm_of_the_same_root(root, gce_server, gc
     gce.start(a)
     ((_, _, _, body),) = inserts(gce_server)
     labels = {"bastion-root": gce.tag, "bastion-role": "daemon"}
-    gce.client.instances().insert(project=P, zone=ZA, body={
-        **body, "name": "bastion-daemon", "labels": labels}).execute()  # fmt: skip
+    gce.client.instances().insert(
+        project=P, zone=ZA, body={**body, "name": "bastion-daemon", "labels": labels}
+    ).execute()
     gce_server.tick()
     assert sorted(o.name for o in gce.list_owned()) == [a.name]
 
@@ -434,9 +443,11 @@ def test_gce_happy_path(root, gce_server, gce, guests):
         "maxRunDuration": {"seconds": "86400"},
     }
     assert body["labels"]["bastion-root"] == gce.tag
-    assert gce.poll(handle).phase is Phase.PROVISIONING
-    seen = poll_until(gce, handle, gce_server, {Phase.SUCCEEDED, Phase.FAILED})
-    assert seen == Observation(Phase.SUCCEEDED, "its worker exited 0", 0, workers=("exit 0",))
+    assert gce.poll(handle).phase is AttemptPhase.PROVISIONING
+    seen = poll_until(gce, handle, gce_server, {AttemptPhase.SUCCEEDED, AttemptPhase.FAILED})
+    assert seen == Observation(
+        AttemptPhase.SUCCEEDED, "its worker exited 0", 0, workers=("exit 0",)
+    )
     assert gce.read_output(handle, 0, 1 << 20) == b"gpu 0/1: it's a 'test'\n"
     assert [o.name for o in gce.list_owned()] == [a.name]
     assert gce.delete(handle) is False
@@ -464,7 +475,7 @@ def test_gce_stockout_then_next_zone(root, gce_server, gce):
     h1 = gce.start(attempt(root, "true", 1, **A3))
     gce_server.tick()
     seen = gce.poll(h1)
-    assert (seen.phase, seen.retryable) == (Phase.FAILED, True)
+    assert (seen.phase, seen.retryable) == (AttemptPhase.FAILED, True)
     assert seen.reason.startswith(f"stockout in {ZA}: The zone 'projects/{P}/zones/{ZA}'")
     assert gce.start(attempt(root, "true", 2, **A3))["zone"] == ZB
 
@@ -483,7 +494,7 @@ def test_gce_quota_blocks_the_region(root, gce_server, gce):
 def test_gce_preemption_via_the_preempted_operation(root, gce_server, gce, guests):
     a = attempt(root, "for i in $(seq 1 100000); do echo line $i; sleep 0.02; done", **A3)
     handle = gce.start(a)
-    poll_until(gce, handle, gce_server, {Phase.RUNNING})
+    poll_until(gce, handle, gce_server, {AttemptPhase.RUNNING})
     deadline = time.monotonic() + 30
     while b"line 3\n" not in gce.read_output(handle, 0, 1 << 20):
         assert time.monotonic() < deadline
@@ -491,8 +502,10 @@ def test_gce_preemption_via_the_preempted_operation(root, gce_server, gce, guest
         time.sleep(0.1)
     guests.preempt(a.name)
     gce_server.preempt(a.name)  # DELETE action: the VM is gone, a preempted op remains
-    seen = poll_until(gce, handle, gce_server, {Phase.PREEMPTED, Phase.FAILED}, timeout=30)
-    assert (seen.phase, seen.retryable) == (Phase.PREEMPTED, True)
+    seen = poll_until(
+        gce, handle, gce_server, {AttemptPhase.PREEMPTED, AttemptPhase.FAILED}, timeout=30
+    )
+    assert (seen.phase, seen.retryable) == (AttemptPhase.PREEMPTED, True)
     guests.wait(a.name)
     out = gce.read_output(handle, 0, 1 << 24).decode()
     n = out.count("\n")
@@ -504,14 +517,14 @@ def test_tpu_worker_stops_heartbeating_is_lost(root, tpu_server, guests):
     runner = no_sleep(TpuRunner(settings(root, tpu_server.endpoint, heartbeat_timeout=2)))
     a = attempt(root, "sleep 60", **V4)
     handle = runner.start(a)
-    poll_until(runner, handle, tpu_server, {Phase.RUNNING})
+    poll_until(runner, handle, tpu_server, {AttemptPhase.RUNNING})
     deadline = time.monotonic() + 30
     while runner.poll(handle).reason != "4 of 4 workers running":
         assert time.monotonic() < deadline
         time.sleep(0.1)
     proc, _ = guests.workers[a.name][1]
     proc.kill()  # the agent of worker 1 dies without a word (its command lives on, orphaned)
-    seen = poll_until(runner, handle, tpu_server, {Phase.LOST}, timeout=20)
+    seen = poll_until(runner, handle, tpu_server, {AttemptPhase.LOST}, timeout=20)
     assert seen.retryable and seen.reason.startswith("worker 1 stopped heartbeating")
 
 
@@ -541,12 +554,12 @@ def test_qr_lifecycle_to_succeeded(root, tpu_server, qr, guests):
     assert spec["node"]["acceleratorType"] == "v4-32"
     assert spec["node"]["labels"]["bastion-root"] == qr.tag
     assert "startup-script" in spec["node"]["metadata"]
-    assert qr.poll(handle) == Observation(Phase.QUEUED, f"waiting for capacity in {ZA}")
-    seen = poll_until(qr, handle, tpu_server, {Phase.PROVISIONING})
+    assert qr.poll(handle) == Observation(AttemptPhase.QUEUED, f"waiting for capacity in {ZA}")
+    seen = poll_until(qr, handle, tpu_server, {AttemptPhase.PROVISIONING})
     assert seen.reason == f"provisioning in {ZA}"
-    seen = poll_until(qr, handle, tpu_server, {Phase.SUCCEEDED, Phase.FAILED})
+    seen = poll_until(qr, handle, tpu_server, {AttemptPhase.SUCCEEDED, AttemptPhase.FAILED})
     done = ("exit 0",) * 4
-    assert seen == Observation(Phase.SUCCEEDED, "all 4 workers exited 0", 0, workers=done)
+    assert seen == Observation(AttemptPhase.SUCCEEDED, "all 4 workers exited 0", 0, workers=done)
     assert qr.read_output(handle, 0, 100) == b"qr 0/4\n"
     assert [o.name for o in qr.list_owned()] == [a.name]
     assert qr.delete(handle) is False
@@ -560,8 +573,8 @@ def test_qr_past_its_deadline_fails_retryable_and_blocks_the_zone(root, tpu_serv
     runner = no_sleep(QueuedRunner(settings(root, tpu_server.endpoint, queue_seconds=120)))
     tpu_server.stockout(ZA)  # the request waits in ZA's queue, then its validUntil passes
     h1 = runner.start(attempt(root, "true", 1, **V4))
-    seen = poll_until(runner, h1, tpu_server, {Phase.FAILED, Phase.SUCCEEDED})
-    assert (seen.phase, seen.retryable, seen.exit_code) == (Phase.FAILED, True, None)
+    seen = poll_until(runner, h1, tpu_server, {AttemptPhase.FAILED, AttemptPhase.SUCCEEDED})
+    assert (seen.phase, seen.retryable, seen.exit_code) == (AttemptPhase.FAILED, True, None)
     assert seen.reason.startswith(f"stockout in {ZA}: ") and "validUntil" in seen.reason
     assert runner.list_owned()[0].finished
     assert runner.delete(h1) is False
@@ -574,7 +587,7 @@ def test_qr_past_its_deadline_fails_retryable_and_blocks_the_zone(root, tpu_serv
 def test_qr_suspended_by_the_service_is_preempted(root, tpu_server, qr, guests):
     a = attempt(root, "for i in $(seq 1 100000); do echo line $i; sleep 0.02; done", **V4)
     handle = qr.start(a)
-    poll_until(qr, handle, tpu_server, {Phase.RUNNING})
+    poll_until(qr, handle, tpu_server, {AttemptPhase.RUNNING})
     deadline = time.monotonic() + 30
     while b"line 3\n" not in qr.read_output(handle, 0, 1 << 20):
         assert time.monotonic() < deadline
@@ -582,8 +595,10 @@ def test_qr_suspended_by_the_service_is_preempted(root, tpu_server, qr, guests):
         time.sleep(0.1)
     guests.preempt(a.name)
     tpu_server.preempt(a.name)  # SUSPENDING by SERVICE, its nodes PREEMPTED
-    seen = poll_until(qr, handle, tpu_server, {Phase.PREEMPTED, Phase.FAILED}, timeout=30)
-    assert (seen.phase, seen.retryable) == (Phase.PREEMPTED, True)
+    seen = poll_until(
+        qr, handle, tpu_server, {AttemptPhase.PREEMPTED, AttemptPhase.FAILED}, timeout=30
+    )
+    assert (seen.phase, seen.retryable) == (AttemptPhase.PREEMPTED, True)
     assert "by the service" in seen.reason
     out = qr.read_output(handle, 0, 1 << 24).decode()
     n = out.count("\n")
@@ -628,9 +643,9 @@ def test_qr_multislice_is_one_node_spec_and_every_worker_knows_its_slice(
     (spec,) = qr_creates(tpu_server)[0][3]["tpu"]["nodeSpec"]
     assert "nodeId" not in spec
     assert spec["multisliceParams"] == {"nodeCount": 2, "nodeIdPrefix": a.name}
-    seen = poll_until(qr, handle, tpu_server, {Phase.SUCCEEDED, Phase.FAILED})
+    seen = poll_until(qr, handle, tpu_server, {AttemptPhase.SUCCEEDED, AttemptPhase.FAILED})
     done = ("exit 0",) * 4
-    assert seen == Observation(Phase.SUCCEEDED, "all 4 workers exited 0", 0, workers=done)
+    assert seen == Observation(AttemptPhase.SUCCEEDED, "all 4 workers exited 0", 0, workers=done)
     assert sorted(guests.workers) == [f"{a.name}-0", f"{a.name}-1"]
     first = tpu_server.nodes[f"projects/{P}/locations/{ZA}/nodes/{a.name}-0"]
     coordinator = first["networkEndpoints"][0]["ipAddress"]
@@ -655,23 +670,33 @@ def test_qr_made_by_an_older_daemon_with_a_spec_per_slice_is_adopted_counted_and
     ``<name>-s<i>`` and no runner label: the tpu-qr runner still owns, polls and deletes it
     (its workers counted over the specs), and the tpu runner never takes its nodes."""
     a = attempt(root, "true", accelerator_type="v4-16", num_replicas=2)
-    node = {"acceleratorType": "v4-16", "runtimeVersion": "tpu-ubuntu2204-base",
-            "labels": {"bastion-root": qr.tag, "bastion-job": "train", "bastion-attempt": "1"},
-            "metadata": {"bastion-job-name": "train", "startup-script": "true"}}  # fmt: skip
+    node = {
+        "acceleratorType": "v4-16",
+        "runtimeVersion": "tpu-ubuntu2204-base",
+        "labels": {"bastion-root": qr.tag, "bastion-job": "train", "bastion-attempt": "1"},
+        "metadata": {"bastion-job-name": "train", "startup-script": "true"},
+    }
     parent = f"projects/{P}/locations/{ZA}"
-    body = {"tpu": {"nodeSpec": [{"parent": parent, "nodeId": f"{a.name}-s{i}", "node": node}
-                                 for i in range(2)]}, "spot": {}}  # fmt: skip
+    body = {
+        "tpu": {
+            "nodeSpec": [
+                {"parent": parent, "nodeId": f"{a.name}-s{i}", "node": node} for i in range(2)
+            ]
+        },
+        "spot": {},
+    }
     tpu_server.accept_spec_per_slice = True
     qr.client.queuedResources().create(parent=parent, queuedResourceId=a.name, body=body).execute()
     tpu_server.tick(4)  # ACTIVE, both slices' nodes READY
-    assert sorted(n.rsplit("/", 1)[1] for n in tpu_server.nodes) == [f"{a.name}-s0",
-                                                                     f"{a.name}-s1"]
+    assert sorted(n.rsplit("/", 1)[1] for n in tpu_server.nodes) == [f"{a.name}-s0", f"{a.name}-s1"]
     ((owned, workers),) = [(o.name, o.handle["workers"]) for o in qr.list_owned()]
     assert (owned, workers) == (a.name, 4)
     assert [o.name for o in tpu.list_owned()] == []  # queuedResource: the queued resource's
     handle = qr.start(a)
     assert len(qr_creates(tpu_server)) == 1 and handle["workers"] == 4  # adopted
-    assert qr.poll(handle) == Observation(Phase.RUNNING, "waiting for workers to start (0 of 4)")
+    assert qr.poll(handle) == Observation(
+        AttemptPhase.RUNNING, "waiting for workers to start (0 of 4)"
+    )
     assert qr.delete(handle) is False
     tpu_server.tick()
     assert qr.delete(handle) is True and tpu_server.nodes == {} and tpu_server.qrs == {}
@@ -704,8 +729,20 @@ def test_daemon_package_is_published_content_addressed_and_installs(root, tpu_se
     again = no_sleep(TpuRunner(settings(root, tpu_server.endpoint)))  # a restarted daemon
     assert again.package_url() == runner.package_url() and wheel.stat().st_mtime_ns == mtime
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                    "--no-index", f"--target={target}", str(wheel)], check=True)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-index",
+            f"--target={target}",
+            str(wheel),
+        ],
+        check=True,
+    )
     out = subprocess.run(
         [sys.executable, "-c", "import bastion.agent, bastion; print(bastion.__file__)"],
         env={**os.environ, "PYTHONPATH": str(target)},
@@ -715,8 +752,12 @@ def test_daemon_package_is_published_content_addressed_and_installs(root, tpu_se
         check=True,
     )
     assert out.stdout.strip() == str(target / "bastion" / "__init__.py")
-    assert no_sleep(TpuRunner(settings(root, tpu_server.endpoint, publish_package=False))) \
-        .package_url() is None  # fmt: skip
+    assert (
+        no_sleep(
+            TpuRunner(settings(root, tpu_server.endpoint, publish_package=False))
+        ).package_url()
+        is None
+    )
 
 
 # -- capacity per quota tier: reserved within quota, spot when borrowing -----------------------
@@ -793,13 +834,19 @@ def test_a_stale_daemon_does_not_create_after_a_newer_lease_term(root, tpu_serve
 @pytest.mark.parametrize(
     ("message", "phase", "retryable"),
     [
-        ("Cloud TPU received a bad request. update is not supported while in state PREEMPTED",
-         Phase.PREEMPTED, True),
-        ("The node was preempted while it was being created.", Phase.PREEMPTED, True),
-        ("Cloud TPU received a bad request. Runtime version 'tpu-nope' is not supported.",
-         Phase.FAILED, False),
+        (
+            "Cloud TPU received a bad request. update is not supported while in state PREEMPTED",
+            AttemptPhase.PREEMPTED,
+            True,
+        ),
+        ("The node was preempted while it was being created.", AttemptPhase.PREEMPTED, True),
+        (
+            "Cloud TPU received a bad request. Runtime version 'tpu-nope' is not supported.",
+            AttemptPhase.FAILED,
+            False,
+        ),
     ],
-)  # fmt: skip
+)
 def test_tpu_create_op_code_3_is_a_preemption_only_when_its_message_says_so(
     root, tpu_server, tpu, message, phase, retryable
 ):
@@ -827,7 +874,7 @@ def test_tpu_preempted_while_creating_backs_the_zone_off(root, tpu_server, tpu):
     assert tpu.delete(handle) is False
     tpu_server.tick()
     seen = tpu.poll(handle)
-    assert (seen.phase, seen.retryable) == (Phase.PREEMPTED, True)
+    assert (seen.phase, seen.retryable) == (AttemptPhase.PREEMPTED, True)
     assert seen.reason.startswith(f"preempted while creating in {ZA}: ")
     assert tpu.start(attempt(root, "true", 2, **V4))["zone"] == ZB
 
@@ -837,22 +884,20 @@ def test_a_create_cut_short_by_our_own_stop_does_not_back_the_zone_off(root, tpu
     tpu.stop(handle, time.time() + 30)  # cancelled while CREATING: the create op fails (10)
     tpu_server.tick()
     seen = tpu.poll(handle)
-    assert (seen.phase, seen.retryable) == (Phase.FAILED, True)
+    assert (seen.phase, seen.retryable) == (AttemptPhase.FAILED, True)
     assert "error code 10: " in seen.reason
     assert tpu.blocks.reason(ZA) is None and tpu.blocks.failures(ZA) == 0
     assert tpu.start(attempt(root, "true", 2, **V4))["zone"] == ZA
 
 
-def test_gce_spot_vm_preempted_while_provisioning_is_preempted_and_backs_off(
-    root, gce_server, gce
-):
+def test_gce_spot_vm_preempted_while_provisioning_is_preempted_and_backs_off(root, gce_server, gce):
     h1 = gce.start(attempt(root, "true", 1, **A3))
     assert gce_server.instances[(P, ZA, h1["name"])]["status"] == "PROVISIONING"
     gce_server.preempt(h1["name"])  # insert op: UNSUPPORTED_OPERATION; the spot VM is deleted
     ops = [o for o in gce_server.ops.values() if o["operationType"] == "insert"]
     assert ops[0]["error"]["errors"][0]["code"] == "UNSUPPORTED_OPERATION"
     seen = gce.poll(h1)
-    assert (seen.phase, seen.retryable, seen.exit_code) == (Phase.PREEMPTED, True, None)
+    assert (seen.phase, seen.retryable, seen.exit_code) == (AttemptPhase.PREEMPTED, True, None)
     assert seen.reason.startswith(f"preempted while creating in {ZA}: ")
     assert "was preempted during creation" in seen.reason
     assert gce.delete(h1) is True  # gone already
@@ -897,9 +942,14 @@ def test_gce_vm_ended_by_its_dead_mans_switch_fails_the_job_naming_max_run_secon
         gce_server.tick()  # maxRunDuration passed: the service deletes the VM (DELETE action)
         assert (P, ZA, a.name) not in gce_server.instances
         guests.shutdown(a.name)  # its power-off: the agent gets SIGTERM and flushes
-        ended = {Phase.FAILED, Phase.LOST, Phase.PREEMPTED, Phase.SUCCEEDED}
+        ended = {
+            AttemptPhase.FAILED,
+            AttemptPhase.LOST,
+            AttemptPhase.PREEMPTED,
+            AttemptPhase.SUCCEEDED,
+        }
         seen = poll_until(runner, handle, gce_server, ended)
-        assert (seen.phase, seen.retryable, seen.exit_code) == (Phase.FAILED, False, None)
+        assert (seen.phase, seen.retryable, seen.exit_code) == (AttemptPhase.FAILED, False, None)
         assert "reached max_run_seconds (2 s)" in seen.reason
         assert "dead man's switch" in seen.reason and a.name in seen.reason
         assert Store(root).read_run_record("train", a.name, 0, "exit") is not None  # flushed
@@ -916,7 +966,7 @@ def test_gce_vm_gone_before_its_max_run_is_lost_not_the_switch(root, gce_server,
     with gce_server.lock:  # gone without a preemption, well within max_run_seconds (1 day)
         del gce_server.instances[(P, ZA, a.name)]
     seen = gce.poll(handle)
-    assert (seen.phase, seen.retryable) == (Phase.LOST, True)
+    assert (seen.phase, seen.retryable) == (AttemptPhase.LOST, True)
 
 
 # -- TPU maintenance: the startup script runs again, the command does not -----------------------
@@ -933,16 +983,17 @@ def test_tpu_maintenance_reruns_the_startup_script_but_never_the_command(
     )
     a = attempt(root, command, **V4)
     handle = tpu.start(a)
-    poll_until(tpu, handle, tpu_server, {Phase.RUNNING})
+    poll_until(tpu, handle, tpu_server, {AttemptPhase.RUNNING})
     deadline = time.monotonic() + 30
     while tpu.poll(handle).reason != "4 of 4 workers running":
         assert time.monotonic() < deadline
         time.sleep(0.1)
     tpu_server.maintenance(a.name)  # REPAIRING, health UNHEALTHY_MAINTENANCE
     seen = tpu.poll(handle)
-    assert seen.phase is Phase.RUNNING and seen.workers == ("running",) * 4
-    assert seen.reason == (f"4 of 4 workers running; TPU node REPAIRING "
-                           f"(UNHEALTHY_MAINTENANCE) in {ZA}")  # fmt: skip
+    assert seen.phase is AttemptPhase.RUNNING and seen.workers == ("running",) * 4
+    assert seen.reason == (
+        f"4 of 4 workers running; TPU node REPAIRING (UNHEALTHY_MAINTENANCE) in {ZA}"
+    )
     tpu_server.tick()  # READY again: every worker's startup script runs again
     node = tpu_server.nodes[f"projects/{P}/locations/{ZA}/nodes/{a.name}"]
     assert (node["state"], node["health"]) == ("READY", "HEALTHY")
@@ -950,8 +1001,10 @@ def test_tpu_maintenance_reruns_the_startup_script_but_never_the_command(
     for proc, _ in guests.workers[a.name][4:]:  # the second agents: claimed already, exit 0
         assert proc.wait(60) == 0
     go.touch()
-    seen = poll_until(tpu, handle, tpu_server, {Phase.SUCCEEDED, Phase.FAILED, Phase.LOST})
-    assert seen.phase is Phase.SUCCEEDED and seen.workers == ("exit 0",) * 4
+    seen = poll_until(
+        tpu, handle, tpu_server, {AttemptPhase.SUCCEEDED, AttemptPhase.FAILED, AttemptPhase.LOST}
+    )
+    assert seen.phase is AttemptPhase.SUCCEEDED and seen.workers == ("exit 0",) * 4
     assert {p.name: p.read_text() for p in marks.iterdir()} == {
         str(w): "run\n" for w in range(4)
     }  # each worker's command ran once
@@ -965,7 +1018,7 @@ def test_tpu_repairing_before_any_agent_started_is_provisioning(root, tpu_server
         node.update(state="REPAIRING", health="UNHEALTHY_MAINTENANCE", _left=5)
     seen = tpu.poll(handle)
     assert seen == Observation(
-        Phase.PROVISIONING, f"TPU node REPAIRING (UNHEALTHY_MAINTENANCE) in {ZA}"
+        AttemptPhase.PROVISIONING, f"TPU node REPAIRING (UNHEALTHY_MAINTENANCE) in {ZA}"
     )
 
 
@@ -977,8 +1030,9 @@ def test_delete_of_an_already_gone_tpu_node_or_queued_resource_is_success(
 ):
     node_handle = tpu.start(attempt(root, "true", 1, **V4))
     qr_handle = qr.start(attempt(root, "true", 2, **V4))
-    tpu.client.nodes().delete(name=f"projects/{P}/locations/{ZA}/nodes/{node_handle['name']}") \
-        .execute()  # fmt: skip
+    tpu.client.nodes().delete(
+        name=f"projects/{P}/locations/{ZA}/nodes/{node_handle['name']}"
+    ).execute()
     tpu.client.queuedResources().delete(
         name=f"projects/{P}/locations/{ZA}/queuedResources/{qr_handle['name']}", force=True
     ).execute()
@@ -997,7 +1051,7 @@ def test_gce_listing_pages_through_the_runner(root, gce_server):
         handles = [runner.start(attempt(root, "true", n, job=f"j{n}", **A3)) for n in range(5)]
         assert {h["zone"] for h in handles} == {ZA}
         before = len(gce_server.requests)
-        assert all(runner.poll(h).phase is Phase.PROVISIONING for h in handles)
+        assert all(runner.poll(h).phase is AttemptPhase.PROVISIONING for h in handles)
         asked = gce_server.requests[before:]  # one listing for the 5 polls: 3 pages of 2
         assert [(m, p.rsplit("/", 1)[-1]) for m, p, _, _ in asked] == [("GET", "instances")] * 3
         assert [q.get("pageToken") for _, _, q, _ in asked] == [None, "2", "4"]
@@ -1019,7 +1073,7 @@ def old_python(tmp_path_factory) -> str:
     if found:
         return str(found[0])
     fake = tmp_path_factory.mktemp("py39") / "python3"
-    fake.write_text('#!/bin/sh\necho 3.9.2\n')
+    fake.write_text("#!/bin/sh\necho 3.9.2\n")
     fake.chmod(0o755)
     return str(fake)
 
@@ -1042,18 +1096,22 @@ def test_the_startup_script_fails_fast_naming_the_python_setting(
     naming the settings to change (not minutes later inside a pip install, or never), and
     the attempt fails at the start deadline with that line in its reason."""
     python = old_python if case == "too_old" else no_pip_python
-    said = (f"the python setting {python} is Python 3.9" if case == "too_old"
-            else f"the python setting {python} has no pip")  # fmt: skip
-    runner = no_sleep(TpuRunner(settings(root, tpu_server.endpoint, python=python,
-                                         start_timeout_seconds=2)))  # fmt: skip
+    said = (
+        f"the python setting {python} is Python 3.9"
+        if case == "too_old"
+        else f"the python setting {python} has no pip"
+    )
+    runner = no_sleep(
+        TpuRunner(settings(root, tpu_server.endpoint, python=python, start_timeout_seconds=2))
+    )
     handle = runner.start(attempt(root, "echo never", accelerator_type="v4-8"))
-    seen = poll_until(runner, handle, tpu_server, {Phase.RUNNING})
+    seen = poll_until(runner, handle, tpu_server, {AttemptPhase.RUNNING})
     assert seen.reason == "waiting for workers to start (0 of 1)"
     assert guests.wait(handle["name"]) == [1]
     boot = guests.console(handle["name"]).decode()
     (line,) = [x for x in boot.splitlines() if said in x]
     assert "set the runner setting python" in line and "runtime_version (tpu)" in line
-    seen = poll_until(runner, handle, tpu_server, {Phase.FAILED}, timeout=30)
+    seen = poll_until(runner, handle, tpu_server, {AttemptPhase.FAILED}, timeout=30)
     assert seen.retryable and seen.exit_code is None
     assert seen.reason.startswith("worker 0 did not start within 2 s of its TPU node coming up")
     assert said in seen.reason and "set the runner setting python" in seen.reason

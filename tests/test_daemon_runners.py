@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from bastion.daemon import SWEEP_EVERY_CYCLES, Daemon, effects
+from bastion.daemon.start import build_daemon
 from bastion.runners.base import Attempt, name_prefix
 from bastion.runners.fake import FakeRunner
-from bastion.service import build_daemon
 from launch.api import Client, JobInfo, new_jobspec
 
 
@@ -475,8 +475,11 @@ def test_a_recorded_attempt_that_the_runner_made_is_adopted_not_started_again(ri
     daemon = rig.daemon()
     fake = rig.fake(daemon)
     spec = json.loads((rig.root / "jobs" / "active" / "made").read_text())
-    fake.start(Attempt(name=state["runner"]["name"], job="made", attempt=1,
-                       command=spec["command"], env={}))  # the start landed after all
+    fake.start(
+        Attempt(
+            name=state["runner"]["name"], job="made", attempt=1, command=spec["command"], env={}
+        )
+    )  # the start landed after all
     starts = []
     original = FakeRunner.start
     FakeRunner.start = lambda self, attempt: starts.append(attempt.name) or original(self, attempt)

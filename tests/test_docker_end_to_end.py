@@ -49,8 +49,13 @@ class DockerBastion(Bastion):
 
     def launch(self, name: str, command: str, *args: str, image: str | None = None):
         return self.cli(
-            "launch", f"--name={name}", "--runner=docker",
-            f"--image={image or self.engine.base_image}", *args, "--", command,
+            "launch",
+            f"--name={name}",
+            "--runner=docker",
+            f"--image={image or self.engine.base_image}",
+            *args,
+            "--",
+            command,
         )
 
     def containers(self, job: str | None = None) -> list:
@@ -96,7 +101,9 @@ def test_docker_job_logs_follow_and_succeeds(dk):
     assert "submitted dhello" in out
     follow = dk.cli("logs", "dhello", "--follow", "--follow_poll_seconds=0.1", timeout=90)
     assert [ln for ln in follow.stdout.splitlines() if ln.startswith("line")] == [
-        "line 1", "line 2", "line 3",
+        "line 1",
+        "line 2",
+        "line 3",
     ]
     assert "attempt 1 of dhello started" in follow.stdout
     # --follow returned because the job ended, not on a timeout: it is complete by now.
@@ -211,9 +218,7 @@ def test_orphan_container_removed_when_docker_configured_but_not_default(dk):
 def test_missing_image_fails_job_and_others_keep_running(dk):
     missing = f"{dk.engine.registry}/bastion-test/no-such-image:none"
     dk.start_daemon()
-    dk.launch(
-        "dsteady", "for i in $(seq 1 30); do echo tick $i; sleep 0.1; done; echo end"
-    )
+    dk.launch("dsteady", "for i in $(seq 1 30); do echo tick $i; sleep 0.1; done; echo end")
     dk.running_container("dsteady")
     dk.launch("dmissing", "echo never", image=missing)
     dk.cli("launch", "--name=lsteady", "--", "sleep 1; echo local done")
@@ -235,9 +240,7 @@ def _project(tmp: Path, dockerfile_from: str) -> Path:
     project.mkdir()
     (project / "train.py").write_text("print(open('config.txt').read().strip(), 'in', __file__)\n")
     (project / "config.txt").write_text("lr=0.3\n")
-    (project / "Dockerfile").write_text(
-        f"FROM {dockerfile_from}\nCOPY . /app\nWORKDIR /app\n"
-    )
+    (project / "Dockerfile").write_text(f"FROM {dockerfile_from}\nCOPY . /app\nWORKDIR /app\n")
     return project
 
 
@@ -247,17 +250,29 @@ def _launch_from(dk: DockerBastion, cwd: Path, *args: str) -> None:
 
     from tests.harness import REPO
 
-    proc = subprocess.run([sys.executable, "-m", "launch.cli", "launch", *args],
-                          env={**dk.env, "PYTHONPATH": str(REPO)}, cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "launch.cli", "launch", *args],
+        env={**dk.env, "PYTHONPATH": str(REPO)},
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_a_container_job_runs_inside_its_tar_bundle(dk: DockerBastion, tmp_path):
     project = _project(tmp_path, dk.engine.base_image)
     dk.start_daemon()
-    _launch_from(dk, project, "--name=tarred", "--runner=docker",
-                 f"--image={dk.engine.base_image}", "--", "python3 train.py")
+    _launch_from(
+        dk,
+        project,
+        "--name=tarred",
+        "--runner=docker",
+        f"--image={dk.engine.base_image}",
+        "--",
+        "python3 train.py",
+    )
     record = dk.wait_complete("tarred", timeout=90)
     assert record["state"]["outcome"] == "SUCCEEDED", dk.log("tarred")
     assert "lr=0.3 in" in dk.log("tarred")
@@ -266,9 +281,16 @@ def test_a_container_job_runs_inside_its_tar_bundle(dk: DockerBastion, tmp_path)
 def test_a_docker_bundle_is_built_pushed_and_run_by_digest(dk: DockerBastion, tmp_path):
     project = _project(tmp_path, dk.engine.base_image)
     dk.start_daemon()
-    _launch_from(dk, project, "--name=imaged", "--bundler=docker",
-                 f"--bundler_spec=repo={dk.engine.registry}/team", "--runner=docker", "--",
-                 "python3 /app/train.py")
+    _launch_from(
+        dk,
+        project,
+        "--name=imaged",
+        "--bundler=docker",
+        f"--bundler_spec=repo={dk.engine.registry}/team",
+        "--runner=docker",
+        "--",
+        "python3 /app/train.py",
+    )
     record = dk.wait_complete("imaged", timeout=120)
     bundle = record["spec"]["bundle"]
     assert bundle["kind"] == "docker" and "@sha256:" in bundle["uri"]

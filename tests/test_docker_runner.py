@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from bastion.runners import base
-from bastion.runners.base import Attempt, Handle, Phase, RunnerError, attempt_name
+from bastion.runners.base import Attempt, AttemptPhase, Handle, RunnerError, attempt_name
 from bastion.runners.docker import DockerRunner, from_settings
 from tests.runner_contract import RunnerContract
 
@@ -94,7 +94,7 @@ def test_success_output_read_in_pieces_exactly_once(docker_runner, docker_engine
     started = time.time() - t0
     assert handle["name"] == a.name and handle["id"]
     seen = wait_finished(docker_runner, handle)
-    assert (seen.phase, seen.exit_code) == (Phase.SUCCEEDED, 0), seen
+    assert (seen.phase, seen.exit_code) == (AttemptPhase.SUCCEEDED, 0), seen
     out = read_in_pieces(docker_runner, handle, limit=7)
     assert out == engine_output(docker_engine, handle)
     assert out.count(b"job=job opt=from-options\n") == 1  # (stamps may reorder the streams)
@@ -112,7 +112,7 @@ def test_output_read_while_it_grows(docker_runner, docker_engine, root):
     )
     handle = docker_runner.start(attempt(root, command))
     out = read_in_pieces(docker_runner, handle, limit=10000)  # < a 16 KiB piece of a line
-    assert docker_runner.poll(handle).phase == Phase.SUCCEEDED
+    assert docker_runner.poll(handle).phase == AttemptPhase.SUCCEEDED
     assert out == engine_output(docker_engine, handle)
     # The engine splits a line longer than 16 KiB into pieces and stamps each stream's pieces
     # as it reads them, so a stderr line can sit between two pieces of a stdout line, in the
@@ -187,7 +187,7 @@ def test_read_output_against_a_modelled_log(limit, seed):
 def test_exit_code_is_a_failure(docker_runner, root):
     handle = docker_runner.start(attempt(root, "echo bad; exit 3"))
     seen = wait_finished(docker_runner, handle)
-    assert (seen.phase, seen.exit_code) == (Phase.FAILED, 3)
+    assert (seen.phase, seen.exit_code) == (AttemptPhase.FAILED, 3)
     assert "exited with status 3" in seen.reason
 
 
@@ -200,7 +200,7 @@ def test_stop_sends_sigterm_before_the_deadline(docker_runner, root):
     docker_runner.stop(handle, deadline=time.time() + 60)  # repeated each cycle: no second TERM
     assert time.time() - t0 < 2, "stop must not wait for the attempt"
     seen = wait_finished(docker_runner, handle, timeout=10)
-    assert (seen.phase, seen.exit_code) == (Phase.FAILED, 143)
+    assert (seen.phase, seen.exit_code) == (AttemptPhase.FAILED, 143)
     out = docker_runner.read_output(handle, 0, 1000)
     assert out.startswith(b"ready\n") and b"got TERM\n" in out  # and sh's "Terminated"
 
@@ -216,7 +216,7 @@ def test_sigterm_reaches_the_whole_job(docker_runner, root):
     wait_output(docker_runner, handle, b"ready")
     docker_runner.stop(handle, deadline=time.time() + 60)
     seen = wait_finished(docker_runner, handle, timeout=10)
-    assert seen.phase == Phase.FAILED
+    assert seen.phase == AttemptPhase.FAILED
     assert b"python got TERM" in docker_runner.read_output(handle, 0, 1000)
 
 
@@ -226,13 +226,13 @@ def test_a_job_ignoring_sigterm_is_killed_at_the_deadline(docker_runner, root):
     deadline = time.time() + 1.0
     docker_runner.stop(handle, deadline)
     time.sleep(0.5)
-    assert docker_runner.poll(handle).phase == Phase.RUNNING  # TERM ignored
+    assert docker_runner.poll(handle).phase == AttemptPhase.RUNNING  # TERM ignored
     while not docker_runner.poll(handle).finished:  # the daemon calls stop every cycle
         assert time.time() < deadline + 10
         docker_runner.stop(handle, deadline)
         time.sleep(0.1)
     seen = docker_runner.poll(handle)
-    assert (seen.phase, seen.exit_code) == (Phase.FAILED, 137)
+    assert (seen.phase, seen.exit_code) == (AttemptPhase.FAILED, 137)
     assert time.time() >= deadline
 
 
@@ -283,7 +283,7 @@ def test_delete_removes_the_container_and_is_idempotent(docker_runner, docker_en
     assert docker_runner.delete(handle) is True
     assert docker_runner.delete(handle) is True
     seen = docker_runner.poll(handle)
-    assert seen.phase == Phase.LOST and "gone" in seen.reason
+    assert seen.phase == AttemptPhase.LOST and "gone" in seen.reason
     assert docker_runner.list_owned() == []
     docker_runner.stop(handle, deadline=0)  # nothing to stop: fine
     assert docker_runner.read_output(handle, 0, 10) == b""
@@ -306,7 +306,7 @@ def test_an_image_only_in_the_registry_is_pulled(docker_runner, docker_engine, r
     handle = docker_runner.start(
         attempt(root, "python3 -c 'print(1 + 1)'", options={"image": image})
     )
-    assert wait_finished(docker_runner, handle).phase == Phase.SUCCEEDED
+    assert wait_finished(docker_runner, handle).phase == AttemptPhase.SUCCEEDED
     assert docker_runner.read_output(handle, 0, 100) == b"2\n"
 
 
@@ -324,7 +324,7 @@ def test_an_unreachable_engine_is_a_runner_error(root, tmp_path):
 def test_the_job_writes_into_a_local_root(docker_runner, root):
     command = f"echo written by $(id -u) > {root}/from-the-job.txt"
     handle = docker_runner.start(attempt(root, command, options={"workdir": "/tmp"}))
-    assert wait_finished(docker_runner, handle).phase == Phase.SUCCEEDED
+    assert wait_finished(docker_runner, handle).phase == AttemptPhase.SUCCEEDED
     with open(os.path.join(root, "from-the-job.txt")) as f:
         assert f.read() == "written by 0\n"
 
@@ -337,7 +337,7 @@ def test_extra_mounts_are_bound(docker_runner, root, tmp_path):
         attempt(root, "cat /data/in.txt; touch /data/x", options={"mounts": [mount]})
     )
     seen = wait_finished(docker_runner, handle)
-    assert seen.phase == Phase.FAILED  # read-only
+    assert seen.phase == AttemptPhase.FAILED  # read-only
     assert b"hello" in docker_runner.read_output(handle, 0, 1000)
 
 
@@ -369,7 +369,7 @@ def test_out_of_memory_is_named(docker_runner, docker_engine, root):
     )
     container.start()
     seen = wait_finished(docker_runner, {"name": a.name, "id": container.id})
-    assert seen.phase == Phase.FAILED
+    assert seen.phase == AttemptPhase.FAILED
     assert seen.reason == "killed: out of memory (OOMKilled)", seen
 
 

@@ -16,8 +16,9 @@ COUNT_TO_3 = "for i in 1 2 3; do echo line $i; sleep 0.3; done"
 
 def test_launch_logs_follow_list_history(bastion):
     bastion.start()
-    out = bastion.cli("launch", "--name=hello", "--project_id=default", "--",
-                      "bash", "-c", COUNT_TO_3).stdout
+    out = bastion.cli(
+        "launch", "--name=hello", "--project_id=default", "--", "bash", "-c", COUNT_TO_3
+    ).stdout
     assert "submitted hello" in out
     follow = bastion.cli("logs", "hello", "--follow", "--follow_poll_seconds=0.1", timeout=60)
     lines = [ln for ln in follow.stdout.splitlines() if ln.startswith("line")]
@@ -48,8 +49,13 @@ def test_launch_logs_follow_list_history(bastion):
 
 def test_job_env_and_failure_exit_code(bastion):
     bastion.start()
-    bastion.cli("launch", "--name=envjob", "--env=GREETING=hi", "--",
-                'echo "$BASTION_JOB_NAME $BASTION_ATTEMPT $GREETING $BASTION_ROOT"; exit 3')
+    bastion.cli(
+        "launch",
+        "--name=envjob",
+        "--env=GREETING=hi",
+        "--",
+        'echo "$BASTION_JOB_NAME $BASTION_ATTEMPT $GREETING $BASTION_ROOT"; exit 3',
+    )
     record = bastion.wait_complete("envjob")
     assert record["state"]["outcome"] == "FAILED"
     assert record["state"]["exit_code"] == 3
@@ -63,9 +69,13 @@ def test_cancel_running_job_kills_whole_group_after_grace(bastion, tmp_path):
     pidfile = tmp_path / "grandchild.pid"
     bastion.start("--grace_seconds=1")
     # The job ignores SIGTERM and leaves a grandchild that ignores it too.
-    bastion.cli("launch", "--name=stubborn", "--",
-                f"trap '' TERM; (trap '' TERM; sleep 300) & echo $! > {pidfile}; "
-                "echo started; while true; do sleep 0.1; done")
+    bastion.cli(
+        "launch",
+        "--name=stubborn",
+        "--",
+        f"trap '' TERM; (trap '' TERM; sleep 300) & echo $! > {pidfile}; "
+        "echo started; while true; do sleep 0.1; done",
+    )
     wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="grandchild")
     grandchild = int(pidfile.read_text())
     bastion.cli("cancel", "stubborn")
@@ -99,8 +109,12 @@ def test_cancel_pending_job_and_unknown_name(bastion):
 def test_kill_9_daemon_adopts_running_job(bastion, tmp_path):
     marker = tmp_path / "starts"
     daemon = bastion.start()
-    bastion.cli("launch", "--name=survivor", "--",
-                f"echo start >> {marker}; for i in $(seq 1 20); do echo tick $i; sleep 0.1; done")
+    bastion.cli(
+        "launch",
+        "--name=survivor",
+        "--",
+        f"echo start >> {marker}; for i in $(seq 1 20); do echo tick $i; sleep 0.1; done",
+    )
     wait_for(lambda: marker.exists(), what="job start")
     time.sleep(0.5)
     daemon.send_signal(signal.SIGKILL)
@@ -131,11 +145,27 @@ def test_kill_9_daemon_notices_job_finished_while_down(bastion, tmp_path):
 
 def test_malformed_spec_is_rejected_and_others_run(bastion):
     bastion.put("jobs", "active", "broken", data="{this is not json")
-    bastion.put("jobs", "active", "wrongtype", data=json.dumps({
-        "version": 1, "name": "wrongtype", "command": "true", "cleanup_command": None,
-        "env_vars": None, "metadata": {"user_id": "u", "project_id": "default",
-                                       "creation_time": "2026-01-01 00:00:00.000000",
-                                       "resources": {"cpu": 1.5}, "priority": 5}}))
+    bastion.put(
+        "jobs",
+        "active",
+        "wrongtype",
+        data=json.dumps(
+            {
+                "version": 1,
+                "name": "wrongtype",
+                "command": "true",
+                "cleanup_command": None,
+                "env_vars": None,
+                "metadata": {
+                    "user_id": "u",
+                    "project_id": "default",
+                    "creation_time": "2026-01-01 00:00:00.000000",
+                    "resources": {"cpu": 1.5},
+                    "priority": 5,
+                },
+            }
+        ),
+    )
     bastion.cli("launch", "--name=good", "--", "echo fine")
     bastion.start()
     assert bastion.wait_complete("good")["state"]["outcome"] == "SUCCEEDED"
@@ -163,11 +193,23 @@ def test_name_mismatch_is_rejected_never_acted_on(bastion, tmp_path):
 
 
 def test_axlearn_spec_runs(bastion):
-    spec = {"version": 1, "name": "ax1", "command": "echo from axlearn", "cleanup_command": None,
-            "env_vars": {"X": "1"},
-            "metadata": {"user_id": "alice", "project_id": "default",
-                         "creation_time": "2026-01-01 12:00:00.000000", "resources": {"cpu": 1},
-                         "priority": 3, "job_id": None, "version": None, "scaling_specs": None}}
+    spec = {
+        "version": 1,
+        "name": "ax1",
+        "command": "echo from axlearn",
+        "cleanup_command": None,
+        "env_vars": {"X": "1"},
+        "metadata": {
+            "user_id": "alice",
+            "project_id": "default",
+            "creation_time": "2026-01-01 12:00:00.000000",
+            "resources": {"cpu": 1},
+            "priority": 3,
+            "job_id": None,
+            "version": None,
+            "scaling_specs": None,
+        },
+    }
     bastion.put("jobs", "active", "ax1", data=json.dumps(spec))
     bastion.start()
     assert bastion.wait_complete("ax1")["state"]["outcome"] == "SUCCEEDED"
@@ -175,8 +217,9 @@ def test_axlearn_spec_runs(bastion):
 
 
 def test_stale_cancel_is_deleted_not_applied_to_later_job(bastion):
-    bastion.put("jobs", "user_states", "later",
-                data=json.dumps({"status": "CANCELLING", "metadata": {}}))
+    bastion.put(
+        "jobs", "user_states", "later", data=json.dumps({"status": "CANCELLING", "metadata": {}})
+    )
     bastion.once()
     assert not bastion.exists("jobs", "user_states", "later")
     bastion.cli("launch", "--name=later", "--", "echo survived")
@@ -186,16 +229,25 @@ def test_stale_cancel_is_deleted_not_applied_to_later_job(bastion):
 
 def test_cancel_for_an_earlier_job_of_same_name_is_stale(bastion):
     bastion.cli("launch", "--name=again", "--", "sleep 1")
-    bastion.put("jobs", "user_states", "again",
-                data=json.dumps({"status": "CANCELLING", "job_identity": "some-earlier-job"}))
+    bastion.put(
+        "jobs",
+        "user_states",
+        "again",
+        data=json.dumps({"status": "CANCELLING", "job_identity": "some-earlier-job"}),
+    )
     bastion.start()
     assert bastion.wait_complete("again")["state"]["outcome"] == "SUCCEEDED"
 
 
 def test_cleanup_command_has_its_own_log(bastion):
     bastion.start()
-    bastion.cli("launch", "--name=tidy", "--cleanup_command=echo cleaning $BASTION_JOB_NAME",
-                "--", "echo working")
+    bastion.cli(
+        "launch",
+        "--name=tidy",
+        "--cleanup_command=echo cleaning $BASTION_JOB_NAME",
+        "--",
+        "echo working",
+    )
     record = bastion.wait_complete("tidy")
     assert record["state"]["outcome"] == "SUCCEEDED"
     assert "cleaning tidy" in bastion.log("tidy.cleanup")
@@ -248,5 +300,7 @@ def test_attempt_of_a_job_deleted_while_daemon_down_is_killed(bastion, tmp_path)
     bastion.store.delete_spec("orphan")
     bastion.store.delete_state("orphan")
     bastion.start()
-    wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie",
-             what="orphan attempt to be killed")
+    wait_for(
+        lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie",
+        what="orphan attempt to be killed",
+    )

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from bastion.bucket.store import Store
+from bastion.daemon.start import build_daemon
 from bastion.lease import Lease
 from bastion.runners import fence
-from bastion.runners.base import Fenced, Phase, TryAgain
-from bastion.service import build_daemon
-from bastion.store import Store
+from bastion.runners.base import AttemptPhase, Fenced, TryAgain
 from launch.api import Client, new_jobspec
 from tests.test_local_runner import Rig, rig  # noqa: F401  (the fixture)
 
@@ -54,7 +54,7 @@ def test_a_stale_holder_cannot_start_again_what_its_successor_ran_and_deleted(ri
     successor = rig.runner()
     handle = successor.start(dataclasses.replace(attempt, fence=8))
     deadline = time.monotonic() + 30
-    while successor.poll(handle).phase is not Phase.SUCCEEDED:
+    while successor.poll(handle).phase is not AttemptPhase.SUCCEEDED:
         assert time.monotonic() < deadline
         time.sleep(0.05)
     assert successor.delete(handle)

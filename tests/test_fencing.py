@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
+from bastion.bucket.store import Store
 from bastion.lease import Lease, process_identity, provably_gone
-from bastion.store import Store
 from launch.api import Client, new_jobspec
 from tests.conftest import BUCKET
 from tests.faultproxy import FaultPlan, FaultProxy
@@ -144,8 +144,14 @@ def _chaos(
     burst = [f"b{i:03d}" for i in range(BURST)]
     client = Client(bastion.root)
     for name in burst:
-        client.submit(new_jobspec(name=name, command=_job_command(side, rng.uniform(2, 4)),
-                                  user_id="tester", project_id="default"))
+        client.submit(
+            new_jobspec(
+                name=name,
+                command=_job_command(side, rng.uniform(2, 4)),
+                user_id="tester",
+                project_id="default",
+            )
+        )
     names.extend(burst)
     wait_for(lambda: side.read_text().count("start") >= 1, timeout=60, what="the burst to start")
     holder = _holder(bastion, daemons)
@@ -186,8 +192,10 @@ def _chaos(
     # means nothing in another PID namespace, so a successor there judges a job that ran to its
     # end (its "end" line is in the side file) "killed before it could report its status".
     misjudged = {
-        n for n, o in not_ok.items()
-        if namespaced and "killed before it could report" in o.get("reason", "")
+        n
+        for n, o in not_ok.items()
+        if namespaced
+        and "killed before it could report" in o.get("reason", "")
         and "end" in dict(seen.get(n, []))
     }
     print(
@@ -210,12 +218,15 @@ def test_a_frozen_holder_of_a_conditional_write_lock_does_not_block_the_standby(
     root = tmp_path / "root"
     objects = Store(str(root)).objects
     holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import fcntl, os, sys, time\n"
-         f"fd = os.open({str(root / '.lock')!r}, os.O_WRONLY | os.O_CREAT)\n"
-         "fcntl.flock(fd, fcntl.LOCK_EX)\n"
-         "print('locked', flush=True)\n"
-         "time.sleep(120)\n"],
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time\n"
+            f"fd = os.open({str(root / '.lock')!r}, os.O_WRONLY | os.O_CREAT)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "print('locked', flush=True)\n"
+            "time.sleep(120)\n",
+        ],
         stdout=subprocess.PIPE,
     )
     try:
@@ -311,10 +322,20 @@ def test_a_holder_alive_in_its_pid_namespace_is_not_gone_from_another(tmp_path):
     if subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"]).returncode:
         pytest.skip("unshare --pid is refused here (needs root or user namespaces)")
     out = subprocess.run(
-        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c",
-         "import json; from bastion.lease import process_identity; "
-         "print(json.dumps(process_identity('/w')))"],
-        capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+        [
+            "unshare",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            sys.executable,
+            "-c",
+            "import json; from bastion.lease import process_identity; "
+            "print(json.dumps(process_identity('/w')))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     inside = json.loads(out.stdout)
     me = process_identity("/w")

@@ -51,8 +51,15 @@ def test_no_daemon_is_said_by_launch_list_logs_follow_and_the_api(local_bastion)
     assert listed.splitlines()[0].startswith("! no daemon has ever run")
     assert "not being run or watched" in listed
     started = time.monotonic()
-    proc = b.cli("logs", "lonely", "--follow", "--daemon_wait_seconds=1",
-                 "--follow_poll_seconds=0.2", check=False, timeout=30)
+    proc = b.cli(
+        "logs",
+        "lonely",
+        "--follow",
+        "--daemon_wait_seconds=1",
+        "--follow_poll_seconds=0.2",
+        check=False,
+        timeout=30,
+    )
     assert proc.returncode == 1 and "no daemon has ever run" in proc.stderr
     assert time.monotonic() - started < 20
 
@@ -73,8 +80,10 @@ def test_no_daemon_is_said_by_launch_list_logs_follow_and_the_api(local_bastion)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         client.submit(spec)
-    assert any(issubclass(w.category, NoDaemonWarning) and "no daemon has held" in str(w.message)
-               for w in caught)
+    assert any(
+        issubclass(w.category, NoDaemonWarning) and "no daemon has held" in str(w.message)
+        for w in caught
+    )
     with pytest.raises(NoDaemon, match="no daemon has held"):
         for _ in client.follow_log("api-lonely", poll_seconds=0.1, no_daemon_timeout=0.5):
             pass
@@ -96,20 +105,34 @@ def test_demo_checks_its_own_roots_lease_and_records_the_daemon_pid(tmp_path):
     assert "pkill" not in readme and "demo-daemon.pid" in readme
     # someone else's `bastion start` on this machine must not stop the demo from starting ours
     decoy = subprocess.Popen(["bash", "-c", 'exec -a "bastion start" sleep 120'])
-    env = {**os.environ, "BASTION_ROOT": str(tmp_path / "root"),
-           "XDG_STATE_HOME": str(tmp_path / "state"), "BASTION_DEMO_SKIP_INSTALL": "1",
-           "PYTHONPATH": str(REPO)}
+    env = {
+        **os.environ,
+        "BASTION_ROOT": str(tmp_path / "root"),
+        "XDG_STATE_HOME": str(tmp_path / "state"),
+        "BASTION_DEMO_SKIP_INSTALL": "1",
+        "PYTHONPATH": str(REPO),
+    }
     pid_file = tmp_path / "state" / "bastion" / "demo-daemon.pid"
     try:
-        proc = subprocess.run([str(REPO / "scripts" / "demo.sh")], env=env, capture_output=True,
-                              text=True, timeout=120)
+        proc = subprocess.run(
+            [str(REPO / "scripts" / "demo.sh")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "started the daemon" in proc.stdout and "SUCCEEDED" in proc.stdout
         pid = int(pid_file.read_text())
         os.kill(pid, 0)  # alive
         assert decoy.poll() is None
-        again = subprocess.run([str(REPO / "scripts" / "demo.sh")], env=env,
-                               capture_output=True, text=True, timeout=120)
+        again = subprocess.run(
+            [str(REPO / "scripts" / "demo.sh")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert again.returncode == 0 and "already holds" in again.stdout
     finally:
         decoy.kill()
@@ -173,8 +196,13 @@ def test_typo_root_and_quota_file_and_bad_roots_are_one_line(local_bastion, tmp_
         proc = b.cli(args[0], f"--root={a_file}", *args[1:], check=False)
         assert proc.returncode == 1 and "is a file" in one_line(proc.stderr)
 
-    proc = b.cli("start", "--once", f"--work_dir={tmp_path / 'w'}",
-                 f"--quota_file={tmp_path / 'quota.tmol'}", check=False)
+    proc = b.cli(
+        "start",
+        "--once",
+        f"--work_dir={tmp_path / 'w'}",
+        f"--quota_file={tmp_path / 'quota.tmol'}",
+        check=False,
+    )
     assert proc.returncode == 1
     assert "no quota file at" in one_line(proc.stderr) and "quota.tmol" in proc.stderr
     b.cli("launch", "--name=j", "--bundler=none", "--", "true")
@@ -191,8 +219,9 @@ def test_typo_root_and_quota_file_and_bad_roots_are_one_line(local_bastion, tmp_
 
 def test_unreachable_bucket_is_one_line_after_a_bounded_wait(local_bastion):
     b = local_bastion
-    b.env.update(STORAGE_EMULATOR_HOST="http://127.0.0.1:9",
-                 GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false")
+    b.env.update(
+        STORAGE_EMULATOR_HOST="http://127.0.0.1:9", GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false"
+    )
     started = time.monotonic()
     proc = b.cli("list", "--root=gs://no-such-bucket/x", check=False, timeout=60)
     assert time.monotonic() - started < 25
@@ -206,17 +235,42 @@ def test_unreachable_bucket_is_one_line_after_a_bounded_wait(local_bastion):
 def test_launch_follow_exits_nonzero_and_logs_say_why_for_rejected_and_failed(local_bastion):
     b = local_bastion
     b.start()
-    proc = b.cli("launch", "--name=huge", "--bundler=none", "--resources=cpu=100000", "--follow",
-                 "--follow_poll_seconds=0.2", "--", "true", check=False)
+    proc = b.cli(
+        "launch",
+        "--name=huge",
+        "--bundler=none",
+        "--resources=cpu=100000",
+        "--follow",
+        "--follow_poll_seconds=0.2",
+        "--",
+        "true",
+        check=False,
+    )
     assert proc.returncode != 0
     assert "rejected" in proc.stdout and "cpu" in proc.stdout
     logs = b.cli("logs", "huge")
     assert "rejected" in logs.stdout and "cpu" in logs.stdout
-    proc = b.cli("launch", "--name=fails", "--bundler=none", "--follow",
-                 "--follow_poll_seconds=0.2", "--", "exit 3", check=False)
+    proc = b.cli(
+        "launch",
+        "--name=fails",
+        "--bundler=none",
+        "--follow",
+        "--follow_poll_seconds=0.2",
+        "--",
+        "exit 3",
+        check=False,
+    )
     assert proc.returncode == 3 and "FAILED" in proc.stderr
-    proc = b.cli("launch", "--name=works", "--bundler=none", "--follow",
-                 "--follow_poll_seconds=0.2", "--", "echo fine", check=False)
+    proc = b.cli(
+        "launch",
+        "--name=works",
+        "--bundler=none",
+        "--follow",
+        "--follow_poll_seconds=0.2",
+        "--",
+        "echo fine",
+        check=False,
+    )
     assert proc.returncode == 0 and "fine" in proc.stdout
 
 
@@ -242,8 +296,15 @@ def test_refused_quota_file_is_shown_by_list_why_and_quota_check(local_bastion):
     b.once()
     assert b.read("history", "quota-last-good")
     b.put("project-quotas", "project-quotas.config", data=QUOTA.replace("cpu = 1.0", "cpu = -1"))
-    b.cli("launch", "--name=q1", "--project_id=research", "--user_id=alice", "--bundler=none",
-          "--", "sleep 30")
+    b.cli(
+        "launch",
+        "--name=q1",
+        "--project_id=research",
+        "--user_id=alice",
+        "--bundler=none",
+        "--",
+        "sleep 30",
+    )
     b.once()
     listed = b.cli("list").stderr
     assert "runs on the last good version" in listed and "project_resources.research" in listed
@@ -262,8 +323,14 @@ def test_refused_quota_file_is_shown_by_list_why_and_quota_check(local_bastion):
 
 def test_why_shows_human_times(local_bastion):
     b = local_bastion
-    b.cli("launch", "--name=blocker", f"--resources=cpu={os.cpu_count()}", "--bundler=none",
-          "--", "sleep 30")
+    b.cli(
+        "launch",
+        "--name=blocker",
+        f"--resources=cpu={os.cpu_count()}",
+        "--bundler=none",
+        "--",
+        "sleep 30",
+    )
     b.cli("launch", "--name=waits", "--bundler=none", "--", "true")
     b.once()
     why = b.cli("why", "waits").stdout
@@ -292,8 +359,13 @@ def test_logs_of_a_large_log_stream_in_bounded_memory(local_bastion, tmp_path):
         "sys.argv = ['bastion', 'logs', 'big']\n"
         "runpy.run_module('launch.cli', run_name='__main__')\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", report], env=b.env,
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", report],
+        env=b.env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     total = 0
     while chunk := proc.stdout.read(1 << 20):
         total += len(chunk)
@@ -310,8 +382,14 @@ def test_cancel_without_an_identity_asks_as_the_login_name_not_as_the_owner(loca
     b = local_bastion
     b.cli("launch", "--name=mine", "--user_id=alice", "--bundler=none", "--", "sleep 30")
     env = {k: v for k, v in b.env.items() if k != "BASTION_USER"}
-    proc = subprocess.run([sys.executable, "-m", "launch.cli", "cancel", "mine"], env=env,
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "launch.cli", "cancel", "mine"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "the login name" in proc.stderr and "--force" in proc.stderr
     assert not b.exists("jobs", "user_states", "mine")
     b.cli("cancel", "mine", "--user_id=alice")
@@ -322,8 +400,9 @@ def test_cancel_without_an_identity_asks_as_the_login_name_not_as_the_owner(loca
 
 
 def test_duplicate_resources_and_empty_command_or_user_are_errors(local_bastion):
-    proc = local_bastion.cli("launch", "--resources=cpu=1,cpu=2", "--bundler=none", "--", "true",
-                             check=False)
+    proc = local_bastion.cli(
+        "launch", "--resources=cpu=1,cpu=2", "--bundler=none", "--", "true", check=False
+    )
     assert proc.returncode == 1 and "cpu" in one_line(proc.stderr) and "twice" in proc.stderr
     with pytest.raises(SpecError, match="command"):
         new_jobspec(name="e", command="  ", user_id="u", project_id="default")

@@ -26,10 +26,10 @@ from typing import Any
 import psutil
 import pytest
 
+from bastion.bucket.logsync import LogSync
+from bastion.bucket.store import Store
 from bastion.daemon import Daemon
-from bastion.logsync import LogSync
-from bastion.service import build_daemon
-from bastion.store import Store
+from bastion.daemon.start import build_daemon
 from launch.api import Client, new_jobspec
 from tests.flakyfs import FailurePlan, FlakyFileSystem, Simulated503
 from tests.harness import kill_all, processes_with_env, wait_for
@@ -266,9 +266,9 @@ def test_submissions_by_marker_survive_a_flaky_bucket(rig: Rig, fraction: float)
         steps += 1
     steps += rig.drive(
         daemon,
-        lambda: rig.all_complete(names)
-        and not daemon.jobs
-        and not rig.entries("jobs", "user_states"),
+        lambda: (
+            rig.all_complete(names) and not daemon.jobs and not rig.entries("jobs", "user_states")
+        ),
     )
 
     assert plan.failures["ls:before"] > 0 and plan.failures["cat_file:before"] > 0
@@ -285,8 +285,9 @@ def test_submissions_by_marker_survive_a_flaky_bucket(rig: Rig, fraction: float)
 
 def test_ambiguous_log_appends_are_not_duplicated(rig: Rig) -> None:
     """Every append "fails" after it reached the bucket: LogSync must re-ask, not re-send."""
-    plan = rig.set_plan(FailurePlan(ops={"pipe_file"}, where="/logs/", first_calls=10**6,
-                                    when="after"))
+    plan = rig.set_plan(
+        FailurePlan(ops={"pipe_file"}, where="/logs/", first_calls=10**6, when="after")
+    )
     store = Store(rig.url)
     logs = LogSync(store, str(rig.tmp / "mirrors"))
     mirror = logs.path("job")

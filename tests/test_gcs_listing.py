@@ -16,8 +16,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from bastion.objects import GcsObjects, Objects, UnacceptableObject
-from bastion.store import Store
+from bastion.bucket.objects import GcsObjects, Objects, UnacceptableObject
+from bastion.bucket.store import Store
 from tests.conftest import BUCKET
 from tests.faultproxy import FaultProxy
 from tests.gcs_emulator import GcsEmulator

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
+from bastion.bucket.store import Store
 from bastion.daemon import SWEEP_EVERY_CYCLES, Daemon
+from bastion.daemon.start import build_daemon
 from bastion.runners.base import Attempt, attempt_name
 from bastion.runners.gke import MAX_JOBSET_NAME, GkeRunner, jobset_name
-from bastion.service import build_daemon
-from bastion.store import Store
 from launch.api import Client, new_jobspec
 from tests.kube_cluster import Cluster, KubeServer
 from tests.runner_contract import RunnerContract
@@ -56,16 +56,23 @@ class Gke:
         (self.root / "project-quotas" / "project-quotas.config").write_text(QUOTA)
         self.daemons: list[Daemon] = []
         self.settings: dict[str, Any] = {
-            "kubeconfig": kube.kubeconfig, "namespace": "default", "image": "bastion:test",
-            "python": sys.executable, "publish_package": False, "agent_args": FAST,
-            "listing_ttl": 0, "heartbeat_timeout": 30, "flush_seconds": 15,
+            "kubeconfig": kube.kubeconfig,
+            "namespace": "default",
+            "image": "bastion:test",
+            "python": sys.executable,
+            "publish_package": False,
+            "agent_args": FAST,
+            "listing_ttl": 0,
+            "heartbeat_timeout": 30,
+            "flush_seconds": 15,
             "termination_grace_seconds": 5,
-        }  # fmt: skip
+        }
 
     def daemon(self, work: str = "work", **more: Any) -> Daemon:
         settings = {"default_runner": "local", "runners": {"gke": {**self.settings, **more}}}
-        daemon = build_daemon(str(self.root), work_dir=str(self.tmp / work), gpus=[],
-                              settings=settings)  # fmt: skip
+        daemon = build_daemon(
+            str(self.root), work_dir=str(self.tmp / work), gpus=[], settings=settings
+        )
         self.daemons.append(daemon)
         return daemon
 
@@ -75,32 +82,46 @@ class Gke:
         assert isinstance(runner, GkeRunner)
         return runner
 
-    def submit(self, name: str, command: str, resources: dict[str, int] | None = None,
-               **options: Any) -> None:  # fmt: skip
+    def submit(
+        self, name: str, command: str, resources: dict[str, int] | None = None, **options: Any
+    ) -> None:
         runner = {"kind": "gke", "instance_type": "tpu-v5p-8", **options}
-        self.client.submit(new_jobspec(name=name, command=command, user_id="tester",
-                                       project_id="default",
-                                       resources=resources or {"v5p": 8}, runner=runner))
+        self.client.submit(
+            new_jobspec(
+                name=name,
+                command=command,
+                user_id="tester",
+                project_id="default",
+                resources=resources or {"v5p": 8},
+                runner=runner,
+            )
+        )
 
     def step(self, daemon: Daemon) -> None:
         daemon.cycle(time.time())
         daemon.settle()
 
-    def drive(self, daemon: Daemon, done: Callable[[], bool], what: str,
-              timeout: float = 90) -> None:  # fmt: skip
+    def drive(
+        self, daemon: Daemon, done: Callable[[], bool], what: str, timeout: float = 90
+    ) -> None:
         deadline = time.monotonic() + timeout
         while not done():
             if time.monotonic() > deadline:
                 states = {n: (self.info(n).status, self.info(n).reason) for n in self.names()}
-                raise AssertionError(f"timed out waiting for {what}: {states}; JobSets "
-                                     f"{sorted(self.cluster.jobsets())}")  # fmt: skip
+                raise AssertionError(
+                    f"timed out waiting for {what}: {states}; JobSets "
+                    f"{sorted(self.cluster.jobsets())}"
+                )
             self.step(daemon)
             time.sleep(0.1)
 
     def names(self) -> list[str]:
         states = self.root / "jobs" / "states"
-        return sorted(p.name for p in states.iterdir()
-                      if not p.name.startswith(".")) if states.exists() else []  # fmt: skip
+        return (
+            sorted(p.name for p in states.iterdir() if not p.name.startswith("."))
+            if states.exists()
+            else []
+        )
 
     def finished(self, name: str) -> bool:
         return (self.root / "jobs" / "complete" / name).exists()
@@ -121,15 +142,20 @@ class Gke:
 
     def attempts(self, job: str) -> list[str]:
         """The attempt names of the job's JobSets the cluster saw, in order."""
-        return sorted((a for a in self.cluster.attempts.values() if f"-{job}-" in a),
-                      key=lambda a: int(a.rsplit("-a", 1)[1]))  # fmt: skip
+        return sorted(
+            (a for a in self.cluster.attempts.values() if f"-{job}-" in a),
+            key=lambda a: int(a.rsplit("-a", 1)[1]),
+        )
 
     def worker_output(self, job: str, attempt: str, worker: int) -> str:
         """The worker's output chunks (they outlive the attempt's agent records)."""
         store = Store(str(self.root))
         listing = store.list_run(job, attempt)
-        chunks = sorted(p[2] for n in listing if (p := Store.parse_run_name(n))
-                        and p[0] == worker and p[1] == "log")  # fmt: skip
+        chunks = sorted(
+            p[2]
+            for n in listing
+            if (p := Store.parse_run_name(n)) and p[0] == worker and p[1] == "log"
+        )
         return b"".join(store.read_run_chunk(job, attempt, worker, seq) for seq in chunks).decode()
 
     def close(self) -> None:
@@ -170,10 +196,10 @@ def test_jobset_name_leaves_room_for_the_longest_pod_name() -> None:
 
 def test_tpu_multislice_jobset_manifest_and_every_workers_output(gke: Gke) -> None:
     command = 'echo "w $BASTION_WORKER of $BASTION_NUM_WORKERS slice $MEGASCALE_SLICE_ID"'
-    gke.submit("train", command,
-               resources={"v5p": 32}, instance_type="tpu-v5p-16", num_replicas=2)
-    daemon = gke.daemon(queue="team-a", tiers={"0": "reservation:res-a", "1": "spot"},
-                        service_account="trainer")
+    gke.submit("train", command, resources={"v5p": 32}, instance_type="tpu-v5p-16", num_replicas=2)
+    daemon = gke.daemon(
+        queue="team-a", tiers={"0": "reservation:res-a", "1": "spot"}, service_account="trainer"
+    )
     gke.drive(daemon, lambda: gke.finished("train"), "train to finish")
     info = gke.info("train")
     assert (info.status, info.state.attempt, info.state.exit_code) == ("SUCCEEDED", 1, 0)
@@ -214,23 +240,34 @@ def test_tpu_multislice_jobset_manifest_and_every_workers_output(gke: Gke) -> No
     assert "--num_slices=2" in script and "--slices_from_env" in script
     env = {e["name"]: e for e in container["env"]}
     assert env["MEGASCALE_SLICE_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == (
-        "metadata.annotations['jobset.sigs.k8s.io/job-index']")
+        "metadata.annotations['jobset.sigs.k8s.io/job-index']"
+    )
     assert env["MEGASCALE_NUM_SLICES"]["value"] == "2"
     coordinator = f"{meta['name']}-job-0-0.{meta['name']}"
     assert env["MEGASCALE_COORDINATOR_ADDRESS"]["value"] == coordinator
     # The tier borrowed beyond quota gets spot: the node selector and its toleration.
-    spot = runner.manifest(Attempt(name=attempt, job="train", attempt=1, command="x", env={},
-                                   options=spec.runner, tier=1))["spec"]["replicatedJobs"][0]
+    spot = runner.manifest(
+        Attempt(
+            name=attempt, job="train", attempt=1, command="x", env={}, options=spec.runner, tier=1
+        )
+    )["spec"]["replicatedJobs"][0]
     spot_pod = spot["template"]["spec"]["template"]["spec"]
     assert spot_pod["nodeSelector"]["cloud.google.com/gke-spot"] == "true"
-    assert {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true",
-            "effect": "NoSchedule"} in spot_pod["tolerations"]  # fmt: skip
+    assert {
+        "key": "cloud.google.com/gke-spot",
+        "operator": "Equal",
+        "value": "true",
+        "effect": "NoSchedule",
+    } in spot_pod["tolerations"]
     # Every worker ran with its own index and slice, and wrote its own output.
     outputs = [gke.worker_output("train", attempt, w) for w in range(4)]
     assert outputs == [f"w {w} of 4 slice {w // 2}\n" for w in range(4)]
     history = gke.history("train")
-    assert ("PLACED", f"attempt 1 on JobSet {meta['name']} (tpu-v5p-slice 2x2x2, 2 hosts x 2 "
-            "slices) in namespace default") in history  # fmt: skip
+    assert (
+        "PLACED",
+        f"attempt 1 on JobSet {meta['name']} (tpu-v5p-slice 2x2x2, 2 hosts x 2 "
+        "slices) in namespace default",
+    ) in history
     gke.drive(daemon, jobset_gone(gke, meta["name"]), "the JobSet to be deleted")
     assert "DELETED" in [e for e, _ in gke.history("train")]
 
@@ -239,8 +276,13 @@ def test_tpu_multislice_jobset_manifest_and_every_workers_output(gke: Gke) -> No
 
 
 def test_gpu_job_one_worker_exits_3_fails_with_3(gke: Gke) -> None:
-    gke.submit("ft", 'if [ "$BASTION_WORKER" = 1 ]; then echo bad; exit 3; fi; sleep 60',
-               resources={"gpu": 16}, instance_type="gpu-a3-highgpu-8g", num_replicas=2)
+    gke.submit(
+        "ft",
+        'if [ "$BASTION_WORKER" = 1 ]; then echo bad; exit 3; fi; sleep 60',
+        resources={"gpu": 16},
+        instance_type="gpu-a3-highgpu-8g",
+        num_replicas=2,
+    )
     daemon = gke.daemon()
     gke.drive(daemon, lambda: gke.finished("ft"), "ft to finish")
     info = gke.info("ft")
@@ -253,8 +295,12 @@ def test_gpu_job_one_worker_exits_3_fails_with_3(gke: Gke) -> None:
 
 
 def test_gpu_job_succeeds_with_its_log(gke: Gke) -> None:
-    gke.submit("gpu", 'echo "gpu worker $BASTION_WORKER"', resources={"gpu": 8},
-               instance_type="gpu-a3-highgpu-8g")
+    gke.submit(
+        "gpu",
+        'echo "gpu worker $BASTION_WORKER"',
+        resources={"gpu": 8},
+        instance_type="gpu-a3-highgpu-8g",
+    )
     daemon = gke.daemon()
     gke.drive(daemon, lambda: gke.finished("gpu"), "gpu to finish")
     assert gke.info("gpu").status == "SUCCEEDED"
@@ -352,20 +398,35 @@ def test_orphan_jobset_of_this_root_is_deleted_others_left_alone(gke: Gke) -> No
     mine = attempt_name(str(gke.root), "gone", "sub", 1, "run")
 
     def jobset(name: str, labels: dict[str, str]) -> dict[str, Any]:
-        return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-                "metadata": {"name": name, "labels": labels},
-                "spec": {"suspend": True, "replicatedJobs": []}}  # fmt: skip
+        return {
+            "apiVersion": "jobset.x-k8s.io/v1alpha2",
+            "kind": "JobSet",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"suspend": True, "replicatedJobs": []},
+        }
 
     gke.cluster.kueue = "hold"  # nothing of these runs (suspended)
-    gke.cluster.create_jobset(jobset(jobset_name(mine), {
-        "bastion-root": runner.tag, "bastion-runner": "gke", "bastion-attempt-name": mine}))
+    gke.cluster.create_jobset(
+        jobset(
+            jobset_name(mine),
+            {"bastion-root": runner.tag, "bastion-runner": "gke", "bastion-attempt-name": mine},
+        )
+    )
     other = attempt_name("gs://another/root", "theirs", "sub", 1, "run")
-    gke.cluster.create_jobset(jobset(jobset_name(other), {
-        "bastion-root": "abcdef", "bastion-runner": "gke", "bastion-attempt-name": other}))
+    gke.cluster.create_jobset(
+        jobset(
+            jobset_name(other),
+            {"bastion-root": "abcdef", "bastion-runner": "gke", "bastion-attempt-name": other},
+        )
+    )
     gke.cluster.create_jobset(jobset("unlabelled", {}))
     # Same root, but a name that is not its attempt label's JobSet name: not ours either.
-    gke.cluster.create_jobset(jobset("bst-x-impostor", {
-        "bastion-root": runner.tag, "bastion-runner": "gke", "bastion-attempt-name": mine}))
+    gke.cluster.create_jobset(
+        jobset(
+            "bst-x-impostor",
+            {"bastion-root": runner.tag, "bastion-runner": "gke", "bastion-attempt-name": mine},
+        )
+    )
     for _ in range(SWEEP_EVERY_CYCLES + 2):
         gke.step(daemon)
         if jobset_name(mine) not in gke.cluster.jobsets():
@@ -374,7 +435,8 @@ def test_orphan_jobset_of_this_root_is_deleted_others_left_alone(gke: Gke) -> No
     for _ in range(3):
         gke.step(daemon)
     assert sorted(gke.cluster.jobsets()) == sorted(
-        [jobset_name(other), "unlabelled", "bst-x-impostor"])
+        [jobset_name(other), "unlabelled", "bst-x-impostor"]
+    )
 
 
 # -- 7. Kueue keeps a JobSet suspended: QUEUED with its queue, then admitted ------------------
@@ -384,8 +446,9 @@ def test_kueue_suspension_shows_queued_with_the_queue_then_runs(gke: Gke) -> Non
     gke.cluster.kueue = "team-a"
     gke.submit("queued", "echo admitted")
     daemon = gke.daemon(queue="team-a")
-    gke.drive(daemon, lambda: gke.info("queued").reason.find("suspended by Kueue") >= 0,
-              "QUEUED by Kueue")  # fmt: skip
+    gke.drive(
+        daemon, lambda: gke.info("queued").reason.find("suspended by Kueue") >= 0, "QUEUED by Kueue"
+    )
     info = gke.info("queued")
     assert gke.runner_record("queued")["phase"] == "QUEUED"
     assert "suspended by Kueue in queue team-a" in info.reason
@@ -406,7 +469,8 @@ def test_unscheduled_pods_show_provisioning_with_counts(gke: Gke) -> None:
     gke.drive(daemon, lambda: "unschedulable" in gke.info("wait").reason, "PROVISIONING")
     assert gke.runner_record("wait")["phase"] == "PROVISIONING"
     assert "0 of 4 pods scheduled (unschedulable: 0/3 nodes are available" in (
-        gke.info("wait").reason)
+        gke.info("wait").reason
+    )
     gke.cluster.hold = False
     gke.drive(daemon, lambda: gke.finished("wait"), "wait to finish")
     assert gke.info("wait").status == "SUCCEEDED"
@@ -468,11 +532,27 @@ def test_launch_with_instance_type_and_runner_gke_writes_a_gke_spec(tmp_path: Pa
     import subprocess
 
     done = subprocess.run(
-        [sys.executable, "-m", "launch.cli", "launch", f"--root={tmp_path / 'root'}", "--dry_run",
-         "--name=train", "--instance_type=tpu-v5p-128", "--num_replicas=2", "--runner=gke",
-         "--bundler=none", "--", "python3", "train.py"],
-        cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "launch.cli",
+            "launch",
+            f"--root={tmp_path / 'root'}",
+            "--dry_run",
+            "--name=train",
+            "--instance_type=tpu-v5p-128",
+            "--num_replicas=2",
+            "--runner=gke",
+            "--bundler=none",
+            "--",
+            "python3",
+            "train.py",
+        ],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     spec = json.loads(done.stdout)
     assert spec["runner"] == {"kind": "gke", "instance_type": "tpu-v5p-128", "num_replicas": 2}
@@ -490,8 +570,11 @@ def test_a_steady_cycle_costs_one_jobset_list_and_one_pod_list_whatever_the_jobs
     daemon = gke.daemon()
     runner = gke.runner(daemon)
     marked = time.monotonic()
-    gke.drive(daemon, lambda: all(gke.runner_record(f"steady{i}").get("phase") == "RUNNING"
-                                  for i in range(3)), "every job running")  # fmt: skip
+    gke.drive(
+        daemon,
+        lambda: all(gke.runner_record(f"steady{i}").get("phase") == "RUNNING" for i in range(3)),
+        "every job running",
+    )
     print(f"3 jobs submitted to all RUNNING: {time.monotonic() - marked:.1f} s")
     counts = []
     for _ in range(3):
@@ -523,8 +606,15 @@ class TestGkeContract(RunnerContract):
         self.root = str(tmp_path / f"root-{uuid.uuid4().hex[:8]}")  # a local root per test
 
     def make_runner(self, tmp_path):
-        settings = {"root": self.root, "kubeconfig": self.kube.kubeconfig, "image": "x",
-                    "instance_type": "tpu-v5p-8", "python": sys.executable,
-                    "publish_package": False, "agent_args": FAST, "listing_ttl": 0,
-                    "termination_grace_seconds": 5}  # fmt: skip
+        settings = {
+            "root": self.root,
+            "kubeconfig": self.kube.kubeconfig,
+            "image": "x",
+            "instance_type": "tpu-v5p-8",
+            "python": sys.executable,
+            "publish_package": False,
+            "agent_args": FAST,
+            "listing_ttl": 0,
+            "termination_grace_seconds": 5,
+        }
         return GkeRunner(settings)

@@ -29,12 +29,12 @@ import pytest
 from docker.errors import NotFound
 
 from bastion.daemon import Daemon
+from bastion.daemon.start import build_daemon
 from bastion.runners.base import Attempt, RunnerError, TryAgain, attempt_name, root_tag
 from bastion.runners.docker import DockerRunner
 from bastion.runners.gpus import GpuLedger
 from bastion.runners.instances import Runners
 from bastion.runners.local import LocalRunner
-from bastion.service import build_daemon
 from launch.api import Client, new_jobspec
 from tests.harness import wait_for
 

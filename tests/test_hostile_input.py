@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bastion.bucket.store import Store, UnacceptableObject
 from bastion.jobspec import JobSpec, SpecError, name_problem
-from bastion.store import Store, UnacceptableObject
 from quota.config import QuotaError, parse_quota
 from tests.harness import REPO
 

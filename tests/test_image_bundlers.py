@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bastion.store import Store
+from bastion.bucket.store import Store
 from bundlers import BundleError
 from bundlers.cloudbuild import CloudBuildBundler
 from launch.bundling import bundler_for
@@ -118,31 +118,39 @@ def test_docker_options_tag_image_build_args_target(engine, repo, tmp_path):
     src = git_project(
         tmp_path / "Proj_X",
         {
-            "docker/App.dockerfile": "\n".join([
-                f"FROM {engine.base_image} AS base",
-                "ARG GREETING=unset",
-                "RUN echo \"$GREETING\" > /greeting",
-                "FROM base AS final",
-                "RUN echo final > /final",
-            ]) + "\n",
+            "docker/App.dockerfile": "\n".join(
+                [
+                    f"FROM {engine.base_image} AS base",
+                    "ARG GREETING=unset",
+                    'RUN echo "$GREETING" > /greeting',
+                    "FROM base AS final",
+                    "RUN echo final > /final",
+                ]
+            )
+            + "\n",
         },
-    )  # fmt: skip
+    )
     record = DOCKER.bundle(
         str(src),
         None,
         {
-            "repo": repo, "dockerfile": "docker/App.dockerfile", "tag": "v1",
-            "build_arg": "GREETING=hi there,OTHER=1", "target": "base",
+            "repo": repo,
+            "dockerfile": "docker/App.dockerfile",
+            "tag": "v1",
+            "build_arg": "GREETING=hi there,OTHER=1",
+            "target": "base",
             "docker_host": engine.docker_host,
         },
-    )  # fmt: skip
+    )
     assert record.uri.startswith(f"{repo}/proj-x@sha256:")  # default image: the dir's name
     client = engine.client()
     try:
         out = client.containers.run(
-            f"{repo}/proj-x:v1", ["sh", "-c", "cat /greeting; ls /final 2>&1 || true"],
-            remove=True, labels={"bastion.test": "1"},
-        )  # fmt: skip
+            f"{repo}/proj-x:v1",
+            ["sh", "-c", "cat /greeting; ls /final 2>&1 || true"],
+            remove=True,
+            labels={"bastion.test": "1"},
+        )
     finally:
         client.close()
     assert out.decode().splitlines()[0] == "hi there"
@@ -206,8 +214,11 @@ def test_docker_context_is_the_tar_selection_and_dry_run_builds_nothing(engine, 
     (src / "data").mkdir()
     (src / "data" / "big.bin").write_text("x" * 1000)
     subprocess.run(["git", "add", ".gitignore"], cwd=src, check=True)
-    subprocess.run(["git", "-c", "user.email=t@e", "-c", "user.name=t", "commit", "-qm", "ig"],
-                   cwd=src, check=True)  # fmt: skip
+    subprocess.run(
+        ["git", "-c", "user.email=t@e", "-c", "user.name=t", "commit", "-qm", "ig"],
+        cwd=src,
+        check=True,
+    )
     dry = DOCKER.bundle(str(src), None, {"repo": repo, "tag": "dry"}, dry_run=True)
     assert dry.uri == f"{repo}/app:dry" and dry.digest == "" and dry.size == 0
     client = engine.client()
@@ -215,9 +226,10 @@ def test_docker_context_is_the_tar_selection_and_dry_run_builds_nothing(engine, 
         with pytest.raises(Exception, match=r"(?i)not found|no such image"):
             client.images.get(f"{repo}/app:dry")
         DOCKER.bundle(
-            str(src), None,
+            str(src),
+            None,
             {"repo": repo, "tag": "ctx", "exclude": "train.py", "docker_host": engine.docker_host},
-        )  # fmt: skip
+        )
         out = client.containers.run(
             f"{repo}/app:ctx", ["ls", "-a", "/src"], remove=True, labels={"bastion.test": "1"}
         )
@@ -280,9 +292,12 @@ def test_cloudbuild_success_records_the_digest(cloudbuild, gs_store, tmp_path):
     from googleapiclient import discovery
 
     cb = discovery.build(
-        "cloudbuild", "v1", static_discovery=True, credentials=AnonymousCredentials(),
+        "cloudbuild",
+        "v1",
+        static_discovery=True,
+        credentials=AnonymousCredentials(),
         client_options={"api_endpoint": cloudbuild.endpoint},
-    )  # fmt: skip
+    )
     found = cb.projects().builds().list(projectId="p", filter='tags = "exp1"').execute()
     assert [b["id"] for b in found["builds"]] == [build["id"]]
     assert cb.projects().builds().list(projectId="p", filter='tags = "x"').execute() == {

@@ -74,8 +74,14 @@ def test_relaunching_unchanged_code_uploads_no_bundle_and_a_change_makes_a_new_o
 def test_gitignored_and_excluded_files_do_not_travel(local_bastion, tmp_path):
     project = _project(tmp_path)
     local_bastion.start()
-    _launch(local_bastion, project, "--name=ls", "--bundler_exclude=data", "--",
-            "ls -a; test ! -e checkpoints && test ! -e data && echo clean")
+    _launch(
+        local_bastion,
+        project,
+        "--name=ls",
+        "--bundler_exclude=data",
+        "--",
+        "ls -a; test ! -e checkpoints && test ! -e data && echo clean",
+    )
     record = local_bastion.wait_complete("ls", timeout=60)
     assert record["state"]["outcome"] == "SUCCEEDED", local_bastion.log("ls")
     assert "clean" in local_bastion.log("ls")
@@ -114,10 +120,18 @@ def test_an_unknown_bundler_is_a_one_line_error(local_bastion, tmp_path):
     ("instance_type", "replicas", "runner", "resources"),
     [
         ("tpu-v4-32", 1, {"kind": "tpu", "accelerator_type": "v4-32"}, {"v4": 32}),
-        ("tpu-v5p-128", 2, {"kind": "tpu-qr", "accelerator_type": "v5p-128", "num_replicas": 2},
-         {"v5p": 256}),
-        ("tpu-v5litepod-16", 1, {"kind": "tpu", "accelerator_type": "v5litepod-16"},
-         {"v5litepod": 16}),
+        (
+            "tpu-v5p-128",
+            2,
+            {"kind": "tpu-qr", "accelerator_type": "v5p-128", "num_replicas": 2},
+            {"v5p": 256},
+        ),
+        (
+            "tpu-v5litepod-16",
+            1,
+            {"kind": "tpu", "accelerator_type": "v5litepod-16"},
+            {"v5litepod": 16},
+        ),
         ("gpu-a3-highgpu-8g", 1, {"kind": "gce", "machine_type": "a3-highgpu-8g"}, {"gpu": 8}),
         # AXLearn's GPU names, as the gce runner maps them, and the G2 (L4) machine types
         ("gpu-h100-80gb-8", 1, {"kind": "gce", "machine_type": "a3-highgpu-8g"}, {"gpu": 8}),

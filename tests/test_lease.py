@@ -220,8 +220,14 @@ def test_daemons_in_two_pid_namespaces_on_one_host_never_run_a_job_twice(bastion
         batch = [f"{prefix}{i}" for i in range(count)]
         client = Client(bastion.root)
         for name in batch:
-            client.submit(new_jobspec(name=name, command=flock_job(side, seconds),
-                                      user_id="tester", project_id="default"))
+            client.submit(
+                new_jobspec(
+                    name=name,
+                    command=flock_job(side, seconds),
+                    user_id="tester",
+                    project_id="default",
+                )
+            )
         return batch
 
     def starts() -> list[tuple[str, int]]:
@@ -241,8 +247,11 @@ def test_daemons_in_two_pid_namespaces_on_one_host_never_run_a_job_twice(bastion
         old.kill()
         old.wait()
         killed.add(old.pid_ns)
-        wait_for(lambda: out(standby).count("took the lease") > taken, timeout=30,
-                 what="the standby to take over")
+        wait_for(
+            lambda: out(standby).count("took the lease") > taken,
+            timeout=30,
+            what="the standby to take over",
+        )
         back = container(where[old.pid])
         wait_for(lambda: "holds the lease" in out(back), what="the restarted daemon to wait")
         return [standby, back]
@@ -263,8 +272,11 @@ def test_daemons_in_two_pid_namespaces_on_one_host_never_run_a_job_twice(bastion
 
     for prefix in ("b", "c"):  # the roles swap, then swap back
         names += submit(prefix, 6, 1.0)
-        wait_for(lambda p=prefix: sum(n.startswith(p) for n, _ in starts()) >= 2, timeout=60,
-                 what="the batch to start")
+        wait_for(
+            lambda p=prefix: sum(n.startswith(p) for n, _ in starts()) >= 2,
+            timeout=60,
+            what="the batch to start",
+        )
         daemons = swap(daemons)
     for name in names:
         bastion.wait_complete(name, timeout=60)

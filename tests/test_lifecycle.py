@@ -36,7 +36,7 @@ from bastion.lifecycle import (
     start_marker,
     transition,
 )
-from bastion.runners.base import Observation, Phase
+from bastion.runners.base import AttemptPhase, Observation
 
 JOB = "alice-train"
 NAME = "bst-abcdef-alice-train-12345678-a1"
@@ -55,7 +55,9 @@ def step(state: JobState, event, now: float = T0, has_cleanup: bool = False):
     return transition(state, event, now, job=JOB, has_cleanup=has_cleanup)
 
 
-def observed(phase: Phase, reason: str = "", exit_code: int | None = None, purpose: str = RUN):
+def observed(
+    phase: AttemptPhase, reason: str = "", exit_code: int | None = None, purpose: str = RUN
+):
     return Observed(purpose, Observation(phase, reason, exit_code))
 
 
@@ -63,7 +65,7 @@ def pending() -> JobState:
     return JobState(submit_time=T0 - 10, submission="12345678abcd", reason="spec detected")
 
 
-def active(phase: Phase | None = Phase.RUNNING, now: float = T0) -> JobState:
+def active(phase: AttemptPhase | None = AttemptPhase.RUNNING, now: float = T0) -> JobState:
     """An admitted attempt, started (handle recorded) and, with ``phase``, observed."""
     state = step(pending(), admit(), now).state
     state = step(state, Started(RUN, HANDLE), now).state
@@ -76,7 +78,9 @@ def cancelling(now: float = T0, grace: float = 30.0) -> JobState:
     return step(active(), Cancel("cancelled by bob", grace), now).state
 
 
-def cleaning(outcome_phase: Phase = Phase.SUCCEEDED, exit_code: int | None = 0) -> JobState:
+def cleaning(
+    outcome_phase: AttemptPhase = AttemptPhase.SUCCEEDED, exit_code: int | None = 0
+) -> JobState:
     state = step(active(), observed(outcome_phase, exit_code=exit_code), T0 + 5, True).state
     assert state.status is Status.CLEANING
     state = step(state, CleanupAdmit(CLEANUP_NAME, "fake", 0), T0 + 5, True).state
@@ -192,7 +196,7 @@ def test_active_start_failed_completes_failed_and_deletes():
     assert new.display_status == "FAILED"
 
 
-@pytest.mark.parametrize("phase", [Phase.QUEUED, Phase.PROVISIONING])
+@pytest.mark.parametrize("phase", [AttemptPhase.QUEUED, AttemptPhase.PROVISIONING])
 def test_active_observed_waiting_phase_sets_phase_and_reason(phase):
     state = active(phase=None)
     result = step(state, observed(phase, reason="no capacity in zone"), T0 + 1)
@@ -207,12 +211,12 @@ def test_active_observed_waiting_phase_sets_phase_and_reason(phase):
 
 
 def test_active_observed_running_sets_running_since_once():
-    state = active(phase=Phase.PROVISIONING)
-    first = step(state, observed(Phase.RUNNING), T0 + 5).state
+    state = active(phase=AttemptPhase.PROVISIONING)
+    first = step(state, observed(AttemptPhase.RUNNING), T0 + 5).state
     assert first.running_since == T0 + 5
     assert first.runner["phase"] == "RUNNING"
     assert first.display_status == "ACTIVE"
-    second = step(first, observed(Phase.RUNNING), T0 + 50).state
+    second = step(first, observed(AttemptPhase.RUNNING), T0 + 50).state
     assert second.running_since == T0 + 5
     assert second == first
 
@@ -220,20 +224,23 @@ def test_active_observed_running_sets_running_since_once():
 def test_active_reason_follows_the_runner_not_the_first_state_it_saw():
     """A TPU node is CREATING, then READY while its worker has not started: the job must not
     read "provisioning: node CREATING" for as long as the worker does not start (issue 20)."""
-    state = step(active(phase=None), observed(Phase.PROVISIONING, reason="node CREATING"),
-                 T0 + 1).state  # fmt: skip
+    state = step(
+        active(phase=None), observed(AttemptPhase.PROVISIONING, reason="node CREATING"), T0 + 1
+    ).state
     assert state.reason == "attempt 1: provisioning: node CREATING"
-    seen = observed(Phase.RUNNING, reason="waiting for workers to start (0 of 1)")
+    seen = observed(AttemptPhase.RUNNING, reason="waiting for workers to start (0 of 1)")
     state = step(state, seen, T0 + 2).state
     assert state.reason == "attempt 1: running: waiting for workers to start (0 of 1)"
     assert step(state, seen, T0 + 3).state == state  # unchanged words: nothing to write
-    state = step(state, observed(Phase.RUNNING, reason="1 of 1 workers running"), T0 + 4).state
+    state = step(
+        state, observed(AttemptPhase.RUNNING, reason="1 of 1 workers running"), T0 + 4
+    ).state
     assert state.reason == "attempt 1: running: 1 of 1 workers running"
     assert state.running_since == T0 + 2
-    direct = step(active(phase=None), observed(Phase.RUNNING, reason="pid 7"), T0 + 1).state
+    direct = step(active(phase=None), observed(AttemptPhase.RUNNING, reason="pid 7"), T0 + 1).state
     assert direct.reason == active(phase=None).reason  # a runner that starts at once: as before
     stopping = step(state, Cancel("cancelled by bob", 30.0), T0 + 5).state
-    after = step(stopping, observed(Phase.RUNNING, reason="0 of 1 workers running"), T0 + 6)
+    after = step(stopping, observed(AttemptPhase.RUNNING, reason="0 of 1 workers running"), T0 + 6)
     assert after.state.reason == stopping.reason  # a stop keeps its reason
 
 
@@ -276,7 +283,7 @@ def test_cancel_after_preempt_takes_over_the_stop_keeping_its_deadline():
     assert result.state.status is Status.CANCELLING
     assert result.state.stop["kind"] == StopKind.CANCEL.value
     assert result.state.stop["deadline"] == T0 + 10
-    ended = step(result.state, observed(Phase.FAILED, exit_code=143), T0 + 6)
+    ended = step(result.state, observed(AttemptPhase.FAILED, exit_code=143), T0 + 6)
     assert ended.state.status is Status.COMPLETED
     assert ended.state.outcome is Outcome.CANCELLED
 
@@ -292,7 +299,7 @@ def test_later_preempt_or_update_does_not_override_a_cancel():
 
 def test_active_finished_after_preempt_stop_requeues_and_deletes():
     state = step(active(), Preempt("needed", "x", 10.0), T0).state
-    result = step(state, observed(Phase.FAILED, "terminated", 143), T0 + 3)
+    result = step(state, observed(AttemptPhase.FAILED, "terminated", 143), T0 + 3)
     new = result.state
     assert new.status is Status.PENDING
     assert new.outcome is None
@@ -310,7 +317,7 @@ def test_active_finished_after_preempt_stop_requeues_and_deletes():
 
 def test_active_finished_after_update_stop_requeues():
     state = step(active(), Update("new spec", 10.0), T0).state
-    result = step(state, observed(Phase.SUCCEEDED, exit_code=0), T0 + 3)
+    result = step(state, observed(AttemptPhase.SUCCEEDED, exit_code=0), T0 + 3)
     assert result.state.status is Status.PENDING
     assert result.state.outcome is None
     assert "updated" in result.state.reason
@@ -319,7 +326,7 @@ def test_active_finished_after_update_stop_requeues():
 
 def test_active_provider_preemption_requeues_without_counting_a_failure():
     state = active()
-    result = step(state, observed(Phase.PREEMPTED, "spot reclaimed"), T0 + 9)
+    result = step(state, observed(AttemptPhase.PREEMPTED, "spot reclaimed"), T0 + 9)
     new = result.state
     assert new.status is Status.PENDING
     assert new.outcome is None
@@ -334,7 +341,7 @@ def test_active_provider_preemption_requeues_without_counting_a_failure():
 
 
 def test_active_lost_requeues_with_the_reason():
-    result = step(active(), observed(Phase.LOST, "host gone"), T0 + 9)
+    result = step(active(), observed(AttemptPhase.LOST, "host gone"), T0 + 9)
     new = result.state
     assert new.status is Status.PENDING
     assert new.outcome is None
@@ -346,7 +353,7 @@ def test_active_lost_requeues_with_the_reason():
 
 
 def test_active_succeeded_without_cleanup_completes():
-    result = step(active(), observed(Phase.SUCCEEDED, exit_code=0), T0 + 9)
+    result = step(active(), observed(AttemptPhase.SUCCEEDED, exit_code=0), T0 + 9)
     new = result.state
     assert new.status is Status.COMPLETED
     assert new.outcome is Outcome.SUCCEEDED
@@ -359,7 +366,7 @@ def test_active_succeeded_without_cleanup_completes():
 
 
 def test_active_succeeded_with_cleanup_goes_cleaning():
-    result = step(active(), observed(Phase.SUCCEEDED, exit_code=0), T0 + 9, has_cleanup=True)
+    result = step(active(), observed(AttemptPhase.SUCCEEDED, exit_code=0), T0 + 9, has_cleanup=True)
     new = result.state
     assert new.status is Status.CLEANING
     assert new.outcome is Outcome.SUCCEEDED
@@ -369,7 +376,7 @@ def test_active_succeeded_with_cleanup_goes_cleaning():
 
 
 def test_active_failed_exit_3_completes_failed():
-    result = step(active(), observed(Phase.FAILED, "exited with status 3", 3), T0 + 9)
+    result = step(active(), observed(AttemptPhase.FAILED, "exited with status 3", 3), T0 + 9)
     new = result.state
     assert new.status is Status.COMPLETED
     assert new.outcome is Outcome.FAILED
@@ -381,7 +388,7 @@ def test_active_failed_exit_3_completes_failed():
 
 def test_active_failed_without_a_status_says_what_the_runner_said_not_killed():
     why = "VM ended by its dead man's switch (max_run_seconds = 604800)"
-    new = step(active(), observed(Phase.FAILED, why), T0 + 9).state
+    new = step(active(), observed(AttemptPhase.FAILED, why), T0 + 9).state
     assert (new.outcome, new.exit_code) == (Outcome.FAILED, None)
     assert new.reason == f"attempt 1 failed: {why}"
     assert "killed" not in new.reason
@@ -391,7 +398,7 @@ def test_active_failed_without_a_status_says_what_the_runner_said_not_killed():
 
 
 def test_cancelling_finished_completes_cancelled():
-    result = step(cancelling(), observed(Phase.FAILED, "terminated", 143), T0 + 1)
+    result = step(cancelling(), observed(AttemptPhase.FAILED, "terminated", 143), T0 + 1)
     new = result.state
     assert new.status is Status.COMPLETED
     assert new.outcome is Outcome.CANCELLED
@@ -402,19 +409,19 @@ def test_cancelling_finished_completes_cancelled():
 
 def test_cancelling_finished_with_cleanup_goes_cleaning_then_keeps_cancelled():
     state = cancelling()
-    result = step(state, observed(Phase.FAILED, "terminated", 143), T0 + 1, has_cleanup=True)
+    result = step(state, observed(AttemptPhase.FAILED, "terminated", 143), T0 + 1, has_cleanup=True)
     assert result.state.status is Status.CLEANING
     assert result.state.outcome is Outcome.CANCELLED
     assert NeedsCleanup() in result.effects
     state = step(result.state, CleanupAdmit(CLEANUP_NAME, "fake", 0), T0 + 1, True).state
     state = step(state, Started(CLEANUP, {"name": CLEANUP_NAME}), T0 + 1, True).state
-    done = step(state, observed(Phase.SUCCEEDED, exit_code=0, purpose=CLEANUP), T0 + 2, True)
+    done = step(state, observed(AttemptPhase.SUCCEEDED, exit_code=0, purpose=CLEANUP), T0 + 2, True)
     assert done.state.status is Status.COMPLETED
     assert done.state.outcome is Outcome.CANCELLED
 
 
 def test_cleaning_admit_names_and_starts_the_cleanup():
-    state = step(active(), observed(Phase.SUCCEEDED, exit_code=0), T0 + 5, True).state
+    state = step(active(), observed(AttemptPhase.SUCCEEDED, exit_code=0), T0 + 5, True).state
     result = step(state, CleanupAdmit(CLEANUP_NAME, "fake", 42), T0 + 5, True)
     assert result.state.cleanup_runner == {
         "kind": "fake",
@@ -430,14 +437,14 @@ def test_cleaning_admit_names_and_starts_the_cleanup():
 
 @pytest.mark.parametrize(
     ("run_phase", "run_code", "outcome"),
-    [(Phase.SUCCEEDED, 0, Outcome.SUCCEEDED), (Phase.FAILED, 3, Outcome.FAILED)],
+    [(AttemptPhase.SUCCEEDED, 0, Outcome.SUCCEEDED), (AttemptPhase.FAILED, 3, Outcome.FAILED)],
 )
 @pytest.mark.parametrize("cleanup_code", [0, 1])
 def test_cleaning_finished_completes_keeping_the_run_outcome(
     run_phase, run_code, outcome, cleanup_code
 ):
     state = cleaning(run_phase, run_code)
-    cleanup_phase = Phase.SUCCEEDED if cleanup_code == 0 else Phase.FAILED
+    cleanup_phase = AttemptPhase.SUCCEEDED if cleanup_code == 0 else AttemptPhase.FAILED
     obs = observed(cleanup_phase, exit_code=cleanup_code, purpose=CLEANUP)
     result = step(state, obs, T0 + 7, has_cleanup=True)
     new = result.state
@@ -451,15 +458,15 @@ def test_cleaning_finished_completes_keeping_the_run_outcome(
 
 
 def test_completed_after_cleanup_does_not_say_the_cleanup_is_running():
-    state = cleaning(Phase.FAILED, 3)
-    obs = observed(Phase.SUCCEEDED, exit_code=0, purpose=CLEANUP)
+    state = cleaning(AttemptPhase.FAILED, 3)
+    obs = observed(AttemptPhase.SUCCEEDED, exit_code=0, purpose=CLEANUP)
     new = step(state, obs, T0 + 7, has_cleanup=True).state
     assert new.status is Status.COMPLETED
     assert "running the cleanup command" not in new.reason
 
 
 def test_cleaning_start_failed_completes_keeping_the_run_outcome():
-    state = step(active(), observed(Phase.SUCCEEDED, exit_code=0), T0 + 5, True).state
+    state = step(active(), observed(AttemptPhase.SUCCEEDED, exit_code=0), T0 + 5, True).state
     state = step(state, CleanupAdmit(CLEANUP_NAME, "fake", 0), T0 + 5, True).state
     result = step(state, StartFailed(CLEANUP, "boom"), T0 + 6, True)
     assert result.state.status is Status.COMPLETED
@@ -510,22 +517,22 @@ def _all_moves():
         (pending(), Wait("w"), False),
         (step(pending(), admit()).state, Started(RUN, HANDLE), False),
         (step(pending(), admit()).state, StartFailed(RUN, "err"), False),
-        (active(Phase.QUEUED), observed(Phase.RUNNING), False),
-        (active(None), observed(Phase.PROVISIONING, "x"), False),
+        (active(AttemptPhase.QUEUED), observed(AttemptPhase.RUNNING), False),
+        (active(None), observed(AttemptPhase.PROVISIONING, "x"), False),
         (active(), Preempt("p", "x", 10.0), False),
         (active(), Update("u", 10.0), False),
         (active(), Cancel("c", 10.0), False),
-        (preempting, observed(Phase.FAILED, exit_code=143), False),
+        (preempting, observed(AttemptPhase.FAILED, exit_code=143), False),
         (preempting, Cancel("c", 10.0), False),
-        (active(), observed(Phase.PREEMPTED, "spot"), False),
-        (active(), observed(Phase.LOST, "gone"), False),
-        (active(), observed(Phase.SUCCEEDED, exit_code=0), True),
-        (active(), observed(Phase.FAILED, exit_code=3), False),
-        (cancelling(), observed(Phase.FAILED, exit_code=143), False),
+        (active(), observed(AttemptPhase.PREEMPTED, "spot"), False),
+        (active(), observed(AttemptPhase.LOST, "gone"), False),
+        (active(), observed(AttemptPhase.SUCCEEDED, exit_code=0), True),
+        (active(), observed(AttemptPhase.FAILED, exit_code=3), False),
+        (cancelling(), observed(AttemptPhase.FAILED, exit_code=143), False),
         (cancelling(), Tick(), False),
         (step(cancelling(), Tick(), T0 + 99).state, Tick(), False),
-        (running_cleanup, observed(Phase.SUCCEEDED, exit_code=0, purpose=CLEANUP), True),
-        (running_cleanup, observed(Phase.RUNNING, purpose=CLEANUP), True),
+        (running_cleanup, observed(AttemptPhase.SUCCEEDED, exit_code=0, purpose=CLEANUP), True),
+        (running_cleanup, observed(AttemptPhase.RUNNING, purpose=CLEANUP), True),
     ]
 
 
@@ -542,13 +549,13 @@ def test_the_input_state_is_never_mutated(case):
 
 
 def _no_row_cases():
-    completed = step(active(), observed(Phase.SUCCEEDED, exit_code=0), T0 + 9).state
+    completed = step(active(), observed(AttemptPhase.SUCCEEDED, exit_code=0), T0 + 9).state
     never_started = step(pending(), admit()).state
     return [
         (pending(), Preempt("p", "x", 1.0)),
         (pending(), Update("u", 1.0)),
         (pending(), Tick()),
-        (pending(), observed(Phase.RUNNING)),
+        (pending(), observed(AttemptPhase.RUNNING)),
         (pending(), Started(RUN, HANDLE)),
         (pending(), StartFailed(RUN, "err")),
         (pending(), CleanupAdmit(CLEANUP_NAME, "fake", 0)),
@@ -556,7 +563,7 @@ def _no_row_cases():
         (active(), Reject("no")),
         (active(), Wait("w")),
         (active(), CleanupAdmit(CLEANUP_NAME, "fake", 0)),
-        (active(), observed(Phase.RUNNING, purpose=CLEANUP)),
+        (active(), observed(AttemptPhase.RUNNING, purpose=CLEANUP)),
         (never_started, Tick()),
         (cancelling(), admit()),
         (cancelling(), Cancel("again", 1.0)),
@@ -568,7 +575,7 @@ def _no_row_cases():
         (completed, Cancel("late", 1.0)),
         (completed, Reject("no")),
         (completed, Preempt("p", "x", 1.0)),
-        (completed, observed(Phase.SUCCEEDED, exit_code=0)),
+        (completed, observed(AttemptPhase.SUCCEEDED, exit_code=0)),
         (completed, Tick()),
     ]
 

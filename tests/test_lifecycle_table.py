@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from bastion import lifecycle
 from bastion.jobstate import JobState, Status
-from bastion.runners.base import Observation, Phase
+from bastion.runners.base import AttemptPhase, Observation
 
 EVENT_TYPES = typing.get_args(lifecycle.Event)
 TEXT = st.text(max_size=20)
@@ -22,7 +22,7 @@ def _event_strategy(kind: type) -> st.SearchStrategy:
     """Any instance of an event type, its fields drawn by type."""
     observation = st.builds(
         Observation,
-        phase=st.sampled_from(list(Phase)),
+        phase=st.sampled_from(list(AttemptPhase)),
         reason=TEXT,
         exit_code=st.none() | st.integers(0, 255),
         retryable=st.booleans(),

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from bastion.runners import base
-from bastion.runners.base import Attempt, Observation, Phase, RunnerError
+from bastion.runners.base import Attempt, AttemptPhase, Observation, RunnerError
 from bastion.runners.local import LocalRunner
 from tests.harness import REPO, kill_all, processes_with_env, wait_for
 
@@ -85,8 +85,17 @@ class Rig:
     def start_elsewhere(self, job: str, command: str, gpus: int = 0) -> dict[str, Any]:
         """Start an attempt from a process that exits right away; returns the handle."""
         out = subprocess.run(
-            [sys.executable, "-c", START_AND_EXIT, self.attempts_dir, ROOT, name_of(job),
-             command, str(gpus), self.tag],
+            [
+                sys.executable,
+                "-c",
+                START_AND_EXIT,
+                self.attempts_dir,
+                ROOT,
+                name_of(job),
+                command,
+                str(gpus),
+                self.tag,
+            ],
             cwd=REPO,
             env={**os.environ, "PYTHONPATH": str(REPO)},
             capture_output=True,
@@ -117,11 +126,11 @@ def gone(pid: int) -> bool:
         return True
 
 
-def outcome(obs: Observation) -> tuple[Phase, int | None]:
+def outcome(obs: Observation) -> tuple[AttemptPhase, int | None]:
     return obs.phase, obs.exit_code
 
 
-def finished(runner: LocalRunner, handle: dict[str, Any]) -> tuple[Phase, int | None]:
+def finished(runner: LocalRunner, handle: dict[str, Any]) -> tuple[AttemptPhase, int | None]:
     obs = wait_for(
         lambda: (o := runner.poll(handle)).finished and o, timeout=20, what="the attempt"
     )
@@ -129,7 +138,7 @@ def finished(runner: LocalRunner, handle: dict[str, Any]) -> tuple[Phase, int | 
 
 
 def running(runner: LocalRunner, handle: dict[str, Any]) -> bool:
-    return runner.poll(handle).phase == Phase.RUNNING
+    return runner.poll(handle).phase == AttemptPhase.RUNNING
 
 
 def read_pid(path: Path) -> int:
@@ -157,8 +166,8 @@ def test_start_then_poll_running_then_finished(rig: Rig) -> None:
     wait_for(lambda: "hello" in rig.log("a1"), what="output")
     assert running(runner, handle)
     rig.go("a1").touch()
-    assert finished(runner, handle) == (Phase.FAILED, 5)
-    assert outcome(runner.poll(handle)) == (Phase.FAILED, 5)  # asking again: the same answer
+    assert finished(runner, handle) == (AttemptPhase.FAILED, 5)
+    assert outcome(runner.poll(handle)) == (AttemptPhase.FAILED, 5)  # asking again: the same answer
     assert runner.read_output(handle, 0, 1000) == b"hello\n"
     assert runner.read_output(handle, 2, 2) == b"ll"
 
@@ -172,7 +181,7 @@ def test_exit_status_of_a_running_attempt_survives_a_restart(rig: Rig) -> None:
     assert runner.start(rig.attempt("r1", "exit 99"))["pid"] == handle["pid"]  # adopted
     assert running(runner, handle)
     rig.go("r1").touch()
-    assert finished(runner, handle) == (Phase.FAILED, 7)
+    assert finished(runner, handle) == (AttemptPhase.FAILED, 7)
     assert rig.log("r1") == "started\n"
 
 
@@ -181,7 +190,7 @@ def test_exit_status_of_an_attempt_that_ended_while_nobody_watched(rig: Rig) -> 
     wait_for(lambda: gone(handle["pid"]), what="the orphaned attempt to end")
     runner = rig.runner()
     assert [(o.name, o.finished) for o in runner.list_owned()] == [(name_of("r2"), True)]
-    assert outcome(runner.poll(handle)) == (Phase.FAILED, 9)
+    assert outcome(runner.poll(handle)) == (AttemptPhase.FAILED, 9)
     assert rig.log("r2") == "bye\n"
 
 
@@ -194,7 +203,7 @@ def test_stop_reaches_grandchildren_and_records_143(rig: Rig) -> None:
     runner.stop(handle, future())
     # checked before poll(): poll() itself SIGKILLs the group once the leader is gone
     wait_for(lambda: gone(grandchild), what="the grandchild to get SIGTERM")
-    assert finished(runner, handle) == (Phase.FAILED, 128 + signal.SIGTERM)
+    assert finished(runner, handle) == (AttemptPhase.FAILED, 128 + signal.SIGTERM)
 
 
 def test_stop_at_the_deadline_kills_grandchildren_that_ignore_sigterm(rig: Rig) -> None:
@@ -216,7 +225,7 @@ def test_stop_at_the_deadline_kills_grandchildren_that_ignore_sigterm(rig: Rig) 
     runner.stop(handle, past())
     wait_for(lambda: gone(grandchild), what="the grandchild to get SIGKILL")
     obs = wait_for(lambda: (o := runner.poll(handle)).finished and o, what="the attempt")
-    assert outcome(obs) == (Phase.FAILED, None)  # the wrapper died too: no status
+    assert outcome(obs) == (AttemptPhase.FAILED, None)  # the wrapper died too: no status
     assert "killed" in obs.reason
 
 
@@ -225,7 +234,7 @@ def test_finish_kills_what_the_leader_left_behind(rig: Rig) -> None:
     pidfile = rig.tmp / "gc.pid"
     handle = runner.start(rig.attempt("f1", f"sleep 300 & echo $! > {pidfile}; exit 0"))
     grandchild = read_pid(pidfile)
-    assert finished(runner, handle) == (Phase.SUCCEEDED, 0)
+    assert finished(runner, handle) == (AttemptPhase.SUCCEEDED, 0)
     wait_for(lambda: gone(grandchild), what="the straggler to be killed")
 
 
@@ -267,7 +276,7 @@ def test_a_stopped_attempt_ends_a_process_that_left_its_session_and_names_it(rig
     escaped = left_its_session(pidfile)
     runner.stop(handle, future())
     obs = wait_for(lambda: (o := runner.poll(handle)).finished and o, what="the attempt")
-    assert outcome(obs) == (Phase.FAILED, 128 + signal.SIGTERM)
+    assert outcome(obs) == (AttemptPhase.FAILED, 128 + signal.SIGTERM)
     assert obs.note == f"killed 1 process left behind: sleep (pid {escaped})"
     assert runner.poll(handle).note == obs.note  # asked again: the same, noted once by the daemon
     wait_for(lambda: runner.delete(handle), timeout=10, what="delete to be verified")
@@ -283,7 +292,7 @@ def test_a_process_left_behind_by_a_command_that_exited_0_is_ended_with_it(rig: 
     escaped = left_its_session(pidfile)
     rig.go("s2").touch()
     obs = wait_for(lambda: (o := runner.poll(handle)).finished and o, what="the attempt")
-    assert outcome(obs) == (Phase.SUCCEEDED, 0)
+    assert outcome(obs) == (AttemptPhase.SUCCEEDED, 0)
     assert obs.note == f"killed 1 process left behind: sleep (pid {escaped})"
     wait_for(lambda: gone(escaped), timeout=5, what="SIGTERM to end it")
     assert runner.delete(handle) is True and marked("s2") == []
@@ -378,7 +387,7 @@ def test_a_job_that_exits_0_leaving_a_process_behind_has_it_ended_and_named(
 def test_delete_removes_a_finished_attempts_directory(rig: Rig) -> None:
     runner = rig.runner()
     handle = runner.start(rig.attempt("d1", "echo x; exit 0"))
-    assert finished(runner, handle) == (Phase.SUCCEEDED, 0)
+    assert finished(runner, handle) == (AttemptPhase.SUCCEEDED, 0)
     assert rig.dir("d1").is_dir()
     assert runner.delete(handle) is True
     assert not rig.dir("d1").exists()
@@ -409,7 +418,7 @@ def recycled(handle: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
 def test_a_recycled_pid_is_never_signalled(rig: Rig) -> None:
     runner = rig.runner()
     old = runner.start(rig.attempt("old", "exit 0"))
-    assert finished(runner, old) == (Phase.SUCCEEDED, 0)
+    assert finished(runner, old) == (AttemptPhase.SUCCEEDED, 0)
     other = runner.start(rig.attempt("other", rig.wait_go("other")))
     stale = recycled(old, other)
     runner.stop(stale, future())
@@ -418,7 +427,7 @@ def test_a_recycled_pid_is_never_signalled(rig: Rig) -> None:
         psutil.Process(other["pid"]).wait(timeout=0.5)
     assert running(runner, other)
     rig.go("other").touch()
-    assert finished(runner, other) == (Phase.SUCCEEDED, 0)  # it ran to its end, untouched
+    assert finished(runner, other) == (AttemptPhase.SUCCEEDED, 0)  # it ran to its end, untouched
 
 
 def test_a_reaped_pid_reused_by_another_child_is_never_signalled(rig: Rig) -> None:
@@ -434,20 +443,20 @@ def test_a_reaped_pid_reused_by_another_child_is_never_signalled(rig: Rig) -> No
         psutil.Process(other["pid"]).wait(timeout=0.5)
     assert running(runner, other)
     rig.go("other").touch()
-    assert finished(runner, other) == (Phase.SUCCEEDED, 0)
+    assert finished(runner, other) == (AttemptPhase.SUCCEEDED, 0)
 
 
 def test_polling_a_recycled_pid_reports_finished_and_signals_nobody(rig: Rig) -> None:
     runner = rig.runner()
     old = runner.start(rig.attempt("old", "exit 0"))
-    assert finished(runner, old) == (Phase.SUCCEEDED, 0)
+    assert finished(runner, old) == (AttemptPhase.SUCCEEDED, 0)
     # Another job now has the pid (and so the process group id) the old handle names.
     other = runner.start(rig.attempt("other", rig.wait_go("other")))
-    assert outcome(runner.poll(recycled(old, other))) == (Phase.SUCCEEDED, 0)
+    assert outcome(runner.poll(recycled(old, other))) == (AttemptPhase.SUCCEEDED, 0)
     with pytest.raises(psutil.TimeoutExpired):
         psutil.Process(other["pid"]).wait(timeout=0.5)
     rig.go("other").touch()
-    assert finished(runner, other) == (Phase.SUCCEEDED, 0)
+    assert finished(runner, other) == (AttemptPhase.SUCCEEDED, 0)
 
 
 def test_a_forged_handle_naming_an_unrelated_process_never_signals_it(rig: Rig) -> None:
@@ -455,7 +464,7 @@ def test_a_forged_handle_naming_an_unrelated_process_never_signals_it(rig: Rig) 
     names its real pid and create time (the process even leads its own group)."""
     runner = rig.runner()
     old = runner.start(rig.attempt("old", "exit 0"))
-    assert finished(runner, old) == (Phase.SUCCEEDED, 0)
+    assert finished(runner, old) == (AttemptPhase.SUCCEEDED, 0)
     stranger = subprocess.Popen(
         ["sleep", "60"], start_new_session=True, env={**os.environ, "BASTION_TEST_TAG": rig.tag}
     )
@@ -464,7 +473,7 @@ def test_a_forged_handle_naming_an_unrelated_process_never_signals_it(rig: Rig) 
         forged = {**old, "pid": stranger.pid, "create_time": created}
         fresh = rig.runner()  # not its parent either
         for r in (runner, fresh):
-            assert r.poll(forged).phase != Phase.RUNNING
+            assert r.poll(forged).phase != AttemptPhase.RUNNING
             r.stop(forged, future())
             r.stop(forged, past())
         assert fresh.delete(forged) is True  # the attempt's files go, the stranger stays
@@ -482,12 +491,12 @@ def test_a_handle_from_another_host_is_lost_and_never_touched(rig: Rig) -> None:
     handle = runner.start(rig.attempt("h1", rig.wait_go("h1"), gpus=2))
     foreign = {**handle, "host": "not-" + socket.gethostname()}
     second = rig.runner(gpus=[0, 1, 2, 3])
-    assert second.poll(foreign).phase == Phase.LOST
+    assert second.poll(foreign).phase == AttemptPhase.LOST
     second.stop(foreign, past())
     assert second.delete(foreign) is True  # nothing of it is on this host
     assert rig.dir("h1").is_dir() and running(runner, handle)
     rig.go("h1").touch()
-    assert finished(runner, handle) == (Phase.SUCCEEDED, 0)
+    assert finished(runner, handle) == (AttemptPhase.SUCCEEDED, 0)
 
 
 # -- never twice: a daemon killed between the start and handle.json -----------------------------
@@ -564,7 +573,7 @@ def test_two_roots_in_one_attempts_dir_each_list_only_their_own(rig: Rig) -> Non
     assert a["name"] != b["name"]
     assert [o.name for o in mine.list_owned()] == [a["name"]]
     assert [o.name for o in theirs.list_owned()] == [b["name"]]
-    assert finished(mine, a) == finished(theirs, b) == (Phase.SUCCEEDED, 0)
+    assert finished(mine, a) == finished(theirs, b) == (AttemptPhase.SUCCEEDED, 0)
 
 
 # -- GPUs -----------------------------------------------------------------------------------------
@@ -607,12 +616,12 @@ def test_gpu_jobs_get_disjoint_devices_and_cpu_jobs_none(
     assert name_of("g-c") not in [o.name for o in runner.list_owned()]
 
     rig.go("g-a").touch()
-    assert finished(runner, a) == (Phase.SUCCEEDED, 0)
+    assert finished(runner, a) == (AttemptPhase.SUCCEEDED, 0)
     c = runner.start(rig.attempt("g-c", f"{ECHO_GPUS}; {rig.wait_go('g-c')}", gpus=2))
     assert printed_gpus(rig, "g-c") == got_a  # exactly the GPUs the finished job freed
     for job, handle in (("g-b", b), ("g-c", c), ("g-cpu", cpu)):
         rig.go(job).touch()
-        assert finished(runner, handle) == (Phase.SUCCEEDED, 0)
+        assert finished(runner, handle) == (AttemptPhase.SUCCEEDED, 0)
 
 
 def test_adopted_attempts_keep_their_gpus(rig: Rig) -> None:
@@ -624,12 +633,12 @@ def test_adopted_attempts_keep_their_gpus(rig: Rig) -> None:
     two = runner.start(rig.attempt("new2", f"{ECHO_GPUS}; {rig.wait_go('new2')}", gpus=2))
     assert printed_gpus(rig, "new2") == [2, 3]
     rig.go("ad").touch()
-    assert finished(runner, handle) == (Phase.SUCCEEDED, 0)  # it ends: its GPUs free up
+    assert finished(runner, handle) == (AttemptPhase.SUCCEEDED, 0)  # it ends: its GPUs free up
     again = runner.start(rig.attempt("again", ECHO_GPUS, gpus=2))
     assert printed_gpus(rig, "again") == [0, 1]
-    assert finished(runner, again) == (Phase.SUCCEEDED, 0)
+    assert finished(runner, again) == (AttemptPhase.SUCCEEDED, 0)
     rig.go("new2").touch()
-    assert finished(runner, two) == (Phase.SUCCEEDED, 0)
+    assert finished(runner, two) == (AttemptPhase.SUCCEEDED, 0)
 
 
 @pytest.mark.parametrize("failure", ["nul-in-env", "output-is-a-directory"])
@@ -644,7 +653,7 @@ def test_a_start_that_fails_frees_its_gpus(rig: Rig, failure: str) -> None:
         runner.start(bad)
     handle = runner.start(rig.attempt("all", "exit 0", gpus=4))
     assert handle["gpus"] == [0, 1, 2, 3]
-    assert finished(runner, handle) == (Phase.SUCCEEDED, 0)
+    assert finished(runner, handle) == (AttemptPhase.SUCCEEDED, 0)
 
 
 def test_an_attempt_being_started_by_another_process_is_not_started_again(rig: Rig) -> None:
@@ -654,12 +663,15 @@ def test_an_attempt_being_started_by_another_process_is_not_started_again(rig: R
     directory = rig.dir("claimed")
     directory.mkdir(parents=True)
     holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import fcntl, os, sys, time\n"
-         f"fd = os.open({str(directory / '.claim')!r}, os.O_WRONLY | os.O_CREAT)\n"
-         "fcntl.flock(fd, fcntl.LOCK_EX)\n"
-         "print('claimed', flush=True)\n"
-         "time.sleep(60)\n"],
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time\n"
+            f"fd = os.open({str(directory / '.claim')!r}, os.O_WRONLY | os.O_CREAT)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "print('claimed', flush=True)\n"
+            "time.sleep(60)\n",
+        ],
         stdout=subprocess.PIPE,
     )
     marker = rig.tmp / "claimed-ran"

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-import bastion.logsync
-from bastion.logsync import ADDED_NEWLINE, LogSync
-from bastion.service import build_daemon
-from bastion.store import Store
+import bastion.bucket.logsync
+from bastion.bucket.logsync import ADDED_NEWLINE, LogSync
+from bastion.bucket.store import Store
+from bastion.daemon.start import build_daemon
 from launch.api import Client, new_jobspec
 
 CHUNK = 8 << 20  # LogSync's documented per-sync bound
@@ -153,7 +153,7 @@ def test_a_finished_jobs_state_is_written_after_its_whole_log(
 ) -> None:
     """The daemon uploads at most one chunk per log per cycle; once a job has ended, the state
     that says so must still wait for the log's last byte (chunks made small to test it)."""
-    monkeypatch.setattr(bastion.logsync, "_MAX_CHUNK", 1000)
+    monkeypatch.setattr(bastion.bucket.logsync, "_MAX_CHUNK", 1000)
     root = str(tmp_path / "root")
     client = Client(store=Store(root))
     command = "head -c 20000 /dev/zero | tr '\\0' x; echo; echo done"

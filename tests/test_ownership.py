@@ -27,8 +27,9 @@ def _snapshot(b, name: str) -> tuple[bytes | None, list[str]]:
 def test_another_users_cancel_is_refused_without_force_and_names_both_with_it(local_bastion):
     b = local_bastion
     b.start()
-    b.cli("launch", "--name=alicejob", "--user_id=alice", "--bundler=none", "--",
-          "echo up; sleep 300")
+    b.cli(
+        "launch", "--name=alicejob", "--user_id=alice", "--bundler=none", "--", "echo up; sleep 300"
+    )
     _running(b, "alicejob", "up")
     before = _snapshot(b, "alicejob")
     proc = b.cli("cancel", "alicejob", "--user_id=mallory", check=False)
@@ -49,8 +50,14 @@ def test_another_users_update_is_refused_without_force_and_runs_as_the_owner_wit
 ):
     b = local_bastion
     b.start()
-    b.cli("launch", "--name=alicejob", "--user_id=alice", "--bundler=none", "--",
-          'echo "v1 as $BASTION_USER_ID"; sleep 300')
+    b.cli(
+        "launch",
+        "--name=alicejob",
+        "--user_id=alice",
+        "--bundler=none",
+        "--",
+        'echo "v1 as $BASTION_USER_ID"; sleep 300',
+    )
     _running(b, "alicejob", "v1 as alice")
     before = _snapshot(b, "alicejob")
     new = 'echo "v2 as $BASTION_USER_ID"; sleep 300'
@@ -106,8 +113,9 @@ def test_python_api_refuses_another_users_job_unless_forced(local_bastion, monke
     b = local_bastion
     client = Client(b.root)
     with pytest.warns(NoDaemonWarning):  # none needed: the refusal is the client's
-        client.submit(new_jobspec(name="alicejob", command="sleep 300", user_id="alice",
-                                  project_id="default"))
+        client.submit(
+            new_jobspec(name="alicejob", command="sleep 300", user_id="alice", project_id="default")
+        )
     before = _snapshot(b, "alicejob")
     monkeypatch.setenv("BASTION_USER", "carol")
     with pytest.raises(NotOwner, match=r"'alice'.*'carol' \(from \$BASTION_USER\).*force=True"):

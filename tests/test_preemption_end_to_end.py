@@ -36,12 +36,25 @@ def test_owner_reclaims_borrowed_capacity(bastion, tmp_path):
     _write_quota(bastion)
     bastion.start()
     for name in ("b1", "b2"):  # prod borrows research's idle half
-        bastion.cli("launch", f"--name={name}", "--project_id=prod", "--user_id=bob",
-                    "--resources=cpu=2", "--",
-                    f"echo {name} attempt $BASTION_ATTEMPT; sleep 4; echo {name} done")
+        bastion.cli(
+            "launch",
+            f"--name={name}",
+            "--project_id=prod",
+            "--user_id=bob",
+            "--resources=cpu=2",
+            "--",
+            f"echo {name} attempt $BASTION_ATTEMPT; sleep 4; echo {name} done",
+        )
         wait_for(lambda n=name: _status(bastion, n) == "ACTIVE", what=f"{name} running")
-    bastion.cli("launch", "--name=a1", "--project_id=research", "--user_id=alice",
-                "--resources=cpu=2", "--", "echo a1 runs; sleep 1")
+    bastion.cli(
+        "launch",
+        "--name=a1",
+        "--project_id=research",
+        "--user_id=alice",
+        "--resources=cpu=2",
+        "--",
+        "echo a1 runs; sleep 1",
+    )
     a1 = bastion.wait_complete("a1", timeout=30)
     assert a1["state"]["outcome"] == "SUCCEEDED"
 
@@ -56,20 +69,38 @@ def test_owner_reclaims_borrowed_capacity(bastion, tmp_path):
     assert "it was stopped (preempt:" in log and "a1" in log
     history = bastion.cli("history", "b2").stdout
     assert "PREEMPT" in history and "a1" in history and "REQUEUED" in history
-    verdicts = [d for stamp in bastion.listdir("history", "decisions")
-                for d in json.loads(bastion.read("history", "decisions", stamp))["decisions"]]
-    assert any(d["verdict"] == "PREEMPT" and d["name"] == "b2" and d["preempted_by"] == "a1"
-               for d in verdicts)
+    verdicts = [
+        d
+        for stamp in bastion.listdir("history", "decisions")
+        for d in json.loads(bastion.read("history", "decisions", stamp))["decisions"]
+    ]
+    assert any(
+        d["verdict"] == "PREEMPT" and d["name"] == "b2" and d["preempted_by"] == "a1"
+        for d in verdicts
+    )
 
 
 def test_non_member_and_oversized_jobs_are_rejected(bastion):
     _write_quota(bastion)
-    bastion.cli("launch", "--name=intruder", "--project_id=research", "--user_id=bob",
-                "--", "true")
-    bastion.cli("launch", "--name=huge", "--project_id=prod", "--user_id=bob",
-                "--resources=cpu=64", "--", "true")
-    bastion.cli("launch", "--name=tpu", "--project_id=prod", "--user_id=bob",
-                "--resources=v4=8", "--", "true")
+    bastion.cli("launch", "--name=intruder", "--project_id=research", "--user_id=bob", "--", "true")
+    bastion.cli(
+        "launch",
+        "--name=huge",
+        "--project_id=prod",
+        "--user_id=bob",
+        "--resources=cpu=64",
+        "--",
+        "true",
+    )
+    bastion.cli(
+        "launch",
+        "--name=tpu",
+        "--project_id=prod",
+        "--user_id=bob",
+        "--resources=v4=8",
+        "--",
+        "true",
+    )
     bastion.once()
     intruder = bastion.complete("intruder")["state"]
     assert intruder["outcome"] == "REJECTED" and "prod" in intruder["reason"]
@@ -79,11 +110,25 @@ def test_non_member_and_oversized_jobs_are_rejected(bastion):
 
 def test_pending_reason_list_and_why(bastion):
     _write_quota(bastion)
-    bastion.cli("launch", "--name=big", "--project_id=prod", "--user_id=bob",
-                "--resources=cpu=4", "--", "sleep 30")
+    bastion.cli(
+        "launch",
+        "--name=big",
+        "--project_id=prod",
+        "--user_id=bob",
+        "--resources=cpu=4",
+        "--",
+        "sleep 30",
+    )
     bastion.once()
-    bastion.cli("launch", "--name=next", "--project_id=prod", "--user_id=bob",
-                "--resources=cpu=2", "--", "true")
+    bastion.cli(
+        "launch",
+        "--name=next",
+        "--project_id=prod",
+        "--user_id=bob",
+        "--resources=cpu=2",
+        "--",
+        "true",
+    )
     bastion.once()
     assert _status(bastion, "next") == "PENDING"
     reason = bastion.state("next")["reason"]
@@ -98,10 +143,19 @@ def test_pending_reason_list_and_why(bastion):
 def test_invalid_quota_file_keeps_last_good(bastion):
     _write_quota(bastion)
     bastion.once()
-    _write_quota(bastion, QUOTA.replace("cpu = 0.5\n[project_resources.prod]", "cpu = -1\n"
-                                        "[project_resources.prod]"))
-    bastion.cli("launch", "--name=still", "--project_id=prod", "--user_id=bob",
-                "--resources=cpu=1", "--", "echo ok")
+    _write_quota(
+        bastion,
+        QUOTA.replace("cpu = 0.5\n[project_resources.prod]", "cpu = -1\n[project_resources.prod]"),
+    )
+    bastion.cli(
+        "launch",
+        "--name=still",
+        "--project_id=prod",
+        "--user_id=bob",
+        "--resources=cpu=1",
+        "--",
+        "echo ok",
+    )
     bastion.start()
     assert bastion.wait_complete("still")["state"]["outcome"] == "SUCCEEDED"
     assert "invalid" in bastion.daemon_output()

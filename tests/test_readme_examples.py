@@ -92,10 +92,14 @@ def test_using_it_examples_run_as_written(user, tmp_path):
     commands = shell_examples("Using it")
     assert commands[0] == ["bastion", "start"], commands[0]
     out = open(tmp_path / "daemon.out", "wb")  # noqa: SIM115
-    daemons.append(subprocess.Popen(commands[0], cwd=project, env=env, stdout=out,
-                                    stderr=subprocess.STDOUT))
-    wait_for(lambda: run(["bastion", "status"], project, env).returncode == 0, timeout=60,
-             what="the daemon to hold the root")
+    daemons.append(
+        subprocess.Popen(commands[0], cwd=project, env=env, stdout=out, stderr=subprocess.STDOUT)
+    )
+    wait_for(
+        lambda: run(["bastion", "status"], project, env).returncode == 0,
+        timeout=60,
+        what="the daemon to hold the root",
+    )
     outputs = {}
     for argv in commands[1:]:
         proc = run(argv, project, env)
@@ -106,7 +110,10 @@ def test_using_it_examples_run_as_written(user, tmp_path):
         outputs[shlex.join(argv)] = proc.stdout
     follow = outputs["bastion logs hello --follow"]
     assert [ln for ln in follow.splitlines() if ln.startswith("line")] == [
-        "line 1", "line 2", "line 3"]
+        "line 1",
+        "line 2",
+        "line 3",
+    ]
     assert "no daemon" not in " ".join(outputs.values())
 
     def train_cancelled() -> bool:
@@ -120,11 +127,20 @@ def test_using_it_examples_run_as_written(user, tmp_path):
 
 def test_python_example_runs_as_written(user):
     project, env, daemons = user
-    daemons.append(subprocess.Popen([str(BASTION), "start", "--poll_seconds=0.5"], cwd=project,
-                                    env=env, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL))
-    wait_for(lambda: run(["bastion", "status"], project, env).returncode == 0, timeout=60,
-             what="the daemon to hold the root")
+    daemons.append(
+        subprocess.Popen(
+            [str(BASTION), "start", "--poll_seconds=0.5"],
+            cwd=project,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    )
+    wait_for(
+        lambda: run(["bastion", "status"], project, env).returncode == 0,
+        timeout=60,
+        what="the daemon to hold the root",
+    )
     code = python_example()
     proc = run([sys.executable, "-c", textwrap.dedent(code)], project, env)
     assert proc.returncode == 0, proc.stdout + proc.stderr

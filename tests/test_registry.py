@@ -14,10 +14,10 @@ import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from bastion.objects import UnknownBucket
+from bastion.bucket.objects import UnknownBucket
+from bastion.bucket.store import Store
 from bastion.registry import Registry
 from bastion.runners.base import RunnerError
-from bastion.store import Store
 from bundlers import BundleError
 from launch.bundling import bundler_for
 
@@ -88,7 +88,7 @@ def test_a_runner_kind_from_an_installed_plugin_passes_the_settings_check(tmp_pa
     settings.write_text('default_runner = "slurm-demo"\n[runners.slurm-demo]\n')
     code = textwrap.dedent(f"""
         from bastion.runners.base import factory_for, known_kinds
-        from bastion.service import load_settings
+        from bastion.daemon.start import load_settings
         load_settings({str(settings)!r})
         print("slurm-demo" in known_kinds(), factory_for("slurm-demo").__module__)
     """)

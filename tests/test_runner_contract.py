@@ -9,7 +9,7 @@ import pytest
 
 from bastion.runners import base
 from bastion.runners import local as local_runner
-from bastion.runners.base import Attempt, Phase, RunnerError
+from bastion.runners.base import Attempt, AttemptPhase, RunnerError
 from bastion.runners.fake import FakeRunner
 from tests.runner_contract import CONTRACT_MODULES, RunnerContract
 
@@ -92,14 +92,14 @@ def test_injections_walk_queued_provisioning_running_then_preempted(fake, clock)
         clock.now = 1_700_000_000.0 + at
         seen.append((fake.poll(handle).phase, fake.read_output(handle, 0, 100)))
     assert seen == [
-        (Phase.QUEUED, b""),
-        (Phase.QUEUED, b""),
-        (Phase.PROVISIONING, b""),
-        (Phase.PROVISIONING, b""),
-        (Phase.RUNNING, b"hi\n"),  # output only once running
-        (Phase.RUNNING, b"hi\n"),
-        (Phase.PREEMPTED, b"hi\n"),
-        (Phase.PREEMPTED, b"hi\n"),
+        (AttemptPhase.QUEUED, b""),
+        (AttemptPhase.QUEUED, b""),
+        (AttemptPhase.PROVISIONING, b""),
+        (AttemptPhase.PROVISIONING, b""),
+        (AttemptPhase.RUNNING, b"hi\n"),  # output only once running
+        (AttemptPhase.RUNNING, b"hi\n"),
+        (AttemptPhase.PREEMPTED, b"hi\n"),
+        (AttemptPhase.PREEMPTED, b"hi\n"),
     ]
     obs = fake.poll(handle)
     assert (obs.retryable, obs.exit_code) == (True, None)
@@ -110,14 +110,17 @@ def test_output_appears_when_each_echo_is_reached(fake, clock):
     handle = fake.start(attempt("echo a; sleep 1; echo b\nsleep 1"))
     assert fake.read_output(handle, 0, 100) == b"a\n"
     clock.now += 1
-    assert (fake.poll(handle).phase, fake.read_output(handle, 0, 100)) == (Phase.RUNNING, b"a\nb\n")
+    assert (fake.poll(handle).phase, fake.read_output(handle, 0, 100)) == (
+        AttemptPhase.RUNNING,
+        b"a\nb\n",
+    )
     clock.now += 1
-    assert fake.poll(handle).phase == Phase.SUCCEEDED
+    assert fake.poll(handle).phase == AttemptPhase.SUCCEEDED
 
 
 def test_exit_code_is_the_last_status_without_exit(fake):
     obs = fake.poll(fake.start(attempt("echo x; false")))
-    assert (obs.phase, obs.exit_code) == (Phase.FAILED, 1)
+    assert (obs.phase, obs.exit_code) == (AttemptPhase.FAILED, 1)
 
 
 def test_start_error_raises_and_records_nothing(fake):
@@ -130,12 +133,12 @@ def test_unknown_fake_option_raises_but_other_runners_options_are_ignored(fake):
     with pytest.raises(RunnerError, match="fake_queued_secs"):
         fake.start(attempt("true", fake_queued_secs=1))
     assert fake.list_owned() == []
-    assert fake.poll(fake.start(attempt("true", image="ubuntu"))).phase == Phase.SUCCEEDED
+    assert fake.poll(fake.start(attempt("true", image="ubuntu"))).phase == AttemptPhase.SUCCEEDED
 
 
 def test_unsupported_command_fails_at_once_with_127(fake):
     obs = fake.poll(fake.start(attempt("echo hi; ls -l", fake_queued_seconds=10)))
-    assert (obs.phase, obs.exit_code) == (Phase.FAILED, 127)
+    assert (obs.phase, obs.exit_code) == (AttemptPhase.FAILED, 127)
     assert obs.reason == "fake runner cannot run: ls -l"
 
 
@@ -143,7 +146,7 @@ def test_lost_after_ends_lost_in_any_phase(fake, clock):
     handle = fake.start(attempt("sleep 60", fake_queued_seconds=10, fake_lost_after=5))
     clock.now += 5
     obs = fake.poll(handle)
-    assert (obs.phase, obs.retryable) == (Phase.LOST, False)
+    assert (obs.phase, obs.retryable) == (AttemptPhase.LOST, False)
 
 
 def test_term_ends_at_once_with_143(fake, clock):
@@ -152,7 +155,7 @@ def test_term_ends_at_once_with_143(fake, clock):
     fake.stop(handle, clock.now + 30)
     clock.now += 100
     obs = fake.poll(handle)
-    assert (obs.phase, obs.exit_code) == (Phase.FAILED, 143)
+    assert (obs.phase, obs.exit_code) == (AttemptPhase.FAILED, 143)
     assert fake.read_output(handle, 0, 100) == b"a\n"  # output stops growing
 
 
@@ -163,12 +166,12 @@ def test_ignored_term_ends_with_137_only_on_a_stop_at_the_deadline(fake, clock, 
     fake.stop(handle, deadline)
     clock.now = deadline - 0.01
     fake.stop(handle, deadline)
-    assert fake.poll(handle).phase == Phase.RUNNING
+    assert fake.poll(handle).phase == AttemptPhase.RUNNING
     clock.now = deadline + 1
-    assert fake.poll(handle).phase == Phase.RUNNING  # escalation is stop's, not poll's
+    assert fake.poll(handle).phase == AttemptPhase.RUNNING  # escalation is stop's, not poll's
     fake.stop(handle, deadline)
     obs = fake.poll(handle)
-    assert (obs.phase, obs.exit_code) == (Phase.FAILED, 137)
+    assert (obs.phase, obs.exit_code) == (AttemptPhase.FAILED, 137)
 
 
 def test_stop_while_queued_ends_it_before_it_ran(fake, clock):
@@ -176,12 +179,12 @@ def test_stop_while_queued_ends_it_before_it_ran(fake, clock):
     fake.stop(handle, clock.now + 30)
     clock.now += 20
     obs = fake.poll(handle)
-    assert (obs.phase, obs.exit_code) == (Phase.FAILED, None)
+    assert (obs.phase, obs.exit_code) == (AttemptPhase.FAILED, None)
     assert fake.read_output(handle, 0, 100) == b""
 
 
 def test_unknown_handle_polls_lost_and_bad_handle_raises(fake):
-    assert fake.poll({"name": "bst-0000-gone-a1"}).phase == Phase.LOST
+    assert fake.poll({"name": "bst-0000-gone-a1"}).phase == AttemptPhase.LOST
     with pytest.raises(RunnerError):
         fake.poll({"name": "../escape"})
 

@@ -13,9 +13,9 @@ import uuid
 
 import pytest
 
-from bastion.objects import PreconditionFailed
-from bastion.objects_s3 import MIN_PART, S3Objects
-from bastion.store import Store, UnacceptableObject
+from bastion.bucket.objects import PreconditionFailed
+from bastion.bucket.s3 import MIN_PART, S3Objects
+from bastion.bucket.store import Store, UnacceptableObject
 from tests.harness import Bastion
 from tests.local_server import free_port
 from tests.s3_server import MotoS3Server, ResponseDropper

@@ -21,10 +21,10 @@ import psutil
 import pytest
 
 from bastion.daemon import SWEEP_EVERY_CYCLES, Daemon
+from bastion.daemon.start import build_daemon
 from bastion.runners import base
 from bastion.runners.base import Attempt
 from bastion.runners.slurm import SlurmRunner, comment_for
-from bastion.service import build_daemon
 from launch.api import Client, new_jobspec
 from tests.slurm_cluster import SlurmCluster
 from tests.test_slurm_runner import AGENT_ARGS
@@ -54,12 +54,18 @@ class Rig:
         self.daemons: list[Daemon] = []
 
     def daemon(self, work: str = "work") -> Daemon:
-        slurm = {"python": sys.executable, "agent_args": AGENT_ARGS, "listing_ttl": 0,
-                 "slurm_output": str(self.tmp / "%x.out"), "heartbeat_timeout": 30,
-                 "jobcomp_file": str(self.slurm.jobcomp)}  # fmt: skip
+        slurm = {
+            "python": sys.executable,
+            "agent_args": AGENT_ARGS,
+            "listing_ttl": 0,
+            "slurm_output": str(self.tmp / "%x.out"),
+            "heartbeat_timeout": 30,
+            "jobcomp_file": str(self.slurm.jobcomp),
+        }
         settings = {"default_runner": "local", "runners": {"slurm": slurm}}
-        daemon = build_daemon(str(self.root), work_dir=str(self.tmp / work), gpus=[],
-                              settings=settings)  # fmt: skip
+        daemon = build_daemon(
+            str(self.root), work_dir=str(self.tmp / work), gpus=[], settings=settings
+        )
         self.daemons.append(daemon)
         return daemon
 
@@ -69,21 +75,31 @@ class Rig:
         assert isinstance(runner, SlurmRunner)
         return runner
 
-    def submit(self, name: str, command: str, resources: dict[str, int] | None = None,
-               **options: Any) -> None:  # fmt: skip
-        self.client.submit(new_jobspec(
-            name=name, command=command, user_id="tester", project_id="default",
-            resources=resources or {"cpu": 1}, runner={"kind": "slurm", **options},
-        ))  # fmt: skip
+    def submit(
+        self, name: str, command: str, resources: dict[str, int] | None = None, **options: Any
+    ) -> None:
+        self.client.submit(
+            new_jobspec(
+                name=name,
+                command=command,
+                user_id="tester",
+                project_id="default",
+                resources=resources or {"cpu": 1},
+                runner={"kind": "slurm", **options},
+            )
+        )
 
-    def drive(self, daemon: Daemon, done: Callable[[], bool], what: str,
-              timeout: float = 60) -> int:  # fmt: skip
+    def drive(
+        self, daemon: Daemon, done: Callable[[], bool], what: str, timeout: float = 60
+    ) -> int:
         deadline, steps = time.monotonic() + timeout, 0
         while not done():
             if time.monotonic() > deadline:
                 states = {j.name: (j.status, j.reason) for j in self.client.list_jobs(True)}
-                raise AssertionError(f"timed out waiting for {what} after {steps} cycles: "
-                                     f"{states}\nSlurm: {self.slurm.jobs()}")  # fmt: skip
+                raise AssertionError(
+                    f"timed out waiting for {what} after {steps} cycles: "
+                    f"{states}\nSlurm: {self.slurm.jobs()}"
+                )
             daemon.cycle(time.time())
             daemon.settle()
             steps += 1
@@ -129,8 +145,9 @@ def test_one_and_two_node_jobs_succeed_with_every_workers_log(rig: Rig) -> None:
     assert "hello from 0 of 2 on n1" in rig.log("two")
     assert rig.worker_log("two", 1).endswith("hello from 1 of 2 on n2\n")
     history = [(e["event"], e["reason"]) for e in rig.client.history("two")]
-    assert any(event == "PLACED" and "Slurm job" in why and "(2 nodes)" in why
-               for event, why in history), history  # fmt: skip
+    assert any(
+        event == "PLACED" and "Slurm job" in why and "(2 nodes)" in why for event, why in history
+    ), history
     assert not (rig.root / "agents" / "two").exists()  # records deleted with the job
 
 
@@ -168,15 +185,18 @@ def test_a_low_partition_job_preempted_by_a_high_one_is_requeued_as_attempt_2(
     rig: Rig,
 ) -> None:
     marker = f"{rig.tmp}/ran-once-$BASTION_WORKER"  # per worker: the two nodes race
-    low = (f"if [ -e {marker} ]; then echo second run; else touch {marker}; echo first run; "
-           "sleep 300; fi")  # fmt: skip
+    low = (
+        f"if [ -e {marker} ]; then echo second run; else touch {marker}; echo first run; "
+        "sleep 300; fi"
+    )
     whole = {"cpu": 2 * CPUS}
     rig.submit("low", low, resources=whole, nodes="2", partition="low")
     daemon = rig.daemon()
     rig.drive(daemon, lambda: "first run" in rig.log("low"), "low to run")
     rig.submit("high", "echo high ran; sleep 1", resources=whole, nodes="2", partition="high")
-    rig.drive(daemon, lambda: rig.finished("low") and rig.finished("high"), "both to finish",
-              timeout=90)  # fmt: skip
+    rig.drive(
+        daemon, lambda: rig.finished("low") and rig.finished("high"), "both to finish", timeout=90
+    )
     info = rig.client.get("low")
     assert (info.status, info.state.attempt) == ("SUCCEEDED", 2)
     log = rig.log("low")
@@ -220,15 +240,35 @@ def test_an_orphan_of_this_root_is_cancelled_and_another_roots_job_left_alone(ri
     daemon = rig.daemon()
     runner = rig.runner(daemon)
     other_root = str(rig.tmp / "other-root")
-    orphan = Attempt(name=base.attempt_name(runner.root, "gone", "sub", 1, "run"), job="gone",
-                     attempt=1, command="sleep 300", env={})  # fmt: skip
-    theirs = Attempt(name=base.attempt_name(other_root, "theirs", "sub", 1, "run"),
-                     job="theirs", attempt=1, command="sleep 300", env={})  # fmt: skip
+    orphan = Attempt(
+        name=base.attempt_name(runner.root, "gone", "sub", 1, "run"),
+        job="gone",
+        attempt=1,
+        command="sleep 300",
+        env={},
+    )
+    theirs = Attempt(
+        name=base.attempt_name(other_root, "theirs", "sub", 1, "run"),
+        job="theirs",
+        attempt=1,
+        command="sleep 300",
+        env={},
+    )
     for a, tag in ((orphan, runner.tag), (theirs, base.root_tag(other_root))):
-        rig.slurm.run("sbatch", "--parsable", f"--job-name={a.name}", "--output=/dev/null",
-                      f"--comment={comment_for(a, tag)}", "--wrap=sleep 300")  # fmt: skip
-    rig.drive(daemon, lambda: not [j for j in rig.slurm.live() if j["name"] == orphan.name],
-              "the orphan to be cancelled", timeout=40)  # fmt: skip
+        rig.slurm.run(
+            "sbatch",
+            "--parsable",
+            f"--job-name={a.name}",
+            "--output=/dev/null",
+            f"--comment={comment_for(a, tag)}",
+            "--wrap=sleep 300",
+        )
+    rig.drive(
+        daemon,
+        lambda: not [j for j in rig.slurm.live() if j["name"] == orphan.name],
+        "the orphan to be cancelled",
+        timeout=40,
+    )
     for _ in range(SWEEP_EVERY_CYCLES + 1):
         daemon.cycle(time.time())
         daemon.settle()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bastion.runners import base
-from bastion.runners.base import Attempt, Phase, RunnerError
+from bastion.runners.base import Attempt, AttemptPhase, RunnerError
 from bastion.runners.slurm import SlurmRunner
 from tests.runner_contract import RunnerContract, wait_until
 
@@ -22,9 +22,15 @@ AGENT_ARGS = ["--chunk_seconds=0.2", "--heartbeat_seconds=0.3", "--grace_seconds
 
 
 def settings(root: str, tmp: Path, **more) -> dict:
-    return {"root": root, "python": sys.executable, "agent_args": AGENT_ARGS,
-            "slurm_output": str(tmp / "%x.out"), "listing_ttl": 0.1,
-            "heartbeat_timeout": 30, **more}  # fmt: skip
+    return {
+        "root": root,
+        "python": sys.executable,
+        "agent_args": AGENT_ARGS,
+        "slurm_output": str(tmp / "%x.out"),
+        "listing_ttl": 0.1,
+        "heartbeat_timeout": 30,
+        **more,
+    }
 
 
 class TestSlurmContract(RunnerContract):
@@ -85,7 +91,7 @@ def test_a_duplicate_made_by_a_race_is_cancelled_and_the_oldest_kept(runner, slu
     states = {int(j["id"]): j["state"] for j in slurm.jobs() if j["name"] == a.name}
     assert states[second] in ("CANCELLED", "COMPLETING")
     obs = finished(runner, again)
-    assert obs.phase == Phase.SUCCEEDED
+    assert obs.phase == AttemptPhase.SUCCEEDED
     assert runner.read_output(again, 0, 100) == b"once\n"
 
 
@@ -94,7 +100,7 @@ def test_a_job_cancelled_outside_bastion_fails_with_slurms_word(runner, slurm):
     wait_until(lambda: runner.read_output(handle, 0, 10) == b"up\n", 30, "up")
     slurm.run("scancel", str(handle["job_id"]))
     obs = finished(runner, handle)
-    assert (obs.phase, obs.retryable) == (Phase.FAILED, False)
+    assert (obs.phase, obs.retryable) == (AttemptPhase.FAILED, False)
     assert f"Slurm job {handle['job_id']} was cancelled outside Bastion" in obs.reason
 
 
@@ -102,19 +108,24 @@ def test_a_gpu_job_sees_only_its_own_devices(runner):
     a = attempt(runner.root, 'echo "gpus=$CUDA_VISIBLE_DEVICES"')
     a = Attempt(**{**a.__dict__, "resources": {"gpu": 1}})
     handle = runner.start(a)
-    assert finished(runner, handle).phase == Phase.SUCCEEDED
+    assert finished(runner, handle).phase == AttemptPhase.SUCCEEDED
     assert runner.read_output(handle, 0, 100) == b"gpus=0\n"
 
 
 def test_tiers_give_partition_qos_and_account_and_a_jobs_option_wins(tmp_path):
-    runner = SlurmRunner({"root": str(tmp_path), "partition": "batch", "account": "lab",
-                          "tiers": {0: "partition:high", 1: "partition:low,qos:scavenger"}})
+    runner = SlurmRunner(
+        {
+            "root": str(tmp_path),
+            "partition": "batch",
+            "account": "lab",
+            "tiers": {0: "partition:high", 1: "partition:low,qos:scavenger"},
+        }
+    )
     within = Attempt(**{**attempt(runner.root, "true").__dict__, "tier": 0})
     borrowed = Attempt(**{**attempt(runner.root, "true").__dict__, "tier": 1})
     own = Attempt(**{**attempt(runner.root, "true", partition="debug").__dict__, "tier": 1})
     assert runner.placement(within) == {"partition": "high", "account": "lab"}
-    assert runner.placement(borrowed) == {"partition": "low", "qos": "scavenger",
-                                          "account": "lab"}  # fmt: skip
+    assert runner.placement(borrowed) == {"partition": "low", "qos": "scavenger", "account": "lab"}
     assert runner.placement(own)["partition"] == "debug"
     with pytest.raises(RunnerError, match=r"tiers.0 = 'high': give comma-separated partition"):
         SlurmRunner({"root": str(tmp_path), "tiers": {0: "high"}})
@@ -125,8 +136,14 @@ def test_resources_are_totals_split_over_the_nodes(tmp_path):
     a = attempt(runner.root, "true", nodes="2")
     a = Attempt(**{**a.__dict__, "resources": {"gpu": 4, "cpu": 8, "memory": 2}})
     args = runner.sbatch_args(a)
-    assert {"--nodes=2", "--ntasks-per-node=1", "--gres=gpu:2", "--cpus-per-task=4",
-            "--mem=1G", "--no-requeue"} <= set(args)  # fmt: skip
+    assert {
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--gres=gpu:2",
+        "--cpus-per-task=4",
+        "--mem=1G",
+        "--no-requeue",
+    } <= set(args)
     odd = Attempt(**{**a.__dict__, "resources": {"gpu": 3}})
     with pytest.raises(RunnerError, match=r"resources\.gpu = 3 does not divide among 2 nodes"):
         runner.sbatch_args(odd)
@@ -141,5 +158,4 @@ def test_poll_costs_one_squeue_per_cycle_for_all_jobs(runner):
         for h in handles:
             runner.poll(h)
             runner.read_output(h, 0, 100)
-    assert {k: v - before.get(k, 0) for k, v in runner.calls.items()} == {
-        "squeue": 1, "sbatch": 0}  # fmt: skip
+    assert {k: v - before.get(k, 0) for k, v in runner.calls.items()} == {"squeue": 1, "sbatch": 0}

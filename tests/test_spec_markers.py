@@ -1,6 +1,7 @@
 """Submission markers: a busy queue's cycle reads the specs users marked, not every spec.
 
-The daemon lists every spec only now and then (bastion/specwatch.py); in between, the Client's
+The daemon lists every spec only now and then (bastion/bucket/specwatch.py); in between, the
+Client's
 markers in jobs/user_states/ say which specs to read. These tests put the daemon in that mode
 on a small root (``every_cycle_below = 0``: the listing is never "cheap enough to run every
 cycle"), drive its cycles with explicit times, and check that nothing users write is lost: a
@@ -22,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
+from bastion.bucket.specwatch import FULL_LISTING_SECONDS
+from bastion.bucket.store import Store
 from bastion.daemon import Daemon
+from bastion.daemon.start import build_daemon
 from bastion.jobstate import Status
-from bastion.service import build_daemon
-from bastion.specwatch import FULL_LISTING_SECONDS
-from bastion.store import Store
 from launch.api import Client, new_jobspec
 from tests.conftest import BUCKET
 
@@ -51,8 +52,14 @@ def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 def _spec(name: str, command: str = "sleep 60") -> bytes:
-    spec = new_jobspec(name=name, command=command, user_id="u", project_id="default",
-                       resources={"cpu": 1}, runner={"kind": "fake"})
+    spec = new_jobspec(
+        name=name,
+        command=command,
+        user_id="u",
+        project_id="default",
+        resources={"cpu": 1},
+        runner={"kind": "fake"},
+    )
     return spec.dumps()
 
 
@@ -69,8 +76,10 @@ class Rig:
             root,
             work_dir=str(tmp_path / "work"),
             gpus=[],
-            settings={"default_runner": "fake",
-                      "runners": {"fake": {"state_dir": str(tmp_path / "fake")}}},
+            settings={
+                "default_runner": "fake",
+                "runners": {"fake": {"state_dir": str(tmp_path / "fake")}},
+            },
         )
         self.daemon.specwatch.every_cycle_below = 0  # never "cheap enough for every cycle"
         self.now = time.time()
@@ -86,8 +95,14 @@ class Rig:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # no daemon loop holds the lease: we drive it
             self.client.submit(
-                new_jobspec(name=name, command=command, user_id="u", project_id="default",
-                            resources={"cpu": 1}, runner={"kind": "fake"})
+                new_jobspec(
+                    name=name,
+                    command=command,
+                    user_id="u",
+                    project_id="default",
+                    resources={"cpu": 1},
+                    runner={"kind": "fake"},
+                )
             )
 
     def status(self, name: str) -> Status | None:
@@ -141,7 +156,9 @@ def test_an_update_through_the_client_is_taken_in_at_once(rig: Rig) -> None:
     rig.step()
     assert rig.daemon.jobs["job"].spec.command == "sleep 601"
     assert rig.daemon.jobs["job"].state.spec_digest != version or rig.status("job") in (
-        Status.ACTIVE, Status.CANCELLING)
+        Status.ACTIVE,
+        Status.CANCELLING,
+    )
     assert rig.inbox() == []
 
 
@@ -243,8 +260,12 @@ def test_marker_names_round_trip_and_refuse_what_clients_do_not_write() -> None:
     assert marker.startswith("_submitted-1700000000123-")
     assert Store.is_marker(marker) and Store.marked_job(marker) == "my-job.v2"
     assert Store.marker_name("a") != Store.marker_name("a")  # each write its own marker
-    for bad in ("_submitted-", "_submitted-12-abcdef01-x", "_submitted-1700000000123-xyz-a",
-                "_submitted-1700000000123-abcdef01-"):
+    for bad in (
+        "_submitted-",
+        "_submitted-12-abcdef01-x",
+        "_submitted-1700000000123-xyz-a",
+        "_submitted-1700000000123-abcdef01-",
+    ):
         assert Store.marked_job(bad) is None, bad
     body = json.dumps({"name": "x"})
     assert not Store.is_marker("x") and body  # cancel requests are named by their job

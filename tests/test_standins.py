@@ -12,15 +12,24 @@ from tests.standins.tpu import TpuServer
 
 P, Z = "proj", "us-central2-b"
 PARENT = f"projects/{P}/locations/{Z}"
-V4 = {"acceleratorType": "v4-32", "runtimeVersion": "tpu-ubuntu2204-base",
-      "schedulingConfig": {"spot": True}, "labels": {"bastion-job": "j1"},
-      "metadata": {"startup-script": "#!/bin/bash\necho hi"}}
+V4 = {
+    "acceleratorType": "v4-32",
+    "runtimeVersion": "tpu-ubuntu2204-base",
+    "schedulingConfig": {"spot": True},
+    "labels": {"bastion-job": "j1"},
+    "metadata": {"startup-script": "#!/bin/bash\necho hi"},
+}
 
 
 def build(api, version, endpoint):
-    return discovery.build(api, version, static_discovery=True, cache_discovery=False,
-                           credentials=AnonymousCredentials(),
-                           client_options={"api_endpoint": endpoint})
+    return discovery.build(
+        api,
+        version,
+        static_discovery=True,
+        cache_discovery=False,
+        credentials=AnonymousCredentials(),
+        client_options={"api_endpoint": endpoint},
+    )
 
 
 def http_error(request) -> HttpError:
@@ -79,11 +88,15 @@ def test_tpu_create_ready_with_endpoints_and_on_ready_per_worker(tpu_server, tpu
     assert len(calls) == 4  # once per worker, never again
 
 
-@pytest.mark.parametrize("body,hosts", [
-    ({"acceleratorType": "v4-8"}, 1), ({"acceleratorType": "v5litepod-16"}, 4),
-    ({"acceleratorType": "v5p-128"}, 16), ({"acceleratorConfig": {"type": "V4",
-                                                                  "topology": "2x2x4"}}, 4),
-])
+@pytest.mark.parametrize(
+    "body,hosts",
+    [
+        ({"acceleratorType": "v4-8"}, 1),
+        ({"acceleratorType": "v5litepod-16"}, 4),
+        ({"acceleratorType": "v5p-128"}, 16),
+        ({"acceleratorConfig": {"type": "V4", "topology": "2x2x4"}}, 4),
+    ],
+)
 def test_tpu_hosts_per_slice(tpu_server, tpu, body, hosts):
     create_node(tpu, "n", {**body, "runtime_version": "tpu-ubuntu2204-base"})  # snake_case too
     tpu_server.tick(2)
@@ -91,14 +104,23 @@ def test_tpu_hosts_per_slice(tpu_server, tpu, body, hosts):
     assert len(tpu_server.ready_calls) == hosts
 
 
-@pytest.mark.parametrize("node_id,body", [
-    ("ok", {"acceleratorType": "v4-8"}),
-    ("ok", {"acceleratorType": "v4-8", "runtimeVersion": "r",
-            "acceleratorConfig": {"type": "V4", "topology": "2x2x1"}}),
-    ("ok", {"runtimeVersion": "r"}),
-    ("Bad_Id", {"acceleratorType": "v4-8", "runtimeVersion": "r"}),
-    ("ok", {"acceleratorType": "v9-8", "runtimeVersion": "r"}),
-])
+@pytest.mark.parametrize(
+    "node_id,body",
+    [
+        ("ok", {"acceleratorType": "v4-8"}),
+        (
+            "ok",
+            {
+                "acceleratorType": "v4-8",
+                "runtimeVersion": "r",
+                "acceleratorConfig": {"type": "V4", "topology": "2x2x1"},
+            },
+        ),
+        ("ok", {"runtimeVersion": "r"}),
+        ("Bad_Id", {"acceleratorType": "v4-8", "runtimeVersion": "r"}),
+        ("ok", {"acceleratorType": "v9-8", "runtimeVersion": "r"}),
+    ],
+)
 def test_tpu_create_validation_400(tpu, node_id, body):
     e = http_error(tpu.nodes().create(parent=PARENT, nodeId=node_id, body=body))
     assert e.status_code == 400 and b"INVALID_ARGUMENT" in e.content
@@ -246,11 +268,23 @@ def test_tpu_polls_advance_time():
         assert polls == 1 and get(api, "nodes", "p")["state"] == "READY"
 
 
-QR_BODY = {"tpu": {"nodeSpec": [{"parent": PARENT, "nodeId": "j1-a0",
-                                 "node": {"acceleratorType": "v4-32",
-                                          "runtimeVersion": "tpu-ubuntu2204-base",
-                                          "metadata": {"startup-script": "run"}}}]},
-           "spot": {}, "queueingPolicy": {"validUntilDuration": "3600s"}}
+QR_BODY = {
+    "tpu": {
+        "nodeSpec": [
+            {
+                "parent": PARENT,
+                "nodeId": "j1-a0",
+                "node": {
+                    "acceleratorType": "v4-32",
+                    "runtimeVersion": "tpu-ubuntu2204-base",
+                    "metadata": {"startup-script": "run"},
+                },
+            }
+        ]
+    },
+    "spot": {},
+    "queueingPolicy": {"validUntilDuration": "3600s"},
+}
 
 
 def qr_state(tpu, name="q"):
@@ -295,10 +329,21 @@ def test_qr_lifecycle_dedupe_and_delete(tpu_server, tpu):
 
 
 def test_qr_multislice_snake_case(tpu_server, tpu):
-    body = {"tpu": {"node_spec": [{"parent": PARENT, "multislice_params": {
-        "node_count": 2, "node_id_prefix": "ms"}, "node": {
-        "accelerator_type": "v5litepod-16", "runtime_version": "v2-alpha-tpuv5-lite"}}]},
-        "guaranteed": {}}
+    body = {
+        "tpu": {
+            "node_spec": [
+                {
+                    "parent": PARENT,
+                    "multislice_params": {"node_count": 2, "node_id_prefix": "ms"},
+                    "node": {
+                        "accelerator_type": "v5litepod-16",
+                        "runtime_version": "v2-alpha-tpuv5-lite",
+                    },
+                }
+            ]
+        },
+        "guaranteed": {},
+    }
     tpu.queuedResources().create(parent=PARENT, queuedResourceId="q", body=body).execute()
     tpu_server.tick(4)
     assert qr_state(tpu)["state"] == "ACTIVE"
@@ -309,27 +354,63 @@ def test_qr_multislice_snake_case(tpu_server, tpu):
 MS_NODE = {"acceleratorType": "v4-16", "runtimeVersion": "tpu-ubuntu2204-base"}
 
 
-@pytest.mark.parametrize("specs, says", [
-    ([{"parent": PARENT, "nodeId": f"ms-s{i}", "node": MS_NODE} for i in range(2)],
-     "multislice_params must be populated instead"),
-    ([{"parent": PARENT, "nodeId": "ms", "node": MS_NODE,
-       "multisliceParams": {"nodeCount": 2, "nodeIdPrefix": "ms"}}], "exactly one of node_id"),
-    ([{"parent": PARENT, "node": MS_NODE}], "exactly one of node_id"),
-    ([{"parent": PARENT, "node": MS_NODE,
-       "multisliceParams": {"nodeCount": 1, "nodeIdPrefix": "ms"}}], "greater than 1"),
-    ([{"parent": PARENT, "node": MS_NODE, "multisliceParams": {"nodeCount": 2}}],
-     "node_id_prefix is required"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "specs, says",
+    [
+        (
+            [{"parent": PARENT, "nodeId": f"ms-s{i}", "node": MS_NODE} for i in range(2)],
+            "multislice_params must be populated instead",
+        ),
+        (
+            [
+                {
+                    "parent": PARENT,
+                    "nodeId": "ms",
+                    "node": MS_NODE,
+                    "multisliceParams": {"nodeCount": 2, "nodeIdPrefix": "ms"},
+                }
+            ],
+            "exactly one of node_id",
+        ),
+        ([{"parent": PARENT, "node": MS_NODE}], "exactly one of node_id"),
+        (
+            [
+                {
+                    "parent": PARENT,
+                    "node": MS_NODE,
+                    "multisliceParams": {"nodeCount": 1, "nodeIdPrefix": "ms"},
+                }
+            ],
+            "greater than 1",
+        ),
+        (
+            [{"parent": PARENT, "node": MS_NODE, "multisliceParams": {"nodeCount": 2}}],
+            "node_id_prefix is required",
+        ),
+    ],
+)
 def test_qr_node_spec_rule_of_the_api_is_enforced(tpu_server, tpu, specs, says):
-    e = http_error(tpu.queuedResources().create(parent=PARENT, queuedResourceId="q",
-                                                body={"tpu": {"nodeSpec": specs}}))
+    e = http_error(
+        tpu.queuedResources().create(
+            parent=PARENT, queuedResourceId="q", body={"tpu": {"nodeSpec": specs}}
+        )
+    )
     assert e.status_code == 400 and b"INVALID_ARGUMENT" in e.content and says in e.reason
     assert tpu_server.qrs == {}
 
 
 def test_qr_multislice_nodes_carry_their_slice_in_tpu_env(tpu_server, tpu):
-    body = {"tpu": {"nodeSpec": [{"parent": PARENT, "node": {**MS_NODE, "metadata": {
-        "startup-script": "run"}}, "multisliceParams": {"nodeCount": 2, "nodeIdPrefix": "ms"}}]}}
+    body = {
+        "tpu": {
+            "nodeSpec": [
+                {
+                    "parent": PARENT,
+                    "node": {**MS_NODE, "metadata": {"startup-script": "run"}},
+                    "multisliceParams": {"nodeCount": 2, "nodeIdPrefix": "ms"},
+                }
+            ]
+        }
+    }
     tpu.queuedResources().create(parent=PARENT, queuedResourceId="q", body=body).execute()
     tpu_server.tick(4)
     first = get(tpu, "nodes", "ms-0")
@@ -338,8 +419,12 @@ def test_qr_multislice_nodes_carry_their_slice_in_tpu_env(tpu_server, tpu):
     envs = [(name.rsplit("/", 1)[1], i, md["tpu-env"]) for name, i, md in tpu_server.ready_calls]
     assert [(n, i) for n, i, _ in envs] == [("ms-0", 0), ("ms-0", 1), ("ms-1", 0), ("ms-1", 1)]
     for node, worker, env in envs:
-        for line in (f"MEGASCALE_SLICE_ID: '{node[-1]}'", "MEGASCALE_NUM_SLICES: '2'",
-                     f"MEGASCALE_COORDINATOR_ADDRESS: '{coordinator}'", f"WORKER_ID: '{worker}'"):
+        for line in (
+            f"MEGASCALE_SLICE_ID: '{node[-1]}'",
+            "MEGASCALE_NUM_SLICES: '2'",
+            f"MEGASCALE_COORDINATOR_ADDRESS: '{coordinator}'",
+            f"WORKER_ID: '{worker}'",
+        ):
             assert line in env.splitlines(), (node, worker, env)
 
 
@@ -361,8 +446,11 @@ def test_qr_fail_creates_turns_it_failed_with_failed_data(tpu_server, tpu):
     tpu_server.tick(2)
     assert qr_state(tpu)["state"] == "WAITING_FOR_RESOURCES"
     tpu_server.tick()
-    assert qr_state(tpu) == {"state": "FAILED", "stateInitiator": "SERVICE", "failedData": {
-        "error": {"code": 13, "message": "Internal error encountered."}}}  # fmt: skip
+    assert qr_state(tpu) == {
+        "state": "FAILED",
+        "stateInitiator": "SERVICE",
+        "failedData": {"error": {"code": 13, "message": "Internal error encountered."}},
+    }
     assert tpu_server.nodes == {}
 
 
@@ -375,8 +463,10 @@ def test_qr_preempt_suspends_and_stuck_freezes(tpu_server, tpu):
     tpu_server.tick()
     assert qr_state(tpu) == {"state": "SUSPENDED", "stateInitiator": "SERVICE"}
     assert http_error(tpu.nodes().get(name=f"{PARENT}/nodes/j1-a0")).status_code == 404
-    tpu.queuedResources().create(parent=PARENT, queuedResourceId="q2", body={
-        **QR_BODY, "tpu": {"nodeSpec": [{**QR_BODY["tpu"]["nodeSpec"][0], "nodeId": "b"}]}},
+    tpu.queuedResources().create(
+        parent=PARENT,
+        queuedResourceId="q2",
+        body={**QR_BODY, "tpu": {"nodeSpec": [{**QR_BODY["tpu"]["nodeSpec"][0], "nodeId": "b"}]}},
     ).execute()
     tpu_server.stuck("q2")
     tpu_server.tick(100)
@@ -391,14 +481,25 @@ CZ = "us-central1-a"
 
 
 def vm(name, spot=True, action="STOP", **extra):
-    sched = {"provisioningModel": "SPOT", "instanceTerminationAction": action,
-             "onHostMaintenance": "TERMINATE", "automaticRestart": False} if spot else {
-        "onHostMaintenance": "TERMINATE"}
-    return {"name": name, "machineType": f"zones/{CZ}/machineTypes/a2-highgpu-1g",
-            "scheduling": sched, "labels": {"bastion-job": "j1"},
-            "metadata": {"items": [{"key": "startup-script", "value": "#!/bin/bash\necho"}]},
-            "networkInterfaces": [{"subnetwork": "regions/us-central1/subnetworks/default"}],
-            **extra}
+    sched = (
+        {
+            "provisioningModel": "SPOT",
+            "instanceTerminationAction": action,
+            "onHostMaintenance": "TERMINATE",
+            "automaticRestart": False,
+        }
+        if spot
+        else {"onHostMaintenance": "TERMINATE"}
+    )
+    return {
+        "name": name,
+        "machineType": f"zones/{CZ}/machineTypes/a2-highgpu-1g",
+        "scheduling": sched,
+        "labels": {"bastion-job": "j1"},
+        "metadata": {"items": [{"key": "startup-script", "value": "#!/bin/bash\necho"}]},
+        "networkInterfaces": [{"subnetwork": "regions/us-central1/subnetworks/default"}],
+        **extra,
+    }
 
 
 @pytest.fixture
@@ -429,10 +530,14 @@ def inst(gce, name, zone=CZ):
 
 def test_gce_insert_runs_and_calls_on_ready(gce_server, gce):
     op = insert(gce, vm("vm-1"))
-    assert (op["kind"], op["operationType"], op["status"]) == ("compute#operation", "insert",
-                                                               "PENDING")
-    assert op["targetLink"] == (f"https://www.googleapis.com/compute/v1/projects/{P}/zones/{CZ}"
-                                "/instances/vm-1")
+    assert (op["kind"], op["operationType"], op["status"]) == (
+        "compute#operation",
+        "insert",
+        "PENDING",
+    )
+    assert op["targetLink"] == (
+        f"https://www.googleapis.com/compute/v1/projects/{P}/zones/{CZ}/instances/vm-1"
+    )
     statuses = [inst(gce, "vm-1")["status"]]
     for _ in range(2):
         gce_server.tick()
@@ -445,12 +550,16 @@ def test_gce_insert_runs_and_calls_on_ready(gce_server, gce):
     assert (name, worker, md["startup-script"]) == ("vm-1", 0, "#!/bin/bash\necho")
 
 
-@pytest.mark.parametrize("body", [
-    vm("Bad_Name"), vm("x", machineType=f"zones/{CZ}/machineTypes/z9-huge"),
-    vm("x", machineType="zones/europe-west4-a/machineTypes/a2-highgpu-1g"),
-    vm("x", scheduling={"provisioningModel": "SPOT", "automaticRestart": True}),
-    vm("x", spot=False, scheduling={"onHostMaintenance": "MIGRATE"}),
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        vm("Bad_Name"),
+        vm("x", machineType=f"zones/{CZ}/machineTypes/z9-huge"),
+        vm("x", machineType="zones/europe-west4-a/machineTypes/a2-highgpu-1g"),
+        vm("x", scheduling={"provisioningModel": "SPOT", "automaticRestart": True}),
+        vm("x", spot=False, scheduling={"onHostMaintenance": "MIGRATE"}),
+    ],
+)
 def test_gce_insert_validation_400(gce, body):
     e = http_error(gce.instances().insert(project=P, zone=CZ, body=body))
     assert e.status_code == 400 and e.error_details[0]["reason"] == "invalid"
@@ -462,8 +571,9 @@ def test_gce_request_id_dedupe_and_409(gce_server, gce):
     again = insert(gce, vm("vm-1"), requestId=rid)
     assert again["name"] == first["name"] and again["clientOperationId"] == rid
     assert len(gce.instances().list(project=P, zone=CZ).execute()["items"]) == 1
-    e = http_error(gce.instances().insert(project=P, zone=CZ, body=vm("vm-1"),
-                                          requestId=str(uuid.uuid4())))
+    e = http_error(
+        gce.instances().insert(project=P, zone=CZ, body=vm("vm-1"), requestId=str(uuid.uuid4()))
+    )
     assert e.status_code == 409 and e.error_details[0]["reason"] == "alreadyExists"
     bad = gce.instances().insert(project=P, zone=CZ, body=vm("vm-2"), requestId="nope")
     assert http_error(bad).status_code == 400
@@ -473,15 +583,19 @@ def test_gce_list_filter_pagination_and_aggregated(gce_server, gce):
     for i in range(3):
         insert(gce, vm(f"a{i}"))
         insert(gce, vm(f"b{i}", labels={"bastion-job": "other"}))
-    insert(gce, vm("c0", machineType="zones/us-east1-b/machineTypes/g2-standard-4"),
-           zone="us-east1-b")
+    insert(
+        gce, vm("c0", machineType="zones/us-east1-b/machineTypes/g2-standard-4"), zone="us-east1-b"
+    )
     gce_server.tick(2)
     gce.instances().delete(project=P, zone=CZ, instance="a2").execute()  # STOPPING
     flt = 'labels.bastion-job="j1"'
     names, token = [], None
     while True:
-        page = gce.instances().list(project=P, zone=CZ, filter=flt, maxResults=1,
-                                    pageToken=token).execute()
+        page = (
+            gce.instances()
+            .list(project=P, zone=CZ, filter=flt, maxResults=1, pageToken=token)
+            .execute()
+        )
         names += [i["name"] for i in page["items"]]
         if not (token := page.get("nextPageToken")):
             break
@@ -563,9 +677,9 @@ def test_gce_max_run_duration_ends_the_vm_as_its_termination_action_says(gce_ser
         key = (P, CZ, name)
         gce_server.instances[key]["scheduling"].update(limit, instanceTerminationAction=action)
     gce_server.tick(2)  # RUNNING at virtual 120 s
-    assert {i["name"]: i["status"] for i in
-            gce.instances().list(project=P, zone=CZ).execute()["items"]} == {
-        "del": "RUNNING", "stop": "RUNNING", "free": "RUNNING"}  # fmt: skip
+    assert {
+        i["name"]: i["status"] for i in gce.instances().list(project=P, zone=CZ).execute()["items"]
+    } == {"del": "RUNNING", "stop": "RUNNING", "free": "RUNNING"}
     gce_server.tick()  # 60 s later: within 90 s
     assert inst(gce, "del")["status"] == "RUNNING"
     gce_server.tick()  # 120 s: past it
@@ -587,8 +701,9 @@ def test_gce_delete_then_404(gce_server, gce):
     message = f"The resource 'projects/{P}/zones/{CZ}/instances/vm-1' was not found"
     assert e.status_code == 404
     assert e.error_details == [{"message": message, "domain": "global", "reason": "notFound"}]
-    assert http_error(gce.instances().delete(project=P, zone=CZ, instance="vm-1")).status_code \
-        == 404
+    assert (
+        http_error(gce.instances().delete(project=P, zone=CZ, instance="vm-1")).status_code == 404
+    )
 
 
 def test_gce_delete_while_provisioning_fails_the_insert_op(gce_server, gce):
@@ -604,5 +719,6 @@ def test_gce_rate_limit_and_5xx_are_retried_by_the_client(gce_server, gce):
     assert e.status_code == 429 and e.error_details[0]["reason"] == "rateLimitExceeded"
     gce_server.transient_5xx(2)
     gce_server.rate_limit(1)
-    assert retried(gce.instances().insert(project=P, zone=CZ, body=vm("vm-1")))["status"] == \
-        "PENDING"
+    assert (
+        retried(gce.instances().insert(project=P, zone=CZ, body=vm("vm-1")))["status"] == "PENDING"
+    )

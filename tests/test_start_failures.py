@@ -67,8 +67,13 @@ def test_an_environment_too_large_for_exec_fails_at_its_first_start_and_frees_it
     # Written straight into the bucket, as any bucket writer can (the client would refuse it):
     # a 1 MB value is accepted by the daemon's reader (the spec is under 1 MiB) but exec refuses
     # it (E2BIG). It asks for the whole pool, so while it holds quota nothing else runs.
-    spec = new_jobspec(name="huge", command="echo never", user_id="tester",
-                       project_id="default", resources={"cpu": CPUS})  # fmt: skip
+    spec = new_jobspec(
+        name="huge",
+        command="echo never",
+        user_id="tester",
+        project_id="default",
+        resources={"cpu": CPUS},
+    )
     spec.env_vars = {"BIG": "x" * 1_000_000}
     raw = spec.dumps()
     assert len(raw) < MAX_SPEC_BYTES
@@ -99,8 +104,13 @@ def test_an_environment_too_large_for_exec_fails_at_its_first_start_and_frees_it
 def test_the_python_api_refuses_an_environment_value_exec_would_refuse(tmp_path: Path) -> None:
     client = Client(str(tmp_path / "root"))
     with pytest.raises(ExecLimitError, match=r"env_vars\.BIG: 200,005 bytes.*131,072"):
-        new_jobspec(name="big", command="true", user_id="tester", project_id="default",
-                    env_vars={"BIG": "x" * 200_000})  # fmt: skip
+        new_jobspec(
+            name="big",
+            command="true",
+            user_id="tester",
+            project_id="default",
+            env_vars={"BIG": "x" * 200_000},
+        )
     spec = new_jobspec(name="big", command="true", user_id="tester", project_id="default")
     spec.env_vars = {"SMALL": "1", "BIG": "x" * 200_000}  # changed after it was made
     with pytest.raises(ExecLimitError, match=r"env_vars\.BIG"):

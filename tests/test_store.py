@@ -17,7 +17,7 @@ from typing import TypeVar
 
 import pytest
 
-from bastion.store import PreconditionFailed, Store
+from bastion.bucket.store import PreconditionFailed, Store
 from tests.flakyfs import FailurePlan, FlakyFileSystem
 
 T = TypeVar("T")
@@ -216,9 +216,12 @@ def test_readers_never_see_a_partial_object(store: Store, kind: str) -> None:
 
     run_threads(writer, reader, reader)
     assert reads  # the readers did read while the writer wrote
-    assert json.loads(store.read_spec("big") if kind == "spec" else store.read_state("big") or b"")[
-        "version"
-    ] == versions - 1
+    assert (
+        json.loads(store.read_spec("big") if kind == "spec" else store.read_state("big") or b"")[
+            "version"
+        ]
+        == versions - 1
+    )
 
 
 def test_write_state_is_compare_and_swap(any_store: Store) -> None:

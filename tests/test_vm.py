@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from bastion import vm
+from bastion.bucket.store import Store
 from bastion.runners.base import root_tag
-from bastion.store import Store
 from tests.standins.compute import ComputeServer
 
 P, Z, NAME = "proj", "us-central1-a", "bastion-1"

@@ -15,7 +15,7 @@ what it knows.
 
 A cycle is cheap when nothing changed: it lists jobs/user_states/ (cancel requests and the
 submission markers that name new or replaced specs) and every spec only now and then
-(:mod:`bastion.specwatch`); a spec is re-read only when its token changes, states are written
+(:mod:`bastion.bucket.specwatch`); a spec is re-read only when its token changes, states are written
 only when their bytes change, and logs upload only new bytes. Every per-job step is wrapped
 so one bad input or one failed call is recorded on that job and never stops the cycle for the
 others.

@@ -7,11 +7,11 @@ from __future__ import annotations
 import functools
 import logging
 
+from bastion.bucket.store import Store
 from bastion.daemon import pools
 from bastion.daemon.context import DELETE_WAIT_SECONDS, Context, Job
 from bastion.jobspec import JobSpec, name_problem
 from bastion.jobstate import Status
-from bastion.store import Store
 
 log = logging.getLogger("bastion.daemon")
 

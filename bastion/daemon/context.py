@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bastion import lifecycle
+from bastion.bucket.logsync import LogSync
+from bastion.bucket.specwatch import SpecWatch
+from bastion.bucket.store import Store
 from bastion.jobspec import JobSpec
 from bastion.jobstate import JobState
 from bastion.lease import Lease
-from bastion.logsync import LogSync
-from bastion.quotas import QuotaSource
+from bastion.quota_source import QuotaSource
 from bastion.runners.instances import Runners
-from bastion.specwatch import SpecWatch
-from bastion.store import Store
 
 log = logging.getLogger("bastion.daemon")
 log = logging.getLogger("bastion.daemon")

@@ -9,14 +9,14 @@ import logging
 import time
 
 from bastion import lifecycle
+from bastion.bucket.store import Store
 from bastion.daemon.context import Context, Job
 from bastion.jobstate import JobState
 from bastion.lifecycle import CLEANUP
+from bastion.policy_inputs import job_request
 from bastion.runners.base import (
     attempt_name,
 )
-from bastion.scheduling import job_request
-from bastion.store import Store
 from quota.model import JobRequest
 
 log = logging.getLogger("bastion.daemon")

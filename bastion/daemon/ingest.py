@@ -9,12 +9,12 @@ from collections.abc import Callable
 from typing import Any
 
 from bastion import lifecycle
+from bastion.bucket.objects import ObjectInfo
+from bastion.bucket.specwatch import Look
 from bastion.daemon import events, pools
 from bastion.daemon.context import Context, Job
 from bastion.jobspec import JobSpec, SpecError, name_problem, requester, spec_changes
 from bastion.jobstate import JobState, Status
-from bastion.objects import ObjectInfo
-from bastion.specwatch import Look
 
 log = logging.getLogger("bastion.daemon")
 
@@ -23,7 +23,7 @@ def read_specs(ctx: Context, look: Look, now: float) -> None:
     """Take in the specs that changed. With the full listing: those whose listing token
     changed, and jobs whose spec is no longer listed are gone. Otherwise: the specs that
     submission markers name (and those of cancel requests for jobs not seen yet), each
-    read with its token; one that is absent now is gone. See bastion/specwatch.py."""
+    read with its token; one that is absent now is gone. See bastion/bucket/specwatch.py."""
     listed = look.specs
     if listed is not None:
         jobs = ctx.jobs

@@ -9,6 +9,7 @@ import signal
 import time
 from typing import Any
 
+from bastion.bucket.store import Store
 from bastion.daemon import archive, effects, ingest, observe, plan, recovery, sweep, writeback
 from bastion.daemon.context import (
     DEFAULT_GRACE_SECONDS,
@@ -19,9 +20,8 @@ from bastion.daemon.context import (
     NotHolding,
 )
 from bastion.lease import Lease
-from bastion.quotas import QuotaSource
+from bastion.quota_source import QuotaSource
 from bastion.runners.instances import Runners
-from bastion.store import Store
 
 log = logging.getLogger("bastion.daemon")
 

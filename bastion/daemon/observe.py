@@ -8,6 +8,7 @@ import functools
 import logging
 
 from bastion import lifecycle
+from bastion.bucket.store import Store
 from bastion.daemon import events, pools
 from bastion.daemon.context import OUTPUT_CHUNK, Context, Job
 from bastion.jobstate import Status
@@ -15,7 +16,6 @@ from bastion.lifecycle import CLEANUP, RUN
 from bastion.runners.base import (
     Observation,
 )
-from bastion.store import Store
 
 log = logging.getLogger("bastion.daemon")
 

@@ -23,10 +23,10 @@ from bastion.daemon.context import (
 )
 from bastion.jobstate import Status
 from bastion.lifecycle import RUN
+from bastion.policy_inputs import policy_requests
 from bastion.runners.base import (
     attempt_name,
 )
-from bastion.scheduling import policy_requests
 from quota.model import Plan
 from quota.policy import Decision, Verdict, replan_by, schedule
 

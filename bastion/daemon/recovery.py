@@ -9,14 +9,14 @@ import logging
 import time
 
 from bastion import lifecycle
+from bastion.bucket.objects import ObjectInfo, UnacceptableObject
 from bastion.daemon import events, pools, sweep
 from bastion.daemon.context import Context, Job
 from bastion.jobstate import JobState, Status
 from bastion.lifecycle import CLEANUP, RUN
-from bastion.objects import ObjectInfo, UnacceptableObject
 from bastion.runners.base import (
+    AttemptPhase,
     Observation,
-    Phase,
 )
 
 log = logging.getLogger("bastion.daemon")
@@ -56,7 +56,7 @@ def recover(ctx: Context, specs: dict[str, ObjectInfo]) -> None:
                     lifecycle.Observed(
                         purpose,
                         Observation(
-                            Phase.LOST, "recorded by an older daemon without an attempt name"
+                            AttemptPhase.LOST, "recorded by an older daemon without an attempt name"
                         ),
                     ),
                     time.time(),

@@ -49,8 +49,12 @@ def sweep(ctx: Context) -> None:
             busy = item.name in ctx.deleting or item.name in ctx.deletes_in_pool
             part = _PART_OF_ATTEMPT.sub("", item.name)
             if part != item.name and part in live:
-                log.warning("not deleting %s (listed by runner %s): a part of live attempt "
-                            "%s", item.name, kind, part)  # fmt: skip
+                log.warning(
+                    "not deleting %s (listed by runner %s): a part of live attempt %s",
+                    item.name,
+                    kind,
+                    part,
+                )
                 continue
             if item.name not in live and not busy:
                 log.warning("deleting attempt %s: no job of this root names it", item.name)

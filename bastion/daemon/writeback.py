@@ -8,6 +8,8 @@ import functools
 import logging
 import time
 
+from bastion.bucket.objects import PreconditionFailed
+from bastion.bucket.store import Store
 from bastion.daemon import pools
 from bastion.daemon.context import (
     DAEMON_LOG_SYNC_SECONDS,
@@ -18,8 +20,6 @@ from bastion.daemon.context import (
     NotHolding,
 )
 from bastion.jobstate import Status
-from bastion.objects import PreconditionFailed
-from bastion.store import Store
 
 log = logging.getLogger("bastion.daemon")
 

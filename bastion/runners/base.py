@@ -42,7 +42,7 @@ from bastion.registry import Registry
 Handle = dict[str, Any]  # JSON-able; opaque to the daemon
 
 
-class Phase(enum.StrEnum):
+class AttemptPhase(enum.StrEnum):
     QUEUED = "QUEUED"  # waiting for capacity at the provider (queued resource, Slurm PENDING)
     PROVISIONING = "PROVISIONING"  # capacity granted, machines or containers being made
     RUNNING = "RUNNING"
@@ -56,14 +56,16 @@ class Phase(enum.StrEnum):
         return self in _FINISHED
 
 
-_FINISHED = frozenset({Phase.SUCCEEDED, Phase.FAILED, Phase.PREEMPTED, Phase.LOST})
+_FINISHED = frozenset(
+    {AttemptPhase.SUCCEEDED, AttemptPhase.FAILED, AttemptPhase.PREEMPTED, AttemptPhase.LOST}
+)
 
 
 @dataclass(frozen=True)
 class Observation:
     """What ``poll`` saw. ``retryable``: a new attempt may succeed (stockout, preemption)."""
 
-    phase: Phase
+    phase: AttemptPhase
     reason: str = ""
     exit_code: int | None = None
     retryable: bool = False

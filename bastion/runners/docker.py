@@ -55,10 +55,10 @@ from docker.types import DeviceRequest
 
 from bastion.runners.base import (
     Attempt,
+    AttemptPhase,
     Handle,
     Observation,
     Owned,
-    Phase,
     Runner,
     RunnerError,
     StartRefused,
@@ -173,28 +173,30 @@ class DockerRunner(Runner):
             info = self._api().inspect_container(_ref(handle))
         except NotFound:
             self.ledger.free(str(handle["name"]))
-            return Observation(Phase.LOST, f"container {handle['name']} is gone from the engine")
+            return Observation(
+                AttemptPhase.LOST, f"container {handle['name']} is gone from the engine"
+            )
         state = info["State"]
         status = state.get("Status", "")
         if status not in _LIVE:  # exited, dead, being removed: its GPUs are free again
             self.ledger.free(str(handle["name"]))
         if status == "created":
-            return Observation(Phase.PROVISIONING, "container created, not started yet")
+            return Observation(AttemptPhase.PROVISIONING, "container created, not started yet")
         if status in _RUNNING:
-            return Observation(Phase.RUNNING)
+            return Observation(AttemptPhase.RUNNING)
         if status == "removing":
-            return Observation(Phase.LOST, f"container {handle['name']} is being removed")
+            return Observation(AttemptPhase.LOST, f"container {handle['name']} is being removed")
         code = int(state.get("ExitCode", -1))
         if state.get("OOMKilled"):
-            return Observation(Phase.FAILED, "killed: out of memory (OOMKilled)", code)
+            return Observation(AttemptPhase.FAILED, "killed: out of memory (OOMKilled)", code)
         if code == 0 and status == "exited":
-            return Observation(Phase.SUCCEEDED, "exited with status 0", 0)
+            return Observation(AttemptPhase.SUCCEEDED, "exited with status 0", 0)
         reason = f"exited with status {code}"
         if code > 128:
             reason += f" (signal {code - 128})"
         if state.get("Error"):
             reason += f": {_one_line(state['Error'])}"
-        return Observation(Phase.FAILED, reason, code)
+        return Observation(AttemptPhase.FAILED, reason, code)
 
     def stop(self, handle: Handle, deadline: float) -> None:
         """SIGTERM once, SIGKILL from the deadline on; never waits (the daemon calls again)."""
@@ -332,7 +334,7 @@ class DockerRunner(Runner):
         code = self._code(attempt)
         if code is None:
             return
-        from bastion.store import Store
+        from bastion.bucket.store import Store
         from bundlers import Bundle, BundleError, fetch
 
         try:

@@ -41,7 +41,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from bastion.runners import base
-from bastion.runners.base import Attempt, Handle, Observation, Owned, Phase, RunnerError
+from bastion.runners.base import Attempt, AttemptPhase, Handle, Observation, Owned, RunnerError
 
 _SECONDS = frozenset(
     {"fake_queued_seconds", "fake_provision_seconds", "fake_preempt_after", "fake_lost_after"}
@@ -129,7 +129,7 @@ class FakeRunner(base.Runner):
     def poll(self, handle: Handle) -> Observation:
         record = self._read(handle)
         if record is None:
-            return Observation(Phase.LOST, f"no record of {handle['name']} (fake)")
+            return Observation(AttemptPhase.LOST, f"no record of {handle['name']} (fake)")
         return self._observe(record, self.clock())[0]
 
     def stop(self, handle: Handle, deadline: float) -> None:
@@ -179,30 +179,36 @@ class FakeRunner(base.Runner):
         """The observation at ``now``, and for how long the command ran (output up to then)."""
         if record.get("error"):
             reason = f"fake runner cannot run: {record['error']}"
-            return Observation(Phase.FAILED, reason, exit_code=127), 0.0
+            return Observation(AttemptPhase.FAILED, reason, exit_code=127), 0.0
         created, running_at = record["created"], self._running_at(record)
         code = record["code"]
-        ended = Phase.SUCCEEDED if code == 0 else Phase.FAILED
+        ended = AttemptPhase.SUCCEEDED if code == 0 else AttemptPhase.FAILED
         events = [(running_at + record["duration"], Observation(ended, exit_code=code))]
         if record["preempt_after"] is not None:
             reason = "preempted by the provider (fake)"
-            preempted = Observation(Phase.PREEMPTED, reason, retryable=True)
+            preempted = Observation(AttemptPhase.PREEMPTED, reason, retryable=True)
             events.append((running_at + record["preempt_after"], preempted))
         if record["lost_after"] is not None:
-            lost = Observation(Phase.LOST, "the fake attempt was lost (fake_lost_after)")
+            lost = Observation(AttemptPhase.LOST, "the fake attempt was lost (fake_lost_after)")
             events.append((created + record["lost_after"], lost))
         if record["stopped_at"] is not None:
             if record["stopped_at"] < running_at:
-                stopped = Observation(Phase.FAILED, "stopped before it ran (fake)")
+                stopped = Observation(AttemptPhase.FAILED, "stopped before it ran (fake)")
             else:
                 how = "killed at the stop deadline" if record["stop_code"] == 137 else "terminated"
-                stopped = Observation(Phase.FAILED, f"{how} (fake)", record["stop_code"])
+                stopped = Observation(AttemptPhase.FAILED, f"{how} (fake)", record["stop_code"])
             events.append((record["stopped_at"], stopped))
         at, observation = min(events, key=lambda event: event[0])  # ties: the first listed
         if at <= now:
             return observation, at - running_at
         queued, running = now < created + record["queued"], now >= running_at
-        phase = Phase.QUEUED if queued else Phase.RUNNING if running else Phase.PROVISIONING
+        phase = (
+            AttemptPhase.QUEUED
+            if queued
+            else AttemptPhase.RUNNING
+            if running
+            else AttemptPhase.PROVISIONING
+        )
         return Observation(phase), now - running_at
 
     def _path(self, handle: Handle) -> str:

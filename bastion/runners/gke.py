@@ -81,13 +81,14 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from bastion.bucket.store import ObjectInfo, Store
 from bastion.runners import startup
 from bastion.runners.base import (
     Attempt,
+    AttemptPhase,
     Handle,
     Observation,
     Owned,
-    Phase,
     Runner,
     RunnerError,
     TryAgain,
@@ -95,7 +96,6 @@ from bastion.runners.base import (
 )
 from bastion.runners.kit.lease_fence import check_term
 from bastion.runners.kit.records import RemoteRecords
-from bastion.store import ObjectInfo, Store
 
 GROUP, VERSION, PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 RJOB = "job"  # the replicated job's name (AXLearn's)
@@ -110,19 +110,37 @@ COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 LISTING_TTL = 1.0
 RETRYABLE_STATUS = frozenset({0, 408, 429, 500, 502, 503, 504})
 # A container that cannot start: the agent never ran, so only the pod says why.
-FATAL_WAITING = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName",
-                           "CreateContainerConfigError", "CreateContainerError",
-                           "CrashLoopBackOff", "RunContainerError"})  # fmt: skip
-DISRUPTED_REASONS = frozenset({"Evicted", "Terminated", "NodeShutdown", "Preempting",
-                               "NodeLost", "DeletionByTaintManager"})  # fmt: skip
+FATAL_WAITING = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "CrashLoopBackOff",
+        "RunContainerError",
+    }
+)
+DISRUPTED_REASONS = frozenset(
+    {"Evicted", "Terminated", "NodeShutdown", "Preempting", "NodeLost", "DeletionByTaintManager"}
+)
 
 _TPU = re.compile(r"(v4|v5p|v5litepod|v6e)-(\d+)")
-_TPU_ACCELERATOR = {"v4": "tpu-v4-podslice", "v5p": "tpu-v5p-slice",
-                    "v5litepod": "tpu-v5-lite-podslice", "v6e": "tpu-v6e-slice"}  # fmt: skip
-_GPU_ACCELERATOR = {"a3-highgpu": "nvidia-h100-80gb", "a3-megagpu": "nvidia-h100-mega-80gb",
-                    "a3-ultragpu": "nvidia-h200-141gb", "a4-highgpu": "nvidia-b200",
-                    "a2-highgpu": "nvidia-tesla-a100", "a2-ultragpu": "nvidia-a100-80gb",
-                    "g2-standard": "nvidia-l4"}  # fmt: skip
+_TPU_ACCELERATOR = {
+    "v4": "tpu-v4-podslice",
+    "v5p": "tpu-v5p-slice",
+    "v5litepod": "tpu-v5-lite-podslice",
+    "v6e": "tpu-v6e-slice",
+}
+_GPU_ACCELERATOR = {
+    "a3-highgpu": "nvidia-h100-80gb",
+    "a3-megagpu": "nvidia-h100-mega-80gb",
+    "a3-ultragpu": "nvidia-h200-141gb",
+    "a4-highgpu": "nvidia-b200",
+    "a2-highgpu": "nvidia-tesla-a100",
+    "a2-ultragpu": "nvidia-a100-80gb",
+    "g2-standard": "nvidia-l4",
+}
 
 
 def from_settings(settings: Mapping[str, Any]) -> GkeRunner:
@@ -169,24 +187,36 @@ def shape(options: Mapping[str, Any]) -> dict[str, Any]:
     replicas = int(options.get("num_replicas") or 1)
     if replicas < 1:
         raise RunnerError(f"options num_replicas={replicas}: must be at least 1")
-    text = str(options.get("accelerator_type") or options.get("machine_type")
-               or options.get("instance_type") or "")  # fmt: skip
+    text = str(
+        options.get("accelerator_type")
+        or options.get("machine_type")
+        or options.get("instance_type")
+        or ""
+    )
     tpu = _TPU.fullmatch(text.removeprefix("tpu-"))
     if tpu:
         family, cores = tpu.group(1), int(tpu.group(2))
         chips = cores if family in ("v5litepod", "v6e") else max(1, cores // 2)
-        hosts = (1 if chips <= 8 else chips // 4) if family in ("v5litepod", "v6e") else max(
-            1, cores // 8)
+        hosts = (
+            (1 if chips <= 8 else chips // 4)
+            if family in ("v5litepod", "v6e")
+            else max(1, cores // 8)
+        )
         topo = str(options.get("topology") or topology(family, chips))
         return {
-            "slices": replicas, "hosts": hosts, "tpu": True,
+            "slices": replicas,
+            "hosts": hosts,
+            "tpu": True,
             "what": f"{_TPU_ACCELERATOR[family]} {topo}",
-            "selector": {"cloud.google.com/gke-tpu-accelerator": _TPU_ACCELERATOR[family],
-                         "cloud.google.com/gke-tpu-topology": topo},
+            "selector": {
+                "cloud.google.com/gke-tpu-accelerator": _TPU_ACCELERATOR[family],
+                "cloud.google.com/gke-tpu-topology": topo,
+            },
             "limits": {"google.com/tpu": str(chips // hosts)},
-            "tolerations": [{"key": "google.com/tpu", "operator": "Exists",
-                             "effect": "NoSchedule"}],
-        }  # fmt: skip
+            "tolerations": [
+                {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}
+            ],
+        }
     from bastion.runners.google.gce import gpu_machine
 
     gpu = gpu_machine(text if text.startswith("gpu-") else f"gpu-{text}") if text else None
@@ -197,11 +227,16 @@ def shape(options: Mapping[str, Any]) -> dict[str, Any]:
         if family in _GPU_ACCELERATOR:
             selector["cloud.google.com/gke-accelerator"] = _GPU_ACCELERATOR[family]
         return {
-            "slices": 1, "hosts": replicas, "tpu": False, "what": machine,
-            "selector": selector, "limits": {"nvidia.com/gpu": str(count)},
-            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
-                             "effect": "NoSchedule"}],
-        }  # fmt: skip
+            "slices": 1,
+            "hosts": replicas,
+            "tpu": False,
+            "what": machine,
+            "selector": selector,
+            "limits": {"nvidia.com/gpu": str(count)},
+            "tolerations": [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+            ],
+        }
     raise RunnerError(
         f"the gke runner needs options instance_type like tpu-v5p-128 or gpu-a3-highgpu-8g "
         f"(or accelerator_type / machine_type), not {text!r}"
@@ -223,8 +258,10 @@ def capacity(
     if said.startswith("reservation:"):
         return "reserved", said.split(":", 1)[1]
     if said not in ("spot", "on-demand"):
-        raise RunnerError(f"runner gke: tiers.{tier} = {said!r} is not spot, on-demand or "
-                          "reservation:<name>; fix [runners.gke] tiers")  # fmt: skip
+        raise RunnerError(
+            f"runner gke: tiers.{tier} = {said!r} is not spot, on-demand or "
+            "reservation:<name>; fix [runners.gke] tiers"
+        )
     return said, None
 
 
@@ -250,17 +287,23 @@ def refusal(error: Exception, verb: str, what: str) -> Exception:
     if code in RETRYABLE_STATUS:
         return TryAgain(f"{verb} {what}: the apiserver answered {code}: {message}")
     if code == 401:
-        return RunnerError(f"the cluster refused the daemon's credentials (401 Unauthorized) "
-                           f"to {verb} {what}: {message}; fix [runners.gke] kubeconfig/context")
+        return RunnerError(
+            f"the cluster refused the daemon's credentials (401 Unauthorized) "
+            f"to {verb} {what}: {message}; fix [runners.gke] kubeconfig/context"
+        )
     if code == 403:
-        return RunnerError(f"forbidden to {verb} {what} (403): {message}; grant the daemon's "
-                           f"account '{verb}' on {PLURAL}.{GROUP} in RBAC")  # fmt: skip
+        return RunnerError(
+            f"forbidden to {verb} {what} (403): {message}; grant the daemon's "
+            f"account '{verb}' on {PLURAL}.{GROUP} in RBAC"
+        )
     if code == 404 and "namespace" in message.lower():
         return RunnerError(f"cannot {verb} {what}: {message}; fix [runners.gke] namespace")
     if code == 404:
-        return RunnerError(f"cannot {verb} {what}: the JobSet CRD ({PLURAL}.{GROUP}/{VERSION}) is "
-                           f"not installed in the cluster ({message}); install JobSet "
-                           "(kubectl apply --server-side -f the JobSet release manifests)")
+        return RunnerError(
+            f"cannot {verb} {what}: the JobSet CRD ({PLURAL}.{GROUP}/{VERSION}) is "
+            f"not installed in the cluster ({message}); install JobSet "
+            "(kubectl apply --server-side -f the JobSet release manifests)"
+        )
     return RunnerError(f"the cluster refused to {verb} {what} ({code}): {message}")
 
 
@@ -289,7 +332,9 @@ class GkeRunner(Runner):
         self._jobsets: tuple[float, dict[str, dict]] = (float("-inf"), {})
         self._pods: tuple[float, dict[str, list[dict]]] = (float("-inf"), {})
         self._agents: tuple[float, dict[tuple[str, str], dict[str, ObjectInfo]]] = (
-            float("-inf"), {})  # fmt: skip
+            float("-inf"),
+            {},
+        )
         self._records: dict[str, RemoteRecords] = {}
         self._ended_at: dict[str, float] = {}
         self._package_url: str | None = None
@@ -307,8 +352,11 @@ class GkeRunner(Runner):
                         config.load_incluster_config()
                         self._api_client = client.ApiClient()
                     else:
-                        path = (self.settings.get("kubeconfig") or os.environ.get("KUBECONFIG")
-                                or os.path.expanduser("~/.kube/config"))  # fmt: skip
+                        path = (
+                            self.settings.get("kubeconfig")
+                            or os.environ.get("KUBECONFIG")
+                            or os.path.expanduser("~/.kube/config")
+                        )
                         if not os.path.exists(str(path).split(os.pathsep)[0]):
                             raise RunnerError(
                                 f"runner gke: no kubeconfig at {path}; set [runners.gke] "
@@ -318,8 +366,10 @@ class GkeRunner(Runner):
                             config_file=str(path), context=self.settings.get("context") or None
                         )
                 except config.ConfigException as e:
-                    raise RunnerError(f"runner gke: cannot load the cluster's config: {e}; "
-                                      "fix [runners.gke] kubeconfig/context/in_cluster") from e
+                    raise RunnerError(
+                        f"runner gke: cannot load the cluster's config: {e}; "
+                        "fix [runners.gke] kubeconfig/context/in_cluster"
+                    ) from e
             return self._api_client
 
     def custom(self) -> Any:
@@ -370,8 +420,13 @@ class GkeRunner(Runner):
             at, found = self._jobsets
             if fresh or self._stale(at):
                 try:
-                    items = self._list_all(self.custom().list_namespaced_custom_object,
-                                           GROUP, VERSION, self.namespace, PLURAL)  # fmt: skip
+                    items = self._list_all(
+                        self.custom().list_namespaced_custom_object,
+                        GROUP,
+                        VERSION,
+                        self.namespace,
+                        PLURAL,
+                    )
                 except RunnerError:
                     raise
                 except Exception as e:
@@ -435,14 +490,29 @@ class GkeRunner(Runner):
             return handle
         body = self.manifest(attempt, sh)
         created = time.time()
-        self.store.write_provision(attempt.job, attempt.name, {
-            "kind": self.kind, "name": attempt.name, "jobset": name, "namespace": self.namespace,
-            "workers": sh["slices"] * sh["hosts"], "root_tag": self.tag,
-            "time": created})  # fmt: skip
+        self.store.write_provision(
+            attempt.job,
+            attempt.name,
+            {
+                "kind": self.kind,
+                "name": attempt.name,
+                "jobset": name,
+                "namespace": self.namespace,
+                "workers": sh["slices"] * sh["hosts"],
+                "root_tag": self.tag,
+                "time": created,
+            },
+        )
         check_term(self.store, attempt)  # the apiserver takes no fencing token
         try:
-            self._call(self.custom().create_namespaced_custom_object, GROUP, VERSION,
-                       self.namespace, PLURAL, body)  # fmt: skip
+            self._call(
+                self.custom().create_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                self.namespace,
+                PLURAL,
+                body,
+            )
         except Exception as e:
             if getattr(e, "status", None) == 409:
                 self._adopt_existing(name, attempt)
@@ -458,33 +528,52 @@ class GkeRunner(Runner):
         """A 409: the JobSet exists. Ours (a lost answer, a daemon killed after the create)
         when its labels name this root and attempt; anything else is a name clash."""
         try:
-            found = self._call(self.custom().get_namespaced_custom_object, GROUP, VERSION,
-                               self.namespace, PLURAL, name)  # fmt: skip
+            found = self._call(
+                self.custom().get_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                self.namespace,
+                PLURAL,
+                name,
+            )
         except Exception as e:
             if getattr(e, "status", None) == 404:  # deleted in between: create next cycle
                 raise TryAgain(f"JobSet {name} existed and is gone now") from e
             raise
         labels = (found.get("metadata") or {}).get("labels") or {}
         if labels.get(ROOT_LABEL) != self.tag or labels.get(ATTEMPT_LABEL) != attempt.name:
-            raise RunnerError(f"a JobSet named {name} already exists in namespace "
-                              f"{self.namespace} and is not this attempt's (labels {labels}); "
-                              "delete it or use another namespace")  # fmt: skip
+            raise RunnerError(
+                f"a JobSet named {name} already exists in namespace "
+                f"{self.namespace} and is not this attempt's (labels {labels}); "
+                "delete it or use another namespace"
+            )
 
     def _options(self, attempt: Attempt) -> dict[str, Any]:
         """The job's options over the settings' defaults (``instance_type``, ``num_replicas``):
         a spec that names no machine runs on the cluster's default one."""
-        defaults = {k: self.settings[k] for k in ("instance_type", "num_replicas", "topology")
-                    if k in self.settings}  # fmt: skip
-        if any(attempt.options.get(k) for k in ("instance_type", "accelerator_type",
-                                                "machine_type")):  # fmt: skip
+        defaults = {
+            k: self.settings[k]
+            for k in ("instance_type", "num_replicas", "topology")
+            if k in self.settings
+        }
+        if any(
+            attempt.options.get(k) for k in ("instance_type", "accelerator_type", "machine_type")
+        ):
             defaults.pop("instance_type", None)
         return {**defaults, **attempt.options}
 
-    def _handle(self, job: str, attempt: str, name: str, sh: Mapping[str, Any],
-                created: float | None) -> Handle:  # fmt: skip
-        handle: Handle = {"name": attempt, "job": job, "jobset": name,
-                          "namespace": self.namespace, "slices": sh["slices"],
-                          "workers": sh["slices"] * sh["hosts"], "what": sh["what"]}  # fmt: skip
+    def _handle(
+        self, job: str, attempt: str, name: str, sh: Mapping[str, Any], created: float | None
+    ) -> Handle:
+        handle: Handle = {
+            "name": attempt,
+            "job": job,
+            "jobset": name,
+            "namespace": self.namespace,
+            "slices": sh["slices"],
+            "workers": sh["slices"] * sh["hosts"],
+            "what": sh["what"],
+        }
         if created is not None:
             handle["created"] = created
         return handle
@@ -503,9 +592,11 @@ class GkeRunner(Runner):
         name = jobset_name(attempt.name)
         image = attempt.options.get("image") or self.settings.get("image")
         if not image:
-            raise RunnerError("runner gke: no image; set [runners.gke] image (an image with "
-                              "bastion installed, e.g. the Dockerfile's worker target) or the "
-                              "job's runner option image")  # fmt: skip
+            raise RunnerError(
+                "runner gke: no image; set [runners.gke] image (an image with "
+                "bastion installed, e.g. the Dockerfile's worker target) or the "
+                "job's runner option image"
+            )
         slices, hosts = int(sh["slices"]), int(sh["hosts"])
         from bastion.runners.google.api import labels_for
 
@@ -520,31 +611,51 @@ class GkeRunner(Runner):
         if attempt.bundle:
             agent_args.append(f"--bundle={json.dumps(dict(attempt.bundle), sort_keys=True)}")
         script = startup.script(
-            root=self.root, job=attempt.job, attempt=attempt.name, num_workers=slices * hosts,
-            command=attempt.command, env=attempt.env,
+            root=self.root,
+            job=attempt.job,
+            attempt=attempt.name,
+            num_workers=slices * hosts,
+            command=attempt.command,
+            env=attempt.env,
             python=str(self.settings.get("python") or "python3"),
-            package_url=self.package_url(), agent_args=agent_args)  # fmt: skip
-        annotation = lambda key: {"valueFrom": {"fieldRef": {  # noqa: E731
-            "fieldPath": f"metadata.annotations['{key}']"}}}  # fmt: skip
+            package_url=self.package_url(),
+            agent_args=agent_args,
+        )
+
+        def annotation(key: str) -> dict[str, Any]:
+            return {"valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{key}']"}}}
+
         env: list[dict[str, Any]] = [{"name": WORKER_ENV, **annotation(COMPLETION_INDEX)}]
         if slices > 1 and sh["tpu"]:
-            env += [{"name": "MEGASCALE_SLICE_ID", **annotation(JOB_INDEX)},
-                    {"name": "MEGASCALE_NUM_SLICES", "value": str(slices)},
-                    {"name": "MEGASCALE_COORDINATOR_ADDRESS",
-                     "value": f"{name}-{RJOB}-0-0.{name}"},
-                    {"name": "MEGASCALE_PORT", "value": "8080"}]  # fmt: skip
+            env += [
+                {"name": "MEGASCALE_SLICE_ID", **annotation(JOB_INDEX)},
+                {"name": "MEGASCALE_NUM_SLICES", "value": str(slices)},
+                {"name": "MEGASCALE_COORDINATOR_ADDRESS", "value": f"{name}-{RJOB}-0-0.{name}"},
+                {"name": "MEGASCALE_PORT", "value": "8080"},
+            ]
         elif slices > 1:
-            env += [{"name": "MEGASCALE_SLICE_ID", **annotation(JOB_INDEX)},
-                    {"name": "MEGASCALE_NUM_SLICES", "value": str(slices)}]
+            env += [
+                {"name": "MEGASCALE_SLICE_ID", **annotation(JOB_INDEX)},
+                {"name": "MEGASCALE_NUM_SLICES", "value": str(slices)},
+            ]
         selector = dict(sh["selector"])
         tolerations = list(sh["tolerations"])
-        kind, reservation = capacity(attempt.options, attempt.tier,
-                                     self.settings.get("tiers") or {},
-                                     bool(self.settings.get("spot", False)))  # fmt: skip
+        kind, reservation = capacity(
+            attempt.options,
+            attempt.tier,
+            self.settings.get("tiers") or {},
+            bool(self.settings.get("spot", False)),
+        )
         if kind == "spot":
             selector["cloud.google.com/gke-spot"] = "true"
-            tolerations.append({"key": "cloud.google.com/gke-spot", "operator": "Equal",
-                                "value": "true", "effect": "NoSchedule"})  # fmt: skip
+            tolerations.append(
+                {
+                    "key": "cloud.google.com/gke-spot",
+                    "operator": "Equal",
+                    "value": "true",
+                    "effect": "NoSchedule",
+                }
+            )
         elif reservation:
             selector["cloud.google.com/reservation-name"] = reservation
         pod_spec: dict[str, Any] = {
@@ -552,13 +663,16 @@ class GkeRunner(Runner):
             "terminationGracePeriodSeconds": self.grace,
             "nodeSelector": selector,
             "tolerations": tolerations,
-            "containers": [{
-                "name": "main", "image": str(image),
-                "command": ["bash", "-c", script],
-                "env": env,
-                "resources": {"limits": dict(sh["limits"])},
-            }],
-        }  # fmt: skip
+            "containers": [
+                {
+                    "name": "main",
+                    "image": str(image),
+                    "command": ["bash", "-c", script],
+                    "env": env,
+                    "resources": {"limits": dict(sh["limits"])},
+                }
+            ],
+        }
         if self.settings.get("service_account"):
             pod_spec["serviceAccountName"] = str(self.settings["service_account"])
         if self.settings.get("priority_class"):
@@ -566,35 +680,55 @@ class GkeRunner(Runner):
         annotations = {JOB_ANNOTATION: attempt.job}
         if sh["tpu"]:
             annotations["alpha.jobset.sigs.k8s.io/exclusive-topology"] = (
-                "cloud.google.com/gke-nodepool")  # fmt: skip
+                "cloud.google.com/gke-nodepool"
+            )
         return {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "JobSet",
-            "metadata": {"name": name, "namespace": self.namespace, "labels": js_labels,
-                         "annotations": annotations},
+            "metadata": {
+                "name": name,
+                "namespace": self.namespace,
+                "labels": js_labels,
+                "annotations": annotations,
+            },
             "spec": {
                 "failurePolicy": {"maxRestarts": 0},
-                "replicatedJobs": [{
-                    "name": RJOB,
-                    "replicas": slices,
-                    "template": {"spec": {
-                        "parallelism": hosts, "completions": hosts, "backoffLimit": 0,
-                        "completionMode": "Indexed",
-                        "template": {"metadata": {"labels": dict(labels),
-                                                  "annotations": {JOB_ANNOTATION: attempt.job}},
-                                     "spec": pod_spec},
-                    }},
-                }],
+                "replicatedJobs": [
+                    {
+                        "name": RJOB,
+                        "replicas": slices,
+                        "template": {
+                            "spec": {
+                                "parallelism": hosts,
+                                "completions": hosts,
+                                "backoffLimit": 0,
+                                "completionMode": "Indexed",
+                                "template": {
+                                    "metadata": {
+                                        "labels": dict(labels),
+                                        "annotations": {JOB_ANNOTATION: attempt.job},
+                                    },
+                                    "spec": pod_spec,
+                                },
+                            }
+                        },
+                    }
+                ],
             },
-        }  # fmt: skip
+        }
 
     # -- poll ----------------------------------------------------------------------------------
     def records(self, handle: Handle) -> RemoteRecords:
         with self._lock:
             found = self._records.get(handle["name"])
             if found is None:
-                found = RemoteRecords(self.store, handle["job"], handle["name"],
-                                      int(handle["workers"]), self.heartbeat_timeout)  # fmt: skip
+                found = RemoteRecords(
+                    self.store,
+                    handle["job"],
+                    handle["name"],
+                    int(handle["workers"]),
+                    self.heartbeat_timeout,
+                )
                 self._records[handle["name"]] = found
             return found
 
@@ -606,8 +740,9 @@ class GkeRunner(Runner):
 
     def _flushed(self, handle: Handle) -> bool:
         listing = self._attempt_records(handle)
-        started = [w for w in range(int(handle["workers"]))
-                   if Store.run_name(w, "started") in listing]  # fmt: skip
+        started = [
+            w for w in range(int(handle["workers"])) if Store.run_name(w, "started") in listing
+        ]
         return all(Store.run_name(w, "exit") in listing for w in started)
 
     def ended(self, handle: Handle, outcome: Observation) -> Observation:
@@ -615,13 +750,16 @@ class GkeRunner(Runner):
         agent's exit record is in (or ``flush_seconds`` later), unless all had succeeded."""
         name = handle["name"]
         seen = self.agents(handle)
-        if seen is not None and seen.phase is Phase.SUCCEEDED:
+        if seen is not None and seen.phase is AttemptPhase.SUCCEEDED:
             return seen
         if seen is not None and not self._flushed(handle):
             first = self._ended_at.setdefault(name, time.monotonic())
             if time.monotonic() - first < self.flush_seconds:
-                return Observation(Phase.RUNNING, f"{outcome.reason}; the agents are flushing",
-                                   workers=seen.workers)  # fmt: skip
+                return Observation(
+                    AttemptPhase.RUNNING,
+                    f"{outcome.reason}; the agents are flushing",
+                    workers=seen.workers,
+                )
         self._ended_at.pop(name, None)
         return outcome
 
@@ -630,14 +768,16 @@ class GkeRunner(Runner):
         while started ones still flush (a pod's container outlives its API object by its
         grace period), their word, for at most ``flush_seconds``; else LOST."""
         seen = self.agents(handle)
-        if seen is not None and seen.finished and seen.phase is not Phase.LOST:
+        if seen is not None and seen.finished and seen.phase is not AttemptPhase.LOST:
             return seen
         if seen is not None and not seen.finished:
             first = self._ended_at.setdefault(handle["name"], time.monotonic())
             if time.monotonic() - first < self.flush_seconds:
-                return Observation(Phase.RUNNING, f"{seen.reason}; {why}", workers=seen.workers)
+                return Observation(
+                    AttemptPhase.RUNNING, f"{seen.reason}; {why}", workers=seen.workers
+                )
         self._ended_at.pop(handle["name"], None)
-        return Observation(Phase.LOST, why, retryable=True)
+        return Observation(AttemptPhase.LOST, why, retryable=True)
 
     def poll(self, handle: Handle) -> Observation:
         name = handle.get("jobset") or jobset_name(handle["name"])
@@ -646,18 +786,25 @@ class GkeRunner(Runner):
             return self.gone(handle, f"JobSet {name} is gone from namespace {self.namespace}")
         if (js.get("metadata") or {}).get("deletionTimestamp"):
             return self.gone(handle, f"JobSet {name} is being deleted")
-        conditions = {c.get("type"): c for c in (js.get("status") or {}).get("conditions") or []
-                      if c.get("status") == "True"}  # fmt: skip
+        conditions = {
+            c.get("type"): c
+            for c in (js.get("status") or {}).get("conditions") or []
+            if c.get("status") == "True"
+        }
         queue = ((js.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL)
         if (js.get("spec") or {}).get("suspend") or "Suspended" in conditions:
             by = f"suspended by Kueue in queue {queue}" if queue else "JobSet suspended"
             if self.agents(handle) is not None:  # it ran: Kueue took it back (evicted)
-                return self.ended(handle, Observation(Phase.PREEMPTED, f"{by} while running",
-                                                      retryable=True))  # fmt: skip
-            return Observation(Phase.QUEUED, by)
+                return self.ended(
+                    handle,
+                    Observation(AttemptPhase.PREEMPTED, f"{by} while running", retryable=True),
+                )
+            return Observation(AttemptPhase.QUEUED, by)
         pods = self.pods().get(handle["name"], [])
         if (disrupted := _disruption(pods)) is not None:
-            return self.ended(handle, Observation(Phase.PREEMPTED, disrupted, retryable=True))
+            return self.ended(
+                handle, Observation(AttemptPhase.PREEMPTED, disrupted, retryable=True)
+            )
         seen = self.agents(handle)
         if "Failed" in conditions:
             if seen is not None and seen.finished:
@@ -665,24 +812,31 @@ class GkeRunner(Runner):
             cond = conditions["Failed"]
             why = f"JobSet {name} failed: {cond.get('reason', '')} {cond.get('message', '')}"
             pod_why = _pod_failure(pods)
-            return Observation(Phase.FAILED, _brief(why + (f"; {pod_why}" if pod_why else "")))
+            return Observation(
+                AttemptPhase.FAILED, _brief(why + (f"; {pod_why}" if pod_why else ""))
+            )
         if "Completed" in conditions:
             if seen is not None and seen.finished:
                 return seen
-            return self.ended(handle, Observation(
-                Phase.LOST, f"JobSet {name} completed without every worker's exit record",
-                retryable=True))  # fmt: skip
+            return self.ended(
+                handle,
+                Observation(
+                    AttemptPhase.LOST,
+                    f"JobSet {name} completed without every worker's exit record",
+                    retryable=True,
+                ),
+            )
         if seen is not None:
             return seen
         if (pod_why := _pod_failure(pods)) is not None:
-            return Observation(Phase.FAILED, pod_why)
+            return Observation(AttemptPhase.FAILED, pod_why)
         total = int(handle["workers"])
         scheduled = sum(1 for p in pods if _scheduled(p))
         why = f"{scheduled} of {total} pods scheduled"
         unschedulable = _unschedulable(pods)
         if unschedulable:
             why += f" ({unschedulable})"
-        return Observation(Phase.PROVISIONING, why)
+        return Observation(AttemptPhase.PROVISIONING, why)
 
     def read_output(self, handle: Handle, offset: int, limit: int) -> bytes:
         return self.records(handle).read_output(
@@ -693,11 +847,13 @@ class GkeRunner(Runner):
         n, slices = int(handle.get("workers", 1)), int(handle.get("slices", 1))
         hosts = n // max(1, slices)
         what = handle.get("what", "")
-        size = f"{hosts} host{'' if hosts == 1 else 's'}" + (f" x {slices} slices"
-                                                              if slices > 1 else "")  # fmt: skip
+        size = f"{hosts} host{'' if hosts == 1 else 's'}" + (
+            f" x {slices} slices" if slices > 1 else ""
+        )
         context = self.settings.get("context")
         where = f"namespace {handle.get('namespace', self.namespace)}" + (
-            f" of {context}" if context else "")  # fmt: skip
+            f" of {context}" if context else ""
+        )
         return f"JobSet {handle.get('jobset', handle['name'])} ({what}, {size}) in {where}"
 
     # -- stop and delete -----------------------------------------------------------------------
@@ -705,11 +861,19 @@ class GkeRunner(Runner):
         from kubernetes import client
 
         try:
-            self._call(self.custom().delete_namespaced_custom_object, GROUP, VERSION,
-                       self.namespace, PLURAL, name, grace_period_seconds=self.grace,
-                       propagation_policy="Foreground",
-                       body=client.V1DeleteOptions(propagation_policy="Foreground",
-                                                   grace_period_seconds=self.grace))  # fmt: skip
+            self._call(
+                self.custom().delete_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                self.namespace,
+                PLURAL,
+                name,
+                grace_period_seconds=self.grace,
+                propagation_policy="Foreground",
+                body=client.V1DeleteOptions(
+                    propagation_policy="Foreground", grace_period_seconds=self.grace
+                ),
+            )
         except Exception as e:
             if getattr(e, "status", None) == 404:
                 return
@@ -727,8 +891,12 @@ class GkeRunner(Runner):
         if time.time() >= deadline:
             for pod in self.pods().get(handle["name"], []):
                 try:
-                    self._call(self.core().delete_namespaced_pod, pod["metadata"]["name"],
-                               self.namespace, grace_period_seconds=0)  # fmt: skip
+                    self._call(
+                        self.core().delete_namespaced_pod,
+                        pod["metadata"]["name"],
+                        self.namespace,
+                        grace_period_seconds=0,
+                    )
                 except Exception as e:
                     if getattr(e, "status", None) != 404:
                         raise
@@ -769,12 +937,17 @@ class GkeRunner(Runner):
             job = (meta.get("annotations") or {}).get(JOB_ANNOTATION) or attempt
             rjobs = (js.get("spec") or {}).get("replicatedJobs") or [{}]
             slices = int(rjobs[0].get("replicas") or 1)
-            hosts = int(((rjobs[0].get("template") or {}).get("spec") or {}).get("parallelism")
-                        or 1)  # fmt: skip
-            conditions = {c.get("type") for c in (js.get("status") or {}).get("conditions") or []
-                          if c.get("status") == "True"}  # fmt: skip
-            handle = self._handle(job, attempt, name, {"slices": slices, "hosts": hosts,
-                                                       "what": ""}, None)  # fmt: skip
+            hosts = int(
+                ((rjobs[0].get("template") or {}).get("spec") or {}).get("parallelism") or 1
+            )
+            conditions = {
+                c.get("type")
+                for c in (js.get("status") or {}).get("conditions") or []
+                if c.get("status") == "True"
+            }
+            handle = self._handle(
+                job, attempt, name, {"slices": slices, "hosts": hosts, "what": ""}, None
+            )
             owned.append(Owned(attempt, handle, bool(conditions & {"Completed", "Failed"})))
         names = {item.name for item in owned}
         prefix = f"bst-{self.tag}-"
@@ -784,8 +957,7 @@ class GkeRunner(Runner):
             provision = self.store.read_provision(job, attempt) or {}
             if provision.get("kind") != self.kind:
                 continue  # another runner's attempt: its records are that runner's to sweep
-            workers = 1 + max((p[0] for r in records if (p := Store.parse_run_name(r))),
-                              default=0)  # fmt: skip
+            workers = 1 + max((p[0] for r in records if (p := Store.parse_run_name(r))), default=0)
             handle = {"name": attempt, "job": job, "workers": workers, "records_only": True}
             owned.append(Owned(attempt, handle, True))
         return owned
@@ -832,11 +1004,16 @@ def _disruption(pods: list[dict]) -> str | None:
         name = pod["metadata"]["name"]
         if cond.get("status") == "True":
             detail = cond.get("message") or cond.get("reason") or ""
-            return _brief(f"pod {name} was evicted ({cond.get('reason', 'DisruptionTarget')}): "
-                          f"{detail}".rstrip(": "))  # fmt: skip
+            return _brief(
+                f"pod {name} was evicted ({cond.get('reason', 'DisruptionTarget')}): "
+                f"{detail}".rstrip(": ")
+            )
         if status.get("phase") == "Failed" and status.get("reason") in DISRUPTED_REASONS:
-            return _brief(f"pod {name} was {status['reason'].lower()}: "
-                          f"{status.get('message', '')}".rstrip(": "))  # fmt: skip
+            return _brief(
+                f"pod {name} was {status['reason'].lower()}: {status.get('message', '')}".rstrip(
+                    ": "
+                )
+            )
     return None
 
 
@@ -851,10 +1028,13 @@ def _pod_failure(pods: list[dict]) -> str | None:
                 return _brief(f"pod {name}: {waiting['reason']}: {waiting.get('message', '')}")
             term = state.get("terminated") or {}
             if term and term.get("exitCode", 0) != 0:
-                return _brief(f"pod {name}: container exited with {term.get('exitCode')} "
-                              f"({term.get('reason', '')}) {term.get('message', '')}")  # fmt: skip
+                return _brief(
+                    f"pod {name}: container exited with {term.get('exitCode')} "
+                    f"({term.get('reason', '')}) {term.get('message', '')}"
+                )
         status = pod.get("status") or {}
         if status.get("phase") == "Failed":
-            return _brief(f"pod {name} failed: {status.get('reason', '')} "
-                          f"{status.get('message', '')}")  # fmt: skip
+            return _brief(
+                f"pod {name} failed: {status.get('reason', '')} {status.get('message', '')}"
+            )
     return None

@@ -49,10 +49,10 @@ import psutil
 from bastion import leftovers
 from bastion.runners.base import (
     Attempt,
+    AttemptPhase,
     Handle,
     Observation,
     Owned,
-    Phase,
     Runner,
     RunnerError,
     StartRefused,
@@ -200,10 +200,13 @@ class LocalRunner(Runner):
     def poll(self, handle: Handle) -> Observation:
         if handle.get("host") != self.host:
             return Observation(
-                Phase.LOST, f"it ran on host {handle.get('host')}, not on {self.host}", None, True
+                AttemptPhase.LOST,
+                f"it ran on host {handle.get('host')}, not on {self.host}",
+                None,
+                True,
             )
         if self._alive(handle):
-            return Observation(Phase.RUNNING)
+            return Observation(AttemptPhase.RUNNING)
         self._finish(handle)
         left = self._left_behind(handle)
         if not left.get("pids"):
@@ -211,12 +214,12 @@ class LocalRunner(Runner):
         note = str(left.get("note") or "")
         code = self._exit_status(handle)
         if code == 0:
-            return Observation(Phase.SUCCEEDED, "exited with status 0", 0, note=note)
+            return Observation(AttemptPhase.SUCCEEDED, "exited with status 0", 0, note=note)
         if code is None:
             return Observation(
-                Phase.FAILED, "was killed before it could report its status", note=note
+                AttemptPhase.FAILED, "was killed before it could report its status", note=note
             )
-        return Observation(Phase.FAILED, f"exited with status {code}", code, note=note)
+        return Observation(AttemptPhase.FAILED, f"exited with status {code}", code, note=note)
 
     def stop(self, handle: Handle, deadline: float) -> None:
         if handle.get("host") != self.host or not self._alive(handle):
@@ -286,8 +289,13 @@ class LocalRunner(Runner):
         )
         stdin = os.open(os.devnull, os.O_RDONLY)
         argv = [
-            "/bin/sh", "-c", _WRAPPER, f"bastion-job:{attempt.name}", attempt.command, directory
-        ]  # fmt: skip
+            "/bin/sh",
+            "-c",
+            _WRAPPER,
+            f"bastion-job:{attempt.name}",
+            attempt.command,
+            directory,
+        ]
         try:
             proc = subprocess.Popen(
                 argv,
@@ -329,7 +337,7 @@ class LocalRunner(Runner):
                     f"({bundle.uri}): launch it with --runner=docker"
                 )
             if self._store is None:
-                from bastion.store import Store
+                from bastion.bucket.store import Store
 
                 self._store = Store(self.root)
             fetch(bundle, self._store, work)

@@ -74,13 +74,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from bastion.bucket.store import ObjectInfo, Store
 from bastion.runners import startup
 from bastion.runners.base import (
     Attempt,
+    AttemptPhase,
     Handle,
     Observation,
     Owned,
-    Phase,
     Runner,
     RunnerError,
     TryAgain,
@@ -89,7 +90,6 @@ from bastion.runners.base import (
 )
 from bastion.runners.kit.lease_fence import check_term
 from bastion.runners.kit.records import RemoteRecords
-from bastion.store import ObjectInfo, Store
 
 COMMAND_TIMEOUT = 60.0
 LISTING_TTL = 1.0
@@ -101,9 +101,24 @@ _UNREACHABLE = re.compile(
     r"Connection refused|Communication connection failure|Slurm backup controller in standby",
     re.IGNORECASE,
 )
-_LIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "STOPPED",
-                   "SIGNALING", "RESIZING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
-                   "RESV_DEL_HOLD", "STAGE_OUT", "SPECIAL_EXIT"})  # fmt: skip
+_LIVE = frozenset(
+    {
+        "PENDING",
+        "CONFIGURING",
+        "RUNNING",
+        "COMPLETING",
+        "SUSPENDED",
+        "STOPPED",
+        "SIGNALING",
+        "RESIZING",
+        "REQUEUED",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+        "RESV_DEL_HOLD",
+        "STAGE_OUT",
+        "SPECIAL_EXIT",
+    }
+)
 _QUEUED = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})
 _PREEMPTED = frozenset({"PREEMPTED", "NODE_FAIL", "BOOT_FAIL"})
 _RESOURCE_FLAGS = {"gpu": "gres", "cpu": "cpus-per-task", "memory": "mem"}
@@ -141,17 +156,28 @@ def parse_squeue(text: str) -> list[Row]:
         if len(parts) == 7 and parts[0].strip().isdigit():
             job_id, name, state, reason, nodes, partition, comment = parts
             state = state.split()[0] if state.strip() else ""
-            rows.append(Row(int(job_id), name, state, reason, nodes, partition,
-                            "" if comment == "(null)" else comment))  # fmt: skip
+            rows.append(
+                Row(
+                    int(job_id),
+                    name,
+                    state,
+                    reason,
+                    nodes,
+                    partition,
+                    "" if comment == "(null)" else comment,
+                )
+            )
     return rows
 
 
 def comment_for(attempt: Attempt, tag: str) -> str:
     """What the job is, in words Bastion reads back: root, runner, attempt name, job, number.
     Job names are safe identifiers (no spaces), so words split cleanly."""
-    return (f"bastion-root={tag} bastion-runner=slurm bastion-attempt-name={attempt.name} "
-            f"bastion-job={attempt.job} bastion-attempt={attempt.attempt} "
-            f"bastion-nodes={_nodes(attempt)}")  # fmt: skip
+    return (
+        f"bastion-root={tag} bastion-runner=slurm bastion-attempt-name={attempt.name} "
+        f"bastion-job={attempt.job} bastion-attempt={attempt.attempt} "
+        f"bastion-nodes={_nodes(attempt)}"
+    )
 
 
 def _brief(text: str, limit: int = 300) -> str:
@@ -197,9 +223,11 @@ class SlurmRunner(Runner):
             return os.path.join(self.bin_dir, name)
         found = shutil.which(name)
         if found is None:
-            raise RunnerError(f"{name} is not on PATH: install Slurm's client commands on the "
-                              "daemon's machine (Debian: slurm-client) or set [runners.slurm] "
-                              "bin_dir")  # fmt: skip
+            raise RunnerError(
+                f"{name} is not on PATH: install Slurm's client commands on the "
+                "daemon's machine (Debian: slurm-client) or set [runners.slurm] "
+                "bin_dir"
+            )
         return found
 
     def run(self, name: str, *args: str, input: str | None = None) -> str:
@@ -209,11 +237,14 @@ class SlurmRunner(Runner):
         with self._lock:
             self.calls[name] = self.calls.get(name, 0) + 1
         try:
-            done = subprocess.run(argv, input=input, capture_output=True, text=True,
-                                  timeout=COMMAND_TIMEOUT)  # fmt: skip
+            done = subprocess.run(
+                argv, input=input, capture_output=True, text=True, timeout=COMMAND_TIMEOUT
+            )
         except FileNotFoundError:
-            raise RunnerError(f"{argv[0]} not found: install Slurm's client commands or fix "
-                              "[runners.slurm] bin_dir") from None  # fmt: skip
+            raise RunnerError(
+                f"{argv[0]} not found: install Slurm's client commands or fix "
+                "[runners.slurm] bin_dir"
+            ) from None
         except subprocess.TimeoutExpired:
             raise TryAgain(f"{name} did not answer within {COMMAND_TIMEOUT:.0f} s") from None
         if done.returncode != 0:
@@ -224,14 +255,18 @@ class SlurmRunner(Runner):
         return done.stdout
 
     def squeue(self, *args: str) -> list[Row]:
-        return parse_squeue(self.run("squeue", "-h", "-t", "all", "--me", "-o", SQUEUE_FORMAT,
-                                     *args))  # fmt: skip
+        return parse_squeue(
+            self.run("squeue", "-h", "-t", "all", "--me", "-o", SQUEUE_FORMAT, *args)
+        )
 
     def _ours(self, row: Row) -> bool:
         """Made by this root's slurm runner for the attempt it is named after."""
-        return (row.name.startswith(self.prefix) and row.tag("bastion-root") == self.tag
-                and row.tag("bastion-runner") == self.kind
-                and row.tag("bastion-attempt-name") == row.name)  # fmt: skip
+        return (
+            row.name.startswith(self.prefix)
+            and row.tag("bastion-root") == self.tag
+            and row.tag("bastion-runner") == self.kind
+            and row.tag("bastion-attempt-name") == row.name
+        )
 
     # -- listings, once per cycle ----------------------------------------------------------------
     def begin_cycle(self) -> None:
@@ -270,8 +305,13 @@ class SlurmRunner(Runner):
         with self._lock:
             found = self._records.get(handle["name"])
             if found is None:
-                found = RemoteRecords(self.store, handle["job"], handle["name"],
-                                      int(handle.get("workers", 1)), self.heartbeat_timeout)
+                found = RemoteRecords(
+                    self.store,
+                    handle["job"],
+                    handle["name"],
+                    int(handle.get("workers", 1)),
+                    self.heartbeat_timeout,
+                )
                 self._records[handle["name"]] = found
             return found
 
@@ -294,8 +334,13 @@ class SlurmRunner(Runner):
             if found is not None:
                 return found
             created = time.time()
-            record = {"kind": self.kind, "name": attempt.name, "workers": nodes,
-                      "root_tag": self.tag, "time": created}  # fmt: skip
+            record = {
+                "kind": self.kind,
+                "name": attempt.name,
+                "workers": nodes,
+                "root_tag": self.tag,
+                "time": created,
+            }
             self.store.write_provision(attempt.job, attempt.name, record)
             check_term(self.store, attempt)  # sbatch takes no fencing token
             out = self.run("sbatch", *args, input=self.batch_script(attempt, nodes))
@@ -316,13 +361,14 @@ class SlurmRunner(Runner):
             self.run("scancel", *(str(r.job_id) for r in extra))
         record = self.store.read_provision(attempt.job, attempt.name) or {}
         self._invalidate()
-        return self._handle(attempt.job, attempt.name, keep.job_id, _nodes(attempt),
-                            record.get("time"))  # fmt: skip
+        return self._handle(
+            attempt.job, attempt.name, keep.job_id, _nodes(attempt), record.get("time")
+        )
 
-    def _handle(self, job: str, name: str, job_id: int | None, workers: int,
-                created: float | None) -> Handle:  # fmt: skip
-        return {"name": name, "job": job, "job_id": job_id, "workers": workers,
-                "created": created}  # fmt: skip
+    def _handle(
+        self, job: str, name: str, job_id: int | None, workers: int, created: float | None
+    ) -> Handle:
+        return {"name": name, "job": job, "job_id": job_id, "workers": workers, "created": created}
 
     def _invalidate(self) -> None:
         if not self._per_cycle:
@@ -331,29 +377,44 @@ class SlurmRunner(Runner):
 
     def placement(self, attempt: Attempt) -> dict[str, str]:
         """partition, qos, account: the settings' defaults, then the tier's, then the job's."""
-        found = {k: str(self.settings[k]) for k in ("partition", "qos", "account")
-                 if self.settings.get(k)}  # fmt: skip
+        found = {
+            k: str(self.settings[k])
+            for k in ("partition", "qos", "account")
+            if self.settings.get(k)
+        }
         if attempt.tier is not None and str(attempt.tier) in self.tiers:
             found.update(_placement(self.tiers[str(attempt.tier)], f"tiers.{attempt.tier}"))
-        found.update({k: str(attempt.options[k]) for k in ("partition", "qos", "account")
-                      if attempt.options.get(k)})  # fmt: skip
+        found.update(
+            {
+                k: str(attempt.options[k])
+                for k in ("partition", "qos", "account")
+                if attempt.options.get(k)
+            }
+        )
         return found
 
     def sbatch_args(self, attempt: Attempt) -> list[str]:
         nodes = _nodes(attempt)
-        args = ["--parsable", f"--job-name={attempt.name}",
-                f"--comment={comment_for(attempt, self.tag)}", "--no-requeue",
-                f"--nodes={nodes}", "--ntasks-per-node=1",
-                f"--output={self.settings.get('slurm_output') or '/dev/null'}",
-                "--open-mode=append"]  # fmt: skip
+        args = [
+            "--parsable",
+            f"--job-name={attempt.name}",
+            f"--comment={comment_for(attempt, self.tag)}",
+            "--no-requeue",
+            f"--nodes={nodes}",
+            "--ntasks-per-node=1",
+            f"--output={self.settings.get('slurm_output') or '/dev/null'}",
+            "--open-mode=append",
+        ]
         for resource, flag in _RESOURCE_FLAGS.items():
             total = attempt.resources.get(resource)
             if not total:
                 continue
             if total % nodes:
-                raise RunnerError(f"resources.{resource} = {total} does not divide among "
-                                  f"{nodes} nodes (runner option nodes): give a multiple of "
-                                  f"{nodes}")  # fmt: skip
+                raise RunnerError(
+                    f"resources.{resource} = {total} does not divide among "
+                    f"{nodes} nodes (runner option nodes): give a multiple of "
+                    f"{nodes}"
+                )
             each = total // nodes
             value = {"gres": f"gpu:{each}", "mem": f"{each}G"}.get(flag, str(each))
             args.append(f"--{flag}={value}")
@@ -368,19 +429,25 @@ class SlurmRunner(Runner):
     def batch_script(self, attempt: Attempt, nodes: int) -> str:
         """``srun`` of the agent's startup script on every node, one task each; a task that
         fails ends the others (``--kill-on-bad-exit``), as one worker failing fails the job."""
-        agent_args = [*map(str, self.settings.get("agent_args") or []),
-                      "--worker_env=SLURM_PROCID"]  # fmt: skip
+        agent_args = [*map(str, self.settings.get("agent_args") or []), "--worker_env=SLURM_PROCID"]
         if attempt.bundle:
             agent_args.append(f"--bundle={json.dumps(dict(attempt.bundle), sort_keys=True)}")
         task = startup.script(
-            root=self.root, job=attempt.job, attempt=attempt.name, num_workers=nodes,
-            command=attempt.command, env=attempt.env,
+            root=self.root,
+            job=attempt.job,
+            attempt=attempt.name,
+            num_workers=nodes,
+            command=attempt.command,
+            env=attempt.env,
             python=str(self.settings.get("python") or sys.executable),
-            package_url=self.settings.get("package_url"), agent_args=agent_args,
-        )  # fmt: skip
-        return (f"#!/bin/bash\n# bastion: attempt {attempt.name}, one agent per node\n"
-                f"exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 --nodes={nodes} "
-                f"bash -c {shlex.quote(task)}\n")  # fmt: skip
+            package_url=self.settings.get("package_url"),
+            agent_args=agent_args,
+        )
+        return (
+            f"#!/bin/bash\n# bastion: attempt {attempt.name}, one agent per node\n"
+            f"exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 --nodes={nodes} "
+            f"bash -c {shlex.quote(task)}\n"
+        )
 
     # -- poll ------------------------------------------------------------------------------------
     def poll(self, handle: Handle) -> Observation:
@@ -389,58 +456,77 @@ class SlurmRunner(Runner):
         if row is None:
             created = handle.get("created")
             if created is not None and at < float(created) + 1.0:
-                return Observation(Phase.QUEUED, f"submitted as Slurm job {job_id}")
+                return Observation(AttemptPhase.QUEUED, f"submitted as Slurm job {job_id}")
             return self._left_squeue(handle)
         state, where = row.state, f"Slurm job {row.job_id}"
         if state in _QUEUED:
             why = f" ({row.reason})" if row.reason and row.reason != "None" else ""
-            return Observation(Phase.QUEUED, f"{where} pending in partition {row.partition}{why}")
+            return Observation(
+                AttemptPhase.QUEUED, f"{where} pending in partition {row.partition}{why}"
+            )
         if state == "CONFIGURING":
-            return Observation(Phase.PROVISIONING, f"{where} configuring {row.nodes}")
+            return Observation(AttemptPhase.PROVISIONING, f"{where} configuring {row.nodes}")
         seen = self.agents(handle)
         if row.live:
             if seen is None:
-                return Observation(Phase.PROVISIONING,
-                                   f"{where} {state.lower()} on {row.nodes}; agents starting")
-            return Observation(Phase.RUNNING, f"{seen.reason} on {row.nodes} ({where}"
-                               f"{', ending' if seen.finished or state != 'RUNNING' else ''})",
-                               workers=seen.workers)  # fmt: skip
+                return Observation(
+                    AttemptPhase.PROVISIONING,
+                    f"{where} {state.lower()} on {row.nodes}; agents starting",
+                )
+            return Observation(
+                AttemptPhase.RUNNING,
+                f"{seen.reason} on {row.nodes} ({where}"
+                f"{', ending' if seen.finished or state != 'RUNNING' else ''})",
+                workers=seen.workers,
+            )
         return self._ended(handle, row.job_id, state, row.reason, seen)
 
-    def _ended(self, handle: Handle, job_id: int, state: str, reason: str,
-               seen: Observation | None) -> Observation:  # fmt: skip
+    def _ended(
+        self, handle: Handle, job_id: int, state: str, reason: str, seen: Observation | None
+    ) -> Observation:
         """The job is over (every process of it is gone): the agents' word, with Slurm's."""
         where = f"Slurm job {job_id}"
         workers = seen.workers if seen is not None else ()
-        if seen is not None and seen.phase is Phase.SUCCEEDED:
+        if seen is not None and seen.phase is AttemptPhase.SUCCEEDED:
             return seen
         if state in _PREEMPTED:
             what = "preempted by Slurm" if state == "PREEMPTED" else f"{state} (node failure)"
-            return Observation(Phase.PREEMPTED, f"{what}: {where}", retryable=True,
-                               workers=workers)  # fmt: skip
+            return Observation(
+                AttemptPhase.PREEMPTED, f"{what}: {where}", retryable=True, workers=workers
+            )
         if state == "CANCELLED" and handle["name"] not in self._stopped:
             said = f" ({reason})" if reason and reason != "None" else ""
-            return Observation(Phase.FAILED, f"{where} was cancelled outside Bastion{said}",
-                               workers=workers)  # fmt: skip
+            return Observation(
+                AttemptPhase.FAILED, f"{where} was cancelled outside Bastion{said}", workers=workers
+            )
         if state in ("TIMEOUT", "DEADLINE", "OUT_OF_MEMORY"):
-            why = {"TIMEOUT": "reached its time limit", "DEADLINE": "reached its deadline",
-                   "OUT_OF_MEMORY": "ran out of memory"}[state]  # fmt: skip
+            why = {
+                "TIMEOUT": "reached its time limit",
+                "DEADLINE": "reached its deadline",
+                "OUT_OF_MEMORY": "ran out of memory",
+            }[state]
             code = seen.exit_code if seen is not None else self._exit_code(job_id)
-            return Observation(Phase.FAILED, f"{where} {why} ({state})", code, workers=workers)
+            return Observation(
+                AttemptPhase.FAILED, f"{where} {why} ({state})", code, workers=workers
+            )
         if seen is not None and seen.finished:
             return seen
         if state == "COMPLETED":
             if seen is None:
-                return Observation(Phase.LOST, f"{where} completed but no agent reported",
-                                   retryable=True)  # fmt: skip
-            return Observation(Phase.SUCCEEDED, f"{where} completed", 0, workers=workers)
+                return Observation(
+                    AttemptPhase.LOST, f"{where} completed but no agent reported", retryable=True
+                )
+            return Observation(AttemptPhase.SUCCEEDED, f"{where} completed", 0, workers=workers)
         code = self._exit_code(job_id) if state == "FAILED" else None
         if handle["name"] in self._stopped:
-            return Observation(Phase.FAILED, f"{where} stopped ({state})", code, workers=workers)
+            return Observation(
+                AttemptPhase.FAILED, f"{where} stopped ({state})", code, workers=workers
+            )
         said = f" ({reason})" if reason and reason != "None" else ""
         started = "" if seen is not None else " before its agents started"
-        return Observation(Phase.FAILED, f"{where} {state}{started}{said}", code,
-                           workers=workers)  # fmt: skip
+        return Observation(
+            AttemptPhase.FAILED, f"{where} {state}{started}{said}", code, workers=workers
+        )
 
     def _left_squeue(self, handle: Handle) -> Observation:
         """Gone from squeue (MinJobAge passed, or a controller that lost its state): the
@@ -450,10 +536,13 @@ class SlurmRunner(Runner):
         found = self._account(int(job_id)) if job_id is not None else None
         if found is not None:
             return self._ended(handle, int(job_id), found[0], "", seen)
-        if seen is not None and seen.finished and seen.phase is not Phase.LOST:
+        if seen is not None and seen.finished and seen.phase is not AttemptPhase.LOST:
             return seen
-        return Observation(Phase.LOST, f"Slurm job {job_id} is gone from squeue and accounting",
-                           retryable=True)  # fmt: skip
+        return Observation(
+            AttemptPhase.LOST,
+            f"Slurm job {job_id} is gone from squeue and accounting",
+            retryable=True,
+        )
 
     def _account(self, job_id: int) -> tuple[str, int | None] | None:
         """(state, exit code) from sacct, else the job-completion file; once per job."""
@@ -547,8 +636,9 @@ class SlurmRunner(Runner):
             has_records = (job, row.name) in records
             if row.live or has_records:
                 nodes = row.tag("bastion-nodes") or ""
-                workers = int(nodes) if nodes.isdigit() else _workers_of(
-                    records.get((job, row.name), {}))
+                workers = (
+                    int(nodes) if nodes.isdigit() else _workers_of(records.get((job, row.name), {}))
+                )
                 handle = self._handle(job, row.name, row.job_id, workers, None)
                 owned[row.name] = Owned(row.name, handle, not row.live)
         for (job, name), found in records.items():
@@ -588,9 +678,11 @@ def _placement(said: str, where: str) -> dict[str, str]:
     for item in said.split(","):
         key, sep, value = item.strip().partition(":")
         if not sep or key not in ("partition", "qos", "account") or not value:
-            raise RunnerError(f"runner slurm: {where} = {said!r}: give comma-separated "
-                              "partition:NAME, qos:NAME, account:NAME; fix the daemon's "
-                              "runner settings")  # fmt: skip
+            raise RunnerError(
+                f"runner slurm: {where} = {said!r}: give comma-separated "
+                "partition:NAME, qos:NAME, account:NAME; fix the daemon's "
+                "runner settings"
+            )
         found[key] = value
     return found
 

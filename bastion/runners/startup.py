@@ -71,8 +71,16 @@ def script(
         "  exit 1"
     )
     lines.append(f"if ! {py} -c 'import bastion.agent' 2>/dev/null; then\n{install}\nfi")
-    argv = [python, "-m", "bastion.agent", f"--root={root}", f"--job={job}",
-            f"--attempt={attempt}", f"--num_workers={num_workers}", *agent_args]  # fmt: skip
+    argv = [
+        python,
+        "-m",
+        "bastion.agent",
+        f"--root={root}",
+        f"--job={job}",
+        f"--attempt={attempt}",
+        f"--num_workers={num_workers}",
+        *agent_args,
+    ]
     if bootstrap_url:  # the agent reports from here on (its output is the worker's log)
         lines.append("trap - EXIT; exec 1>&3 2>&4 3>&- 4>&-")
     lines.append("exec " + " ".join(q(a) for a in argv) + " -- " + q(command))
@@ -84,9 +92,7 @@ def script(
 AGENT_PYTHON = (3, 10)  # the agent's oldest Python (TPU VM images ship 3.10; see the README)
 
 
-def bootstrap_lines(
-    url: str, attempt: str, hosts_per_slice: int = 1, slices: int = 1
-) -> list[str]:
+def bootstrap_lines(url: str, attempt: str, hosts_per_slice: int = 1, slices: int = 1) -> list[str]:
     """Bash that tees everything the script prints (to the VM's console as before, and to a
     file) and copies that file to ``url`` (``{worker}``: this worker's index as the agent
     numbers it, the metadata server's ``agent-worker-number`` plus, in a multislice attempt,
@@ -109,7 +115,7 @@ def bootstrap_lines(
     if slices > 1:
         lines += [
             f'bastion_s=$({ask} "{attributes}/tpu-env" 2>/dev/null'
-            " | sed -n \"s/^MEGASCALE_SLICE_ID: *'\\{0,1\\}\\([0-9]*\\).*/\\1/p\" | head -n 1)",
+            ' | sed -n "s/^MEGASCALE_SLICE_ID: *\'\\{0,1\\}\\([0-9]*\\).*/\\1/p" | head -n 1)',
             'case "$bastion_s" in ""|*[!0-9]*) bastion_s=0;; esac',
             f"bastion_w=$((bastion_w + bastion_s * {int(hosts_per_slice)}))",
         ]
@@ -146,27 +152,31 @@ def python_check_lines(python: str, need_pip: bool) -> list[str]:
     q = shlex.quote
     py = q(python)
     major, minor = AGENT_PYTHON
-    fix = ("set the runner setting python to an interpreter on the image that has it, or "
-           "the setting image (gce) / runtime_version (tpu) to an image that has one")  # fmt: skip
+    fix = (
+        "set the runner setting python to an interpreter on the image that has it, or "
+        "the setting image (gce) / runtime_version (tpu) to an image that has one"
+    )
     need = f"; the agent needs Python >= {major}.{minor}: {fix}"
     version = 'import sys; print("%d.%d.%d" % tuple(sys.version_info[:3]))'
     lines = [
         f"if ! bastion_v=$({py} -c {q(version)} 2>&1); then\n"
-        f"  echo {q(f'bastion: cannot run the python setting {python}: ')}\"$bastion_v\""
+        f'  echo {q(f"bastion: cannot run the python setting {python}: ")}"$bastion_v"'
         f"{q(need)} >&2\n"
         "  exit 1\n"
         "fi",
         'IFS=. read -r bastion_major bastion_minor _ <<< "$bastion_v"',
         f'if ! {{ [ "$bastion_major" -gt {major} ] || {{ [ "$bastion_major" -eq {major} ] && '
         f'[ "$bastion_minor" -ge {minor} ]; }}; }} 2>/dev/null; then\n'
-        f"  echo {q(f'bastion: the python setting {python} is Python ')}\"$bastion_v\""
+        f'  echo {q(f"bastion: the python setting {python} is Python ")}"$bastion_v"'
         f"{q(need)} >&2\n"
         "  exit 1\n"
         "fi",
     ]
     if need_pip:
-        pip_fix = ("; installing the agent needs pip: install it in the image (python3-pip), or "
-                   + fix.replace("that has it", "that has pip"))  # fmt: skip
+        pip_fix = (
+            "; installing the agent needs pip: install it in the image (python3-pip), or "
+            + fix.replace("that has it", "that has pip")
+        )
         said = f"bastion: the python setting {python} has no pip ({python} -m pip failed)"
         lines.append(
             f"if ! {py} -c 'import bastion.agent' 2>/dev/null && "
@@ -212,8 +222,11 @@ def package_wheel() -> tuple[str, bytes]:
     version = f"{base.split('+')[0]}+{code.hexdigest()[:12]}"
     info = f"bastion-{version}.dist-info"
     files[f"{info}/METADATA"] = "".join(
-        ["Metadata-Version: 2.1\nName: bastion\n", f"Version: {version}\n",
-         "Requires-Python: >={}.{}\n".format(*AGENT_PYTHON)]
+        [
+            "Metadata-Version: 2.1\nName: bastion\n",
+            f"Version: {version}\n",
+            "Requires-Python: >={}.{}\n".format(*AGENT_PYTHON),
+        ]
         + [f"Requires-Dist: {r}\n" for r in requires]
     ).encode()
     files[f"{info}/WHEEL"] = (

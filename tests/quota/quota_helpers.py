@@ -19,8 +19,12 @@ def toml_value(v: object) -> str:
     return repr(v)
 
 
-def quota_toml(tiers: Sequence[Mapping[str, int]], shares: Mapping[str, Mapping[str, float]],
-               members: Mapping[str, Sequence[str]] | None = None, **knobs: object) -> str:
+def quota_toml(
+    tiers: Sequence[Mapping[str, int]],
+    shares: Mapping[str, Mapping[str, float]],
+    members: Mapping[str, Sequence[str]] | None = None,
+    **knobs: object,
+) -> str:
     lines = ["[toml-schema]", 'version = "1"']
     for t in tiers:
         lines.append("[[total_resources]]" if len(tiers) > 1 else "[total_resources]")
@@ -37,26 +41,46 @@ def quota_toml(tiers: Sequence[Mapping[str, int]], shares: Mapping[str, Mapping[
     return "\n".join(lines) + "\n"
 
 
-def cfg(pool: Mapping[str, int] | Sequence[Mapping[str, int]],
-        shares: Mapping[str, Mapping[str, float] | float],
-        members: Mapping[str, Sequence[str]] | None = None, **knobs: object) -> QuotaConfig:
+def cfg(
+    pool: Mapping[str, int] | Sequence[Mapping[str, int]],
+    shares: Mapping[str, Mapping[str, float] | float],
+    members: Mapping[str, Sequence[str]] | None = None,
+    **knobs: object,
+) -> QuotaConfig:
     """shares: project -> fraction of every pool resource, or project -> {resource: fraction}."""
     tiers = [pool] if isinstance(pool, Mapping) else list(pool)
     resources = sorted({r for t in tiers for r in t})
-    full = {p: (s if isinstance(s, Mapping) else {r: s for r in resources})
-            for p, s in shares.items()}
+    full = {
+        p: (s if isinstance(s, Mapping) else {r: s for r in resources}) for p, s in shares.items()
+    }
     return parse_quota(quota_toml(tiers, full, members, **knobs), "test.toml")
 
 
-def pend(name: str, project: str, res: Mapping[str, int] | int, *, prio: int = 3,
-         submit: float = 0.0, user: str = "u") -> JobRequest:
+def pend(
+    name: str,
+    project: str,
+    res: Mapping[str, int] | int,
+    *,
+    prio: int = 3,
+    submit: float = 0.0,
+    user: str = "u",
+) -> JobRequest:
     resources = {"v4": res} if isinstance(res, int) else dict(res)
     return JobRequest(name, project, user, resources, prio, submit)
 
 
-def running(name: str, project: str, res: Mapping[str, int] | int, *, start: float = 0.0,
-            prio: int = 3, tier: int | None = 0, user: str = "u", submit: float = 0.0,
-            phase: Phase = Phase.RUNNING) -> JobRequest:
+def running(
+    name: str,
+    project: str,
+    res: Mapping[str, int] | int,
+    *,
+    start: float = 0.0,
+    prio: int = 3,
+    tier: int | None = 0,
+    user: str = "u",
+    submit: float = 0.0,
+    phase: Phase = Phase.RUNNING,
+) -> JobRequest:
     resources = {"v4": res} if isinstance(res, int) else dict(res)
     return JobRequest(name, project, user, resources, prio, submit, phase, start, tier)
 
@@ -71,8 +95,11 @@ def apply(plan: Plan, jobs: Sequence[JobRequest], now: float) -> list[JobRequest
     for j in jobs:
         d = plan.decisions[j.name]
         if d.verdict is Verdict.START:
-            out.append(replace(j, phase=Phase.RUNNING, start_time=now, tier=d.tier,
-                               backfill_for=d.backfill_for))
+            out.append(
+                replace(
+                    j, phase=Phase.RUNNING, start_time=now, tier=d.tier, backfill_for=d.backfill_for
+                )
+            )
         elif d.verdict is Verdict.PREEMPT:
             out.append(replace(j, phase=Phase.RELEASING, preempted_by=d.preempted_by))
         elif d.verdict is Verdict.KEEP and j.phase is Phase.RUNNING:
@@ -85,6 +112,17 @@ def apply(plan: Plan, jobs: Sequence[JobRequest], now: float) -> list[JobRequest
 def released(jobs: Sequence[JobRequest]) -> list[JobRequest]:
     """Every releasing job has exited and is pending again (a new attempt; the daemon counts
     its preemptions)."""
-    return [replace(j, phase=Phase.PENDING, start_time=None, tier=None, preempted_by=None,
-                    backfill_for=(), preemptions=j.preemptions + 1)
-            if j.phase is Phase.RELEASING else j for j in jobs]
+    return [
+        replace(
+            j,
+            phase=Phase.PENDING,
+            start_time=None,
+            tier=None,
+            preempted_by=None,
+            backfill_for=(),
+            preemptions=j.preemptions + 1,
+        )
+        if j.phase is Phase.RELEASING
+        else j
+        for j in jobs
+    ]

@@ -28,8 +28,11 @@ def test_example_config_passes_check_with_absolute_units() -> None:
 
 def test_check_prints_every_problem_and_fails(tmp_path: Path) -> None:
     bad = tmp_path / "q.toml"
-    bad.write_text(EXAMPLE.read_text().replace("v4 = 0.6", "v4 = -1").replace(
-        '"intern-[0-9]+"', '"intern-[0-9"'))
+    bad.write_text(
+        EXAMPLE.read_text()
+        .replace("v4 = 0.6", "v4 = -1")
+        .replace('"intern-[0-9]+"', '"intern-[0-9"')
+    )
     out = io.StringIO()
     assert check(str(bad), out) == 1
     lines = out.getvalue().splitlines()
@@ -54,22 +57,52 @@ def test_check_reads_bucket_urls() -> None:
 def test_simulate_json_and_events(tmp_path: Path) -> None:
     trace = tmp_path / "t.jsonl"
     # (r1 outlasts p1's reclaim delay: 400 + 240 s)
-    rows = [{"name": "r1", "project_id": "research", "user_id": "alice", "submit": 0,
-             "duration": 1200, "resources": {"v4": 1024}, "priority": 3},
-            {"name": "p1", "project_id": "product", "user_id": "carol", "submit": 400,
-             "duration": 100, "resources": {"v4": 256}}]
+    rows = [
+        {
+            "name": "r1",
+            "project_id": "research",
+            "user_id": "alice",
+            "submit": 0,
+            "duration": 1200,
+            "resources": {"v4": 1024},
+            "priority": 3,
+        },
+        {
+            "name": "p1",
+            "project_id": "product",
+            "user_id": "carol",
+            "submit": 400,
+            "duration": 100,
+            "resources": {"v4": 256},
+        },
+    ]
     trace.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     events = tmp_path / "events.jsonl"
     out = io.StringIO()
     assert simulate(str(EXAMPLE), str(trace), 30, True, str(events), out) == 0
     metrics = json.loads(out.getvalue())
-    assert {"utilization", "share_attainment", "wait_seconds", "preemptions",
-            "lost_resource_seconds", "max_preemptions_per_job", "makespan_seconds"} <= set(metrics)
+    assert {
+        "utilization",
+        "share_attainment",
+        "wait_seconds",
+        "preemptions",
+        "lost_resource_seconds",
+        "max_preemptions_per_job",
+        "makespan_seconds",
+    } <= set(metrics)
     assert metrics["preemptions"] == 1  # r1 borrowed; product reclaims after the min runtime
     lines = [json.loads(x) for x in events.read_text().splitlines()]
     assert [e["event"] for e in lines][:2] == ["start", "preempt"]
-    assert set(lines[0]) == {"time", "event", "name", "project_id", "resources", "tier",
-                             "reason", "backfill_for"}
+    assert set(lines[0]) == {
+        "time",
+        "event",
+        "name",
+        "project_id",
+        "resources",
+        "tier",
+        "reason",
+        "backfill_for",
+    }
     assert lines[0]["backfill_for"] == [] and lines[1]["preempted_by"] == "p1"
     assert "preempted by p1 of project product" in lines[1]["reason"]
     out = io.StringIO()

@@ -34,8 +34,10 @@ def test_axlearn_file_loads_unchanged() -> None:
     assert c.tiers == ({"v4": 1024},)
     assert c.pool == {"v4": 1024}
     assert c.membership == {"project1": ("user1", "user2"), "project2": ("user1", "user3")}
-    assert c.shares == {"project1": {"v4": pytest.approx(0.6)},
-                        "project2": {"v4": pytest.approx(0.4)}}
+    assert c.shares == {
+        "project1": {"v4": pytest.approx(0.6)},
+        "project2": {"v4": pytest.approx(0.4)},
+    }
     assert c.quota_of("project1") == {"v4": pytest.approx(614.4)}
     assert c.quota_of("project2") == {"v4": pytest.approx(409.6)}
     assert c.quota_of("nobody") == {}
@@ -44,8 +46,10 @@ def test_axlearn_file_loads_unchanged() -> None:
 
 
 def test_tiers_as_array_of_tables_sum_into_pool() -> None:
-    text = AXLEARN.replace("[total_resources]\nv4 = 1024",
-                           "[[total_resources]]\nv4 = 512\nv5 = 8\n[[total_resources]]\nv4 = 256")
+    text = AXLEARN.replace(
+        "[total_resources]\nv4 = 1024",
+        "[[total_resources]]\nv4 = 512\nv5 = 8\n[[total_resources]]\nv4 = 256",
+    )
     c = parse_quota(text)
     assert c.tiers == ({"v4": 512, "v5": 8}, {"v4": 256})
     assert c.pool == {"v4": 768, "v5": 8}
@@ -67,8 +71,10 @@ def test_resource_missing_from_totals_is_tolerated() -> None:
 
 
 def test_membership_is_fullmatch_regex() -> None:
-    text = AXLEARN.replace('project1 = ["user1", "user2"]\nproject2 = ["user1", "user3"]',
-                           'team1 = ["user1"]\nteam2 = ["user[12]"]\nteam3 = [".*"]')
+    text = AXLEARN.replace(
+        'project1 = ["user1", "user2"]\nproject2 = ["user1", "user3"]',
+        'team1 = ["user1"]\nteam2 = ["user[12]"]\nteam3 = [".*"]',
+    )
     text = text.replace("project_resources.project1", "project_resources.team1")
     text = text.replace("project_resources.project2", "project_resources.team2")
     c = parse_quota(text)
@@ -79,21 +85,27 @@ def test_membership_is_fullmatch_regex() -> None:
 
 
 def test_project_ids_are_case_sensitive() -> None:
-    c = parse_quota(AXLEARN.replace("project1 =", "Project1 =").replace(
-        "project_resources.project1", "project_resources.Project1"))
+    c = parse_quota(
+        AXLEARN.replace("project1 =", "Project1 =").replace(
+            "project_resources.project1", "project_resources.Project1"
+        )
+    )
     assert c.projects_of("user2") == ["Project1"]
     assert c.quota_of("Project1") == {"v4": pytest.approx(614.4)}
 
 
 def test_scheduling_knobs() -> None:
-    c = parse_quota(AXLEARN + """
+    c = parse_quota(
+        AXLEARN
+        + """
 [scheduling]
 min_runtime_seconds = 600
 preemption_grace_seconds = 30.5
 usage_half_life_seconds = 86400
 preempt_within_project = true
 reserve_after_seconds = 0
-""")
+"""
+    )
     assert c.scheduling == SchedulingKnobs(600.0, 30.5, 86400.0, True, 0.0)
     assert c.scheduling.reclaim_period_seconds == 630.5
 
@@ -116,36 +128,50 @@ def test_toml_syntax_error_names_the_line() -> None:
     assert "line 10" in p and "TOML syntax error" in p
 
 
-@pytest.mark.parametrize(("edit", "expected"), [
-    (("v4 = 1024", "v4 = -1"), "[total_resources] v4: must be a whole number >= 0, got -1"),
-    (("v4 = 1024", "v4 = 10.5"), "[total_resources] v4: must be a whole number >= 0, got 10.5"),
-    (("v4 = 1024", 'v4 = "many"'), "[total_resources] v4: must be a whole number"),
-    (("v4 = 1024", "v4 = true"), "[total_resources] v4: must be a whole number"),
-    (("v4 = 0.6", "v4 = -0.6"), "[project_resources.project1] v4: fraction must be >= 0"),
-    (("v4 = 0.6", 'v4 = "0.6"'), "[project_resources.project1] v4: fraction must be a number"),
-    (("v4 = 0.6", "v4 = nan"), "[project_resources.project1] v4: fraction must be a number"),
-    (('"user1", "user2"', '"user(1"'), "[project_membership] project1[0]: regular expression"),
-    (('["user1", "user2"]', '"user1"'), "[project_membership] project1: must be a list"),
-    (('version = "1"', 'version = "2"'), "[toml-schema] version: unsupported version '2'"),
-    (('version = "1"', 'version = "1"\nflavour = 2'), "[toml-schema] flavour: unknown key"),
-    (("[toml-schema]\nversion = \"1\"", ""), "[toml-schema]: missing"),
-    (("[total_resources]\nv4 = 1024", ""), "[total_resources]: missing"),
-    (("[total_resources]", "[total_resource]"), "[total_resource]: unknown table"),
-    (("[project_resources.project2]\nv4 = 0.4", "[project_resources]\nproject2 = 0.4"),
-     "[project_resources] project2: must be a table"),
-])
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (("v4 = 1024", "v4 = -1"), "[total_resources] v4: must be a whole number >= 0, got -1"),
+        (("v4 = 1024", "v4 = 10.5"), "[total_resources] v4: must be a whole number >= 0, got 10.5"),
+        (("v4 = 1024", 'v4 = "many"'), "[total_resources] v4: must be a whole number"),
+        (("v4 = 1024", "v4 = true"), "[total_resources] v4: must be a whole number"),
+        (("v4 = 0.6", "v4 = -0.6"), "[project_resources.project1] v4: fraction must be >= 0"),
+        (("v4 = 0.6", 'v4 = "0.6"'), "[project_resources.project1] v4: fraction must be a number"),
+        (("v4 = 0.6", "v4 = nan"), "[project_resources.project1] v4: fraction must be a number"),
+        (('"user1", "user2"', '"user(1"'), "[project_membership] project1[0]: regular expression"),
+        (('["user1", "user2"]', '"user1"'), "[project_membership] project1: must be a list"),
+        (('version = "1"', 'version = "2"'), "[toml-schema] version: unsupported version '2'"),
+        (('version = "1"', 'version = "1"\nflavour = 2'), "[toml-schema] flavour: unknown key"),
+        (('[toml-schema]\nversion = "1"', ""), "[toml-schema]: missing"),
+        (("[total_resources]\nv4 = 1024", ""), "[total_resources]: missing"),
+        (("[total_resources]", "[total_resource]"), "[total_resource]: unknown table"),
+        (
+            ("[project_resources.project2]\nv4 = 0.4", "[project_resources]\nproject2 = 0.4"),
+            "[project_resources] project2: must be a table",
+        ),
+    ],
+)
 def test_each_validation_error_names_key_and_fix(edit: tuple[str, str], expected: str) -> None:
     found = problems(AXLEARN.replace(*edit))
     assert any(expected in p for p in found), found
 
 
-@pytest.mark.parametrize(("line", "expected"), [
-    ("min_runtime_seconds = -5", "[scheduling] min_runtime_seconds: must be a number of seconds"),
-    ('preemption_grace_seconds = "1m"', "[scheduling] preemption_grace_seconds: must be"),
-    ("usage_half_life_seconds = 0", "[scheduling] usage_half_life_seconds: must be > 0"),
-    ("preempt_within_project = 1", "[scheduling] preempt_within_project: must be true or false"),
-    ("min_run_time = 5", "[scheduling] min_run_time: unknown key"),
-])
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (
+            "min_runtime_seconds = -5",
+            "[scheduling] min_runtime_seconds: must be a number of seconds",
+        ),
+        ('preemption_grace_seconds = "1m"', "[scheduling] preemption_grace_seconds: must be"),
+        ("usage_half_life_seconds = 0", "[scheduling] usage_half_life_seconds: must be > 0"),
+        (
+            "preempt_within_project = 1",
+            "[scheduling] preempt_within_project: must be true or false",
+        ),
+        ("min_run_time = 5", "[scheduling] min_run_time: unknown key"),
+    ],
+)
 def test_scheduling_validation(line: str, expected: str) -> None:
     found = problems(AXLEARN + "[scheduling]\n" + line + "\n")
     assert any(expected in p for p in found), found
@@ -156,6 +182,11 @@ def test_all_problems_are_collected_at_once() -> None:
     bad = bad.replace('"user3"', '"(("') + "[scheduling]\nbogus = 1\n[extra]\n"
     found = problems(bad)
     assert len(found) == 5
-    for needle in ("[total_resources] v4", "[project_resources.project1] v4",
-                   "[project_membership] project2", "[scheduling] bogus", "[extra]"):
+    for needle in (
+        "[total_resources] v4",
+        "[project_resources.project1] v4",
+        "[project_membership] project2",
+        "[scheduling] bogus",
+        "[extra]",
+    ):
         assert any(needle in p for p in found), needle

@@ -24,31 +24,41 @@ def test_jobs_that_fit_start_and_the_rest_wait() -> None:
 
 def test_smaller_later_job_backfills_when_it_fits() -> None:
     c = cfg({"v4": 10}, {"a": 1.0})
-    jobs = [pend("big", "a", 8, submit=NOW), pend("huge", "a", 9, submit=NOW),
-            pend("small", "a", 2, submit=NOW)]
+    jobs = [
+        pend("big", "a", 8, submit=NOW),
+        pend("huge", "a", 9, submit=NOW),
+        pend("small", "a", 2, submit=NOW),
+    ]
     plan = schedule(c, jobs, {}, NOW)
     assert names(plan, Verdict.START) == ["big", "small"]
 
 
 def test_reject_non_member_and_names_the_users_projects() -> None:
-    c = cfg({"v4": 10}, {"a": 0.5, "b": 0.5, "c": 0.0},
-            members={"a": ["alice"], "b": ["bob", "al"], "c": ["alice"]})
-    plan = schedule(c, [pend("j", "b", 1, user="alice"), pend("k", "zzz", 1, user="alice")], {},
-                    NOW)
+    c = cfg(
+        {"v4": 10},
+        {"a": 0.5, "b": 0.5, "c": 0.0},
+        members={"a": ["alice"], "b": ["bob", "al"], "c": ["alice"]},
+    )
+    plan = schedule(
+        c, [pend("j", "b", 1, user="alice"), pend("k", "zzz", 1, user="alice")], {}, NOW
+    )
     d = plan.decisions["j"]
     assert d.verdict is Verdict.REJECT
     assert d.reason == "user alice is not a member of project b; alice belongs to: a, c"
-    assert plan.decisions["k"].reason.startswith("user alice is not a member of project zzz "
-                                                 "(no such project)")
+    assert plan.decisions["k"].reason.startswith(
+        "user alice is not a member of project zzz (no such project)"
+    )
 
 
 def test_reject_unknown_resource_and_larger_than_pool() -> None:
     c = cfg([{"v4": 10}, {"v4": 5}], {"a": 1.0})
-    plan = schedule(c, [pend("u", "a", {"v5": 1}), pend("big", "a", 16), pend("ok", "a", 15)],
-                    {}, NOW)
+    plan = schedule(
+        c, [pend("u", "a", {"v5": 1}), pend("big", "a", 16), pend("ok", "a", 15)], {}, NOW
+    )
     assert plan.decisions["u"].reason == "unknown resource type v5; the pool has 15 v4"
-    assert plan.decisions["big"].reason == ("larger than the whole pool: needs 16 v4, "
-                                            "the pool has 15 v4")
+    assert plan.decisions["big"].reason == (
+        "larger than the whole pool: needs 16 v4, the pool has 15 v4"
+    )
     assert plan.decisions["ok"].verdict is Verdict.START
 
 
@@ -68,8 +78,12 @@ def test_zero_resource_job_always_starts_on_tier_0() -> None:
 
 def test_reserved_tier_first_then_spot() -> None:
     c = cfg([{"v4": 10}, {"v4": 5}], {"a": 1.0})
-    plan = schedule(c, [pend("a1", "a", 8, submit=1), pend("a2", "a", 4, submit=2),
-                        pend("a3", "a", 2, submit=3)], {}, NOW)
+    plan = schedule(
+        c,
+        [pend("a1", "a", 8, submit=1), pend("a2", "a", 4, submit=2), pend("a3", "a", 2, submit=3)],
+        {},
+        NOW,
+    )
     tiers = {n: d.tier for n, d in plan.decisions.items()}
     # a2 spans tiers 0 and 1 so its label is 1, and it takes tier 1 first (backward pass),
     # which leaves tier 0 for a3.
@@ -116,8 +130,7 @@ def test_releasing_job_is_kept_and_holds_capacity() -> None:
 def test_pool_shrunk_below_running_jobs_evicts_nobody() -> None:
     # Kueue: "Should not evict admitted workloads when nominal quota is reduced below usage".
     c = cfg({"v4": 4}, {"a": 0.5, "b": 0.5})
-    jobs = [running("a1", "a", 4, start=0), running("b1", "b", 4, start=0),
-            pend("b2", "b", 1)]
+    jobs = [running("a1", "a", 4, start=0), running("b1", "b", 4, start=0), pend("b2", "b", 1)]
     plan = schedule(c, jobs, {}, NOW)
     assert names(plan, Verdict.KEEP) == ["a1", "b1"]
     assert names(plan, Verdict.PREEMPT) == []
@@ -126,9 +139,11 @@ def test_pool_shrunk_below_running_jobs_evicts_nobody() -> None:
 
 def test_priority_then_user_usage_then_age_inside_a_project() -> None:
     c = cfg({"v4": 1}, {"a": 1.0})
-    jobs = [pend("old-heavy", "a", 1, submit=1, user="heavy"),
-            pend("new-light", "a", 1, submit=5, user="light"),
-            pend("urgent", "a", 1, submit=9, prio=1, user="heavy")]
+    jobs = [
+        pend("old-heavy", "a", 1, submit=1, user="heavy"),
+        pend("new-light", "a", 1, submit=5, user="light"),
+        pend("urgent", "a", 1, submit=9, prio=1, user="heavy"),
+    ]
     usage = {"heavy": 1000.0, "light": 10.0}
     assert names(schedule(c, jobs, usage, NOW), Verdict.START) == ["urgent"]
     plan = schedule(c, jobs[:2], usage, NOW)
@@ -143,15 +158,23 @@ def test_wait_reason_in_absolute_units_with_position() -> None:
     jobs += [running("p1-big", "p1", 590, start=0)]
     jobs += [pend(f"w{i}", "p2", 8, submit=NOW - 10 + i) for i in range(4)]
     plan = schedule(c, jobs, {}, NOW)
-    assert plan.decisions["w3"].reason == ("needs 8 v4, 0 v4 free; project p2 at quota "
-                                           "410/410 v4; 3 jobs ahead in p2")
+    assert plan.decisions["w3"].reason == (
+        "needs 8 v4, 0 v4 free; project p2 at quota 410/410 v4; 3 jobs ahead in p2"
+    )
 
 
 def test_default_quota_runs_everything_that_fits() -> None:
     c = default_quota({"cpu": 4, "gpu": 1})
-    plan = schedule(c, [pend("j1", "default", {"cpu": 2, "gpu": 1}),
-                        pend("j2", "default", {"cpu": 2, "gpu": 1}),
-                        pend("j3", "other", {"cpu": 1})], {}, NOW)
+    plan = schedule(
+        c,
+        [
+            pend("j1", "default", {"cpu": 2, "gpu": 1}),
+            pend("j2", "default", {"cpu": 2, "gpu": 1}),
+            pend("j3", "other", {"cpu": 1}),
+        ],
+        {},
+        NOW,
+    )
     assert names(plan, Verdict.START) == ["j1"]
     assert names(plan, Verdict.WAIT) == ["j2"]
     assert "belongs to: default" in plan.decisions["j3"].reason
@@ -160,10 +183,27 @@ def test_default_quota_runs_everything_that_fits() -> None:
 def test_same_input_same_output_in_any_order() -> None:
     c = cfg({"v4": 20, "cpu": 16}, {"a": 0.5, "b": 0.3, "c": 0.2})
     rng = random.Random(7)
-    jobs = [running(f"r{i}", "abc"[i % 3], {"v4": rng.randint(1, 4), "cpu": rng.randint(0, 3)},
-                    start=rng.uniform(0, NOW), prio=rng.randint(1, 5)) for i in range(6)]
-    jobs += [pend(f"p{i}", "abc"[i % 3], {"v4": rng.randint(1, 6)}, prio=rng.randint(1, 5),
-                  submit=rng.uniform(0, NOW), user=f"u{i % 4}") for i in range(30)]
+    jobs = [
+        running(
+            f"r{i}",
+            "abc"[i % 3],
+            {"v4": rng.randint(1, 4), "cpu": rng.randint(0, 3)},
+            start=rng.uniform(0, NOW),
+            prio=rng.randint(1, 5),
+        )
+        for i in range(6)
+    ]
+    jobs += [
+        pend(
+            f"p{i}",
+            "abc"[i % 3],
+            {"v4": rng.randint(1, 6)},
+            prio=rng.randint(1, 5),
+            submit=rng.uniform(0, NOW),
+            user=f"u{i % 4}",
+        )
+        for i in range(30)
+    ]
     first = schedule(c, jobs, {"u1": 5.0}, NOW)
     for _ in range(5):
         rng.shuffle(jobs)
@@ -173,8 +213,12 @@ def test_same_input_same_output_in_any_order() -> None:
 
 def test_explain_names_quota_usage_position_and_what_must_change() -> None:
     c = cfg({"v4": 10}, {"a": 0.5, "b": 0.5})
-    jobs = [running("a1", "a", 5, start=0), running("b1", "b", 5, start=0),
-            pend("b2", "b", 4, submit=NOW - 5), pend("b3", "b", 2, submit=NOW - 1)]
+    jobs = [
+        running("a1", "a", 5, start=0),
+        running("b1", "b", 5, start=0),
+        pend("b2", "b", 4, submit=NOW - 5),
+        pend("b3", "b", 2, submit=NOW - 1),
+    ]
     text = explain(c, jobs, {}, NOW, "b3")
     assert "job b3: WAIT" in text
     assert "project b: quota 5 v4 of pool 10 v4; using 5 v4" in text
@@ -186,8 +230,11 @@ def test_explain_names_quota_usage_position_and_what_must_change() -> None:
 
 def test_explain_within_quota_and_rejected_jobs() -> None:
     c = cfg({"v4": 10}, {"a": 0.5, "b": 0.5}, min_runtime_seconds=600, reclaim_after_seconds=0)
-    jobs = [running("b1", "b", 10, start=NOW - 60), pend("a1", "a", 4, submit=NOW),
-            pend("bad", "a", {"v9": 1})]
+    jobs = [
+        running("b1", "b", 10, start=NOW - 60),
+        pend("a1", "a", 4, submit=NOW),
+        pend("bad", "a", {"v9": 1}),
+    ]
     text = explain(c, jobs, {}, NOW, "a1")
     assert "borrowers become preemptible at t=10540" in text
     assert "to start: nothing: it fits a's guaranteed quota" in text

@@ -15,27 +15,32 @@ from quota.policy import schedule
 
 NOW = 10_000.0
 RES = ("v4", "cpu")
-SETTINGS = settings(max_examples=1000, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=1000, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 @st.composite
 def worlds(draw: st.DrawFn) -> tuple[QuotaConfig, list[JobRequest], dict[str, float]]:
     ntiers = draw(st.integers(1, 2))
-    types = RES[:draw(st.integers(1, 2))]
+    types = RES[: draw(st.integers(1, 2))]
     tiers = tuple({r: draw(st.integers(0, 16)) for r in types} for _ in range(ntiers))
     projects = [f"p{i}" for i in range(draw(st.integers(1, 4)))]
-    raw = {p: {r: draw(st.sampled_from((0.0, 0.1, 0.25, 0.5, 1.0))) for r in types}
-           for p in projects}
+    raw = {
+        p: {r: draw(st.sampled_from((0.0, 0.1, 0.25, 0.5, 1.0))) for r in types} for p in projects
+    }
     totals = {r: sum(raw[p][r] for p in projects) for r in types}
-    shares = {p: {r: (f / totals[r] if totals[r] else 0.0) for r, f in s.items()}
-              for p, s in raw.items()}
+    shares = {
+        p: {r: (f / totals[r] if totals[r] else 0.0) for r, f in s.items()} for p, s in raw.items()
+    }
     knobs = SchedulingKnobs(
         min_runtime_seconds=draw(st.sampled_from((0.0, 300.0))),
         preempt_within_project=draw(st.booleans()),
-        reserve_after_seconds=draw(st.sampled_from((0.0, 300.0, 1e9))))
-    config = QuotaConfig(tiers=tiers, membership={p: ("u[0-3]",) for p in projects},
-                         shares=shares, scheduling=knobs)
+        reserve_after_seconds=draw(st.sampled_from((0.0, 300.0, 1e9))),
+    )
+    config = QuotaConfig(
+        tiers=tiers, membership={p: ("u[0-3]",) for p in projects}, shares=shares, scheduling=knobs
+    )
     pool = config.pool
     free = dict(pool)
     rng = random.Random(draw(st.integers(0, 2**32)))
@@ -52,19 +57,41 @@ def worlds(draw: st.DrawFn) -> tuple[QuotaConfig, list[JobRequest], dict[str, fl
                 free[r] -= n
             phase = Phase.RELEASING if rng.random() < 0.15 else Phase.RUNNING
             # Some run as backfill for pending jobs (maybe stale: that job came back later).
-            backfill = tuple(sorted({f"j{rng.randrange(npending)}" for _ in range(2)})) \
-                if npending and phase is Phase.RUNNING and rng.random() < 0.3 else ()
-            jobs.append(JobRequest(f"r{i}", rng.choice(projects), f"u{rng.randrange(4)}", need,
-                                   rng.randint(1, 5), NOW - 5000, phase,
-                                   NOW - rng.choice((10, 200, 400, 4000)),
-                                   rng.choice((None, *range(ntiers))), backfill_for=backfill,
-                                   preemptions=rng.choice((0, 0, 1, 2))))
+            backfill = (
+                tuple(sorted({f"j{rng.randrange(npending)}" for _ in range(2)}))
+                if npending and phase is Phase.RUNNING and rng.random() < 0.3
+                else ()
+            )
+            jobs.append(
+                JobRequest(
+                    f"r{i}",
+                    rng.choice(projects),
+                    f"u{rng.randrange(4)}",
+                    need,
+                    rng.randint(1, 5),
+                    NOW - 5000,
+                    phase,
+                    NOW - rng.choice((10, 200, 400, 4000)),
+                    rng.choice((None, *range(ntiers))),
+                    backfill_for=backfill,
+                    preemptions=rng.choice((0, 0, 1, 2)),
+                )
+            )
     for i in range(npending):
         submit = NOW - rng.choice((0, 100, 1000))
-        jobs.append(JobRequest(f"j{i}", rng.choice(projects), f"u{rng.randrange(5)}", request(),
-                               rng.randint(1, 5), submit, preemptions=rng.choice((0, 0, 1, 2)),
-                               pending_since=rng.choice((None, submit, NOW - 50)),
-                               creation_time=rng.choice((None, 1.0, 2.0))))
+        jobs.append(
+            JobRequest(
+                f"j{i}",
+                rng.choice(projects),
+                f"u{rng.randrange(5)}",
+                request(),
+                rng.randint(1, 5),
+                submit,
+                preemptions=rng.choice((0, 0, 1, 2)),
+                pending_since=rng.choice((None, submit, NOW - 50)),
+                creation_time=rng.choice((None, 1.0, 2.0)),
+            )
+        )
     usage = {f"u{i}": float(rng.randrange(0, 1000, 100)) for i in range(5)}
     return config, jobs, usage
 
@@ -134,8 +161,9 @@ def test_no_project_is_preempted_below_its_quota_for_another(world: tuple) -> No
         backfill = by_job.name in v.backfill_for and since <= (v.start_time or 0)
         assert backfill or NOW - (v.start_time or 0) >= config.scheduling.min_runtime_seconds
         if v.project_id == by_job.project_id:
-            assert backfill or (config.scheduling.preempt_within_project
-                                and v.priority > by_job.priority)
+            assert backfill or (
+                config.scheduling.preempt_within_project and v.priority > by_job.priority
+            )
         else:
             assert d.preempted_by in plan.within_quota
             victims.setdefault(v.project_id, []).append(v)
@@ -143,12 +171,15 @@ def test_no_project_is_preempted_below_its_quota_for_another(world: tuple) -> No
         q = config.quota_of(p)
         used = _sum([j for j in jobs if j.project_id == p and j.phase is Phase.RUNNING])
         lost = _sum(vs)
-        assert any(used.get(r, 0) - lost.get(r, 0) + max(v.resources.get(r, 0) for v in vs)
-                   > q.get(r, 0.0) for r in lost), (p, used, q, [v.name for v in vs])
+        assert any(
+            used.get(r, 0) - lost.get(r, 0) + max(v.resources.get(r, 0) for v in vs) > q.get(r, 0.0)
+            for r in lost
+        ), (p, used, q, [v.name for v in vs])
 
 
-def _cycle(config: QuotaConfig, jobs: list[JobRequest], usage: dict[str, float],
-           now: float) -> tuple[Plan, list[JobRequest]]:
+def _cycle(
+    config: QuotaConfig, jobs: list[JobRequest], usage: dict[str, float], now: float
+) -> tuple[Plan, list[JobRequest]]:
     plan = schedule(config, jobs, usage, now)
     return plan, apply(plan, jobs, now)
 

@@ -21,7 +21,7 @@ def test_running_jobs_accrue_decayed_resource_seconds() -> None:
     h = 100.0
     job = running("j", "p", {"v4": 2, "cpu": 1}, start=0.0, user="bob")
     got = UsageLedger(h, 0.0).advance([job], 50.0).by_user["bob"]
-    assert got == pytest.approx(3 * h / math.log(2) * (1 - 0.5 ** 0.5))
+    assert got == pytest.approx(3 * h / math.log(2) * (1 - 0.5**0.5))
     assert got < 3 * 50  # older seconds weigh less
 
 

@@ -174,15 +174,20 @@ class CloudBuildServer(StandinServer):
             )
         build_id = str(uuid.uuid4())
         build = {
-            **body, "id": build_id, "projectId": project, "status": "QUEUED",
-            "createTime": self.now(), "timeout": body.get("timeout") or "3600s",
+            **body,
+            "id": build_id,
+            "projectId": project,
+            "status": "QUEUED",
+            "createTime": self.now(),
+            "timeout": body.get("timeout") or "3600s",
             "queueTtl": body.get("queueTtl") or "3600s",
             "logUrl": f"https://console.cloud.google.com/cloud-build/builds/{build_id}"
-                      f"?project={project}",
+            f"?project={project}",
             "logsBucket": f"gs://{project}_cloudbuild/logs",
             "name": f"projects/{project}/locations/global/builds/{build_id}",
-            "_ticks": 0, "_fault": self._next_fault,
-        }  # fmt: skip
+            "_ticks": 0,
+            "_fault": self._next_fault,
+        }
         self._next_fault = None
         self.builds[build_id] = build
         op = {
@@ -262,9 +267,11 @@ class CloudBuildServer(StandinServer):
                 failure_type = getattr(e, "failure_type", "USER_BUILD_STEP")
                 self._end(build, "FAILURE", f"Build step failure: {e}", failure_type)
                 continue
-            build["results"] = {"images": [
-                {"name": name, "digest": digests[name]} for name in build.get("images") or []
-            ]}  # fmt: skip
+            build["results"] = {
+                "images": [
+                    {"name": name, "digest": digests[name]} for name in build.get("images") or []
+                ]
+            }
             self._end(build, "SUCCESS", None, None)
 
     def _digests(self, build: dict) -> dict[str, str]:

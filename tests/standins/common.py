@@ -67,8 +67,9 @@ def camel_keys(obj):
     out = {}
     for k, v in obj.items():
         key = re.sub(r"_([a-z0-9])", lambda m: m.group(1).upper(), k)
-        string_map = key == "labels" or (key == "metadata" and isinstance(v, dict)
-                                         and not isinstance(v.get("items"), list))
+        string_map = key == "labels" or (
+            key == "metadata" and isinstance(v, dict) and not isinstance(v.get("items"), list)
+        )
         out[key] = v if string_map else camel_keys(v)
     return out
 
@@ -177,8 +178,9 @@ class CapacityInjections:
         with self.lock:  # type: ignore[attr-defined]
             self._quota.discard(zone)  # type: ignore[attr-defined]
 
-    def fail_creates(self, code, message: str, zone: str | None = None,
-                     times: int | None = None) -> None:
+    def fail_creates(
+        self, code, message: str, zone: str | None = None, times: int | None = None
+    ) -> None:
         """Creates accepted from now on (in ``zone``, or anywhere; the next ``times`` of them,
         or all) fail asynchronously: their operation ends with this error (``code`` as the
         API writes it: a ``google.rpc.Code`` number for TPU, a string for Compute) and
@@ -211,8 +213,9 @@ class StandinServer:
 
     routes: list[tuple[str, str, str]] = []
 
-    def __init__(self, seconds_per_tick: float = 60, polls_per_tick: int | None = None,
-                 on_ready=None):
+    def __init__(
+        self, seconds_per_tick: float = 60, polls_per_tick: int | None = None, on_ready=None
+    ):
         self.lock = threading.RLock()
         self.clock = 0.0
         self.seconds_per_tick = seconds_per_tick

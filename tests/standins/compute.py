@@ -47,7 +47,8 @@ MACHINE_TYPES = re.compile(
     r"(?P<gpu>a2-(high|ultra)gpu-(1|2|4|8)g|a2-megagpu-16g|a3-(high|mega|ultra)gpu-8g"
     r"|a3-highgpu-(1|2|4)g|g2-standard-(4|8|12|16|24|32|48|96))"
     r"|n1-(standard|highmem|highcpu)-(1|2|4|8|16|32|64|96)|e2-(standard|highmem)-(2|4|8|16|32)"
-    r"|e2-(micro|small|medium)|n2-standard-(2|4|8|16|32|48|64|80|96|128)")
+    r"|e2-(micro|small|medium)|n2-standard-(2|4|8|16|32|48|64|80|96|128)"
+)
 QUOTA_METRIC = {"a2": "NVIDIA_A100_GPUS", "a3": "NVIDIA_H100_GPUS", "g2": "NVIDIA_L4_GPUS"}
 
 
@@ -96,15 +97,23 @@ class ComputeServer(CapacityInjections, StandinServer):
             if sched.get("provisioningModel") != "SPOT" and not sched.get("preemptible"):
                 raise ValueError(f"{name} is neither spot nor preemptible")
             if inst["_op"] and self.ops[inst["_op"]]["status"] != "DONE":
-                self._finish(inst["_op"], error=("UNSUPPORTED_OPERATION", (
-                    f"The resource '{self._path(key)}' was preempted during creation.")))
+                self._finish(
+                    inst["_op"],
+                    error=(
+                        "UNSUPPORTED_OPERATION",
+                        (f"The resource '{self._path(key)}' was preempted during creation."),
+                    ),
+                )
             op = self._op(key, "compute.instances.preempted", user="system")
             self._finish(op, status_message="Instance was preempted.")
             if sched.get("instanceTerminationAction") == "DELETE":
                 del self.instances[key]
             else:
-                inst.update(status="TERMINATED", lastStopTimestamp=self.now(),
-                            statusMessage="Instance was preempted.")
+                inst.update(
+                    status="TERMINATED",
+                    lastStopTimestamp=self.now(),
+                    statusMessage="Instance was preempted.",
+                )
 
     # --- helpers ----------------------------------------------------------------------------
     def _rate_limit_error(self) -> ApiError:
@@ -130,13 +139,21 @@ class ComputeServer(CapacityInjections, StandinServer):
         op_key = (project, zone, name)
         inst = self.instances.get(key) or {}
         self.ops[op_key] = {
-            "kind": "compute#operation", "id": str(7000 + n), "name": name,
-            "operationType": op_type, "status": "PENDING", "progress": 0,
+            "kind": "compute#operation",
+            "id": str(7000 + n),
+            "name": name,
+            "operationType": op_type,
+            "status": "PENDING",
+            "progress": 0,
             "zone": f"{LINK}projects/{project}/zones/{zone}",
-            "targetLink": LINK + self._path(key), "targetId": inst.get("id", ""),
-            "user": user, "insertTime": self.now(), "startTime": self.now(),
+            "targetLink": LINK + self._path(key),
+            "targetId": inst.get("id", ""),
+            "user": user,
+            "insertTime": self.now(),
+            "startTime": self.now(),
             "selfLink": LINK + self._path(op_key, "operations"),
-            **({"clientOperationId": request_id} if request_id else {})}
+            **({"clientOperationId": request_id} if request_id else {}),
+        }
         return op_key
 
     def _finish(self, op_key, error: tuple[str, str] | None = None, status_message=None):
@@ -157,39 +174,55 @@ class ComputeServer(CapacityInjections, StandinServer):
         except ValueError:
             ok = False
         if not ok:
-            raise gce_error(400, "invalid", f"Invalid value for field 'requestId': "
-                            f"'{request_id}'. The request id must be a valid UUID.")
+            raise gce_error(
+                400,
+                "invalid",
+                f"Invalid value for field 'requestId': "
+                f"'{request_id}'. The request id must be a valid UUID.",
+            )
         op_key = self._requests.get(request_id)
         return public(self.ops[op_key]) if op_key in self.ops else None
 
     def _validate(self, zone: str, body: dict) -> bool:
         """Returns whether the VM has GPUs. Raises 400 ``invalid`` like the real API."""
+
         def invalid(field, message):
-            raise gce_error(400, "invalid", f"Invalid value for field 'resource.{field}': "
-                            f"{message}")
+            raise gce_error(
+                400, "invalid", f"Invalid value for field 'resource.{field}': {message}"
+            )
 
         name = body.get("name", "")
         if not NAME.fullmatch(name):
-            invalid("name", f"'{name}'. Must be a match of regex "
-                            "'(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)'")
+            invalid(
+                "name",
+                f"'{name}'. Must be a match of regex '(?:[a-z](?:[-a-z0-9]{{0,61}}[a-z0-9])?)'",
+            )
         mt = body.get("machineType", "")
         m = re.fullmatch(r"(?:.*/)?zones/([^/]+)/machineTypes/([^/]+)", mt)
         if not m or m.group(1) != zone or not MACHINE_TYPES.fullmatch(m.group(2)):
-            invalid("machineType", f"'{mt}'. Machine type with name "
-                                   f"'{mt.rsplit('/', 1)[-1]}' does not exist in zone '{zone}'.")
+            invalid(
+                "machineType",
+                f"'{mt}'. Machine type with name "
+                f"'{mt.rsplit('/', 1)[-1]}' does not exist in zone '{zone}'.",
+            )
         gpu = bool(MACHINE_TYPES.fullmatch(m.group(2))["gpu"] or body.get("guestAccelerators"))
         sched = body.get("scheduling") or {}
         spot = sched.get("provisioningModel") == "SPOT" or sched.get("preemptible")
         if spot and sched.get("automaticRestart", False):
-            invalid("scheduling.automaticRestart",
-                    "'true'. Spot and preemptible instances cannot be automatically restarted.")
+            invalid(
+                "scheduling.automaticRestart",
+                "'true'. Spot and preemptible instances cannot be automatically restarted.",
+            )
         if (spot or gpu) and sched.get("onHostMaintenance", "TERMINATE") != "TERMINATE":
-            invalid("scheduling.onHostMaintenance",
-                    f"'{sched['onHostMaintenance']}'. Instances with guest accelerators or "
-                    "Spot provisioning do not support live migration.")
+            invalid(
+                "scheduling.onHostMaintenance",
+                f"'{sched['onHostMaintenance']}'. Instances with guest accelerators or "
+                "Spot provisioning do not support live migration.",
+            )
         if sched.get("instanceTerminationAction", "STOP") not in ("STOP", "DELETE"):
-            invalid("scheduling.instanceTerminationAction",
-                    f"'{sched['instanceTerminationAction']}'.")
+            invalid(
+                "scheduling.instanceTerminationAction", f"'{sched['instanceTerminationAction']}'."
+            )
         return gpu
 
     # --- instances --------------------------------------------------------------------------
@@ -200,23 +233,36 @@ class ComputeServer(CapacityInjections, StandinServer):
         self._validate(zone, body)
         key = (project, zone, body["name"])
         if key in self.instances:
-            raise gce_error(409, "alreadyExists",
-                            f"The resource '{self._path(key)}' already exists")
+            raise gce_error(
+                409, "alreadyExists", f"The resource '{self._path(key)}' already exists"
+            )
         if zone in self._quota or None in self._quota:
             family = body["machineType"].rsplit("/", 1)[-1].split("-")[0]
             metric = QUOTA_METRIC.get(family, "CPUS")
-            raise gce_error(403, "quotaExceeded", f"Quota '{metric}' exceeded.  Limit: 0.0 in "
-                            f"region {zone.rsplit('-', 1)[0]}.", domain="usageLimits")
+            raise gce_error(
+                403,
+                "quotaExceeded",
+                f"Quota '{metric}' exceeded.  Limit: 0.0 in region {zone.rsplit('-', 1)[0]}.",
+                domain="usageLimits",
+            )
         n = self._next()
-        inst = {**body, "kind": "compute#instance", "id": str(4_000_000 + n),
-                "creationTimestamp": self.now(), "status": "PROVISIONING",
-                "zone": f"{LINK}projects/{project}/zones/{zone}",
-                "machineType": f"{LINK}projects/{project}/zones/{zone}/machineTypes/"
-                               + body["machineType"].rsplit("/", 1)[-1],
-                "selfLink": LINK + self._path(key), "labels": body.get("labels") or {},
-                "labelFingerprint": "42WmSpB8rSM=",
-                "networkInterfaces": [{**nic, "networkIP": f"10.128.0.{n % 250 + 2}"}
-                                      for nic in body.get("networkInterfaces") or [{}]]}
+        inst = {
+            **body,
+            "kind": "compute#instance",
+            "id": str(4_000_000 + n),
+            "creationTimestamp": self.now(),
+            "status": "PROVISIONING",
+            "zone": f"{LINK}projects/{project}/zones/{zone}",
+            "machineType": f"{LINK}projects/{project}/zones/{zone}/machineTypes/"
+            + body["machineType"].rsplit("/", 1)[-1],
+            "selfLink": LINK + self._path(key),
+            "labels": body.get("labels") or {},
+            "labelFingerprint": "42WmSpB8rSM=",
+            "networkInterfaces": [
+                {**nic, "networkIP": f"10.128.0.{n % 250 + 2}"}
+                for nic in body.get("networkInterfaces") or [{}]
+            ],
+        }
         self.instances[key] = inst
         op_key = self._op(key, "insert", request_id=query.get("requestId"))
         inst["_op"] = op_key
@@ -239,31 +285,45 @@ class ComputeServer(CapacityInjections, StandinServer):
         if key not in self.instances:
             raise self._not_found(key)
         if str(query.get("port") or "1") != "1":
-            return 200, {"kind": "compute#serialPortOutput", "contents": "", "start": "0",
-                         "next": "0"}  # fmt: skip
+            return 200, {
+                "kind": "compute#serialPortOutput",
+                "contents": "",
+                "start": "0",
+                "next": "0",
+            }
         printed = self.console(name) if self.console else b""
         stamp = self.instances[key].get("lastStartTimestamp") or self.now()
         text = f"{stamp} {name} kernel: Linux version 6.1.0-stand-in\n" + "".join(
             f"{stamp} {name} google_metadata_script_runner[1234]: startup-script: {line}\n"
-            for line in printed.decode(errors="replace").splitlines())  # fmt: skip
+            for line in printed.decode(errors="replace").splitlines()
+        )
         data = text.encode()
         earliest = max(0, len(data) - (1 << 20))
         start = max(int(query.get("start") or 0), earliest)
-        return 200, {"kind": "compute#serialPortOutput",
-                     "contents": data[start:].decode(errors="replace"),
-                     "start": str(start), "next": str(len(data)),
-                     "selfLink": f"{LINK}{self._path(key)}/serialPort?port=1"}  # fmt: skip
+        return 200, {
+            "kind": "compute#serialPortOutput",
+            "contents": data[start:].decode(errors="replace"),
+            "start": str(start),
+            "next": str(len(data)),
+            "selfLink": f"{LINK}{self._path(key)}/serialPort?port=1",
+        }
 
     def _matching(self, project, zone, query) -> list[dict]:
         pred = parse_filter(query.get("filter"))
-        return [public(i) for k, i in sorted(self.instances.items())
-                if k[0] == project and (zone is None or k[1] == zone) and pred(i)]
+        return [
+            public(i)
+            for k, i in sorted(self.instances.items())
+            if k[0] == project and (zone is None or k[1] == zone) and pred(i)
+        ]
 
     def _list(self, project, zone, query, body):
         items = self._matching(project, zone, query)
         page, token = paginate(items, int(query.get("maxResults") or 500), query.get("pageToken"))
-        out = {"kind": "compute#instanceList", "items": page,
-               "selfLink": f"{LINK}projects/{project}/zones/{zone}/instances"}
+        out = {
+            "kind": "compute#instanceList",
+            "items": page,
+            "selfLink": f"{LINK}projects/{project}/zones/{zone}/instances",
+        }
         if token:
             out["nextPageToken"] = token
         return 200, out
@@ -303,8 +363,9 @@ class ComputeServer(CapacityInjections, StandinServer):
 
     def _list_ops(self, project, zone, query, body):
         pred = parse_filter(query.get("filter"))
-        items = [public(o) for k, o in sorted(self.ops.items())
-                 if k[:2] == (project, zone) and pred(o)]
+        items = [
+            public(o) for k, o in sorted(self.ops.items()) if k[:2] == (project, zone) and pred(o)
+        ]
         page, token = paginate(items, int(query.get("maxResults") or 500), query.get("pageToken"))
         out = {"kind": "compute#operationList", "items": page}
         if token:
@@ -323,10 +384,17 @@ class ComputeServer(CapacityInjections, StandinServer):
             if status == "PROVISIONING":
                 if key[1] in self._stocked_out:
                     del self.instances[key]
-                    self._finish(inst["_op"], error=("ZONE_RESOURCE_POOL_EXHAUSTED", (
-                        f"The zone 'projects/{key[0]}/zones/{key[1]}' does not have enough "
-                        "resources available to fulfill the request.  Try a different zone, or "
-                        "try again later.")))
+                    self._finish(
+                        inst["_op"],
+                        error=(
+                            "ZONE_RESOURCE_POOL_EXHAUSTED",
+                            (
+                                f"The zone 'projects/{key[0]}/zones/{key[1]}' does not have enough "
+                                "resources available to fulfill the request.  Try a different zone, or "  # noqa: E501
+                                "try again later."
+                            ),
+                        ),
+                    )
                     continue
                 if (failure := self._create_failure(key[1])) is not None:
                     del self.instances[key]
@@ -337,18 +405,28 @@ class ComputeServer(CapacityInjections, StandinServer):
             elif status == "STAGING":
                 inst.update(status="RUNNING", lastStartTimestamp=self.now())
                 self._finish(inst["_op"])
-                md = {i["key"]: i.get("value", "") for i in
-                      (inst.get("metadata") or {}).get("items", [])}
+                md = {
+                    i["key"]: i.get("value", "")
+                    for i in (inst.get("metadata") or {}).get("items", [])
+                }
                 self._ready(inst, 0, {**md, "instance-id": inst["id"], "hostname": key[2]})
             elif status == "RUNNING" and self._past_max_run(inst):
                 if (inst.get("scheduling") or {}).get("instanceTerminationAction") == "DELETE":
                     del self.instances[key]
                 else:
-                    inst.update(status="TERMINATED", lastStopTimestamp=self.now(),
-                                statusMessage="Instance reached its maxRunDuration.")
+                    inst.update(
+                        status="TERMINATED",
+                        lastStopTimestamp=self.now(),
+                        statusMessage="Instance reached its maxRunDuration.",
+                    )
             elif status == "STOPPING" and inst.get("_del_op"):
                 del self.instances[key]
                 if self.ops[inst["_op"]]["status"] != "DONE":  # deleted while being created
-                    self._finish(inst["_op"], error=("RESOURCE_NOT_FOUND", (
-                        f"The resource '{self._path(key)}' was deleted during creation.")))
+                    self._finish(
+                        inst["_op"],
+                        error=(
+                            "RESOURCE_NOT_FOUND",
+                            (f"The resource '{self._path(key)}' was deleted during creation."),
+                        ),
+                    )
                 self._finish(inst["_del_op"])

@@ -48,8 +48,14 @@ NODE_T = "type.googleapis.com/google.cloud.tpu.v2.Node"
 QR_T = "type.googleapis.com/google.cloud.tpu.v2.QueuedResource"
 EMPTY_T = "type.googleapis.com/google.protobuf.Empty"
 META_T = "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata"
-_CONFIG_FAMILY = {"V2": ("v2", 2), "V3": ("v3", 2), "V4": ("v4", 2), "V5P": ("v5p", 2),
-                  "V5LITE_POD": ("v5litepod", 1), "V6E": ("v6e", 1)}  # type -> (prefix, cores/chip)
+_CONFIG_FAMILY = {
+    "V2": ("v2", 2),
+    "V3": ("v3", 2),
+    "V4": ("v4", 2),
+    "V5P": ("v5p", 2),
+    "V5LITE_POD": ("v5litepod", 1),
+    "V6E": ("v6e", 1),
+}  # type -> (prefix, cores/chip)
 
 
 def accelerator_type(node: dict) -> str:
@@ -95,8 +101,9 @@ class TpuServer(CapacityInjections, StandinServer):
         ("DELETE", r"/v2/(projects/[^/]+/locations/[^/]+/queuedResources/[^/:]+)", "_delete_qr"),
     ]
 
-    def __init__(self, provision_ticks: int = 2, delete_ticks: int = 1, repair_ticks: int = 1,
-                 **kw):
+    def __init__(
+        self, provision_ticks: int = 2, delete_ticks: int = 1, repair_ticks: int = 1, **kw
+    ):
         super().__init__(**kw)
         self.provision_ticks, self.delete_ticks = provision_ticks, delete_ticks
         self.repair_ticks = repair_ticks
@@ -133,9 +140,16 @@ class TpuServer(CapacityInjections, StandinServer):
             if not node["_spot"]:
                 raise ValueError(f"{name} is neither spot nor preemptible")
             if node["state"] == "CREATING" and node["_op"]:
-                self._finish(node["_op"], error={"code": 3, "message": (
-                    "Cloud TPU received a bad request. update is not supported while in state "
-                    "PREEMPTED")})
+                self._finish(
+                    node["_op"],
+                    error={
+                        "code": 3,
+                        "message": (
+                            "Cloud TPU received a bad request. update is not supported while in state "  # noqa: E501
+                            "PREEMPTED"
+                        ),
+                    },
+                )
             node["state"] = "PREEMPTED"
 
     def maintenance(self, name: str):
@@ -148,8 +162,7 @@ class TpuServer(CapacityInjections, StandinServer):
                 raise KeyError(name)
             if node["state"] != "READY":
                 raise ValueError(f"{name} is {node['state']}, not READY")
-            node.update(state="REPAIRING", health="UNHEALTHY_MAINTENANCE",
-                        _left=self.repair_ticks)
+            node.update(state="REPAIRING", health="UNHEALTHY_MAINTENANCE", _left=self.repair_ticks)
 
     def stuck(self, name: str, frozen: bool = True):
         """Freeze a queued resource in its current state (no advance, no expiry)."""
@@ -168,8 +181,12 @@ class TpuServer(CapacityInjections, StandinServer):
 
     # --- helpers ----------------------------------------------------------------------------
     def _rate_limit_error(self) -> ApiError:
-        return rpc_error(429, "RESOURCE_EXHAUSTED", "Quota exceeded for quota metric 'Requests' "
-                         "and limit 'Requests per minute' of service 'tpu.googleapis.com'.")
+        return rpc_error(
+            429,
+            "RESOURCE_EXHAUSTED",
+            "Quota exceeded for quota metric 'Requests' "
+            "and limit 'Requests per minute' of service 'tpu.googleapis.com'.",
+        )
 
     def _unavailable_error(self) -> ApiError:
         return rpc_error(503, "UNAVAILABLE", "The service is currently unavailable.")
@@ -179,9 +196,17 @@ class TpuServer(CapacityInjections, StandinServer):
 
     def _op(self, parent: str, verb: str, target: str) -> dict:
         name = f"{parent}/operations/operation-{1767225600000 + self._next()}-stand-in"
-        op = {"name": name, "done": False, "metadata": {
-            "@type": META_T, "createTime": self.now(), "target": target, "verb": verb,
-            "apiVersion": "v2"}}
+        op = {
+            "name": name,
+            "done": False,
+            "metadata": {
+                "@type": META_T,
+                "createTime": self.now(),
+                "target": target,
+                "verb": verb,
+                "apiVersion": "v2",
+            },
+        }
         self.ops[name] = op
         return op
 
@@ -200,12 +225,23 @@ class TpuServer(CapacityInjections, StandinServer):
         zone = parent.rsplit("/", 1)[1]
         if zone in self._quota or None in self._quota:
             region = zone.rsplit("-", 1)[0]
-            message = (f"Quota 'TPUV2sPreemptiblePodPerProjectPerRegionForTPUAPI' exhausted. "
-                       f"Limit 32 in region {region}")
-            raise rpc_error(429, "RESOURCE_EXHAUSTED", message, [{
-                "@type": "type.googleapis.com/google.rpc.QuotaFailure",
-                "violations": [{"subject": f"project:{parent.split('/')[1]}",
-                                "description": message}]}])
+            message = (
+                f"Quota 'TPUV2sPreemptiblePodPerProjectPerRegionForTPUAPI' exhausted. "
+                f"Limit 32 in region {region}"
+            )
+            raise rpc_error(
+                429,
+                "RESOURCE_EXHAUSTED",
+                message,
+                [
+                    {
+                        "@type": "type.googleapis.com/google.rpc.QuotaFailure",
+                        "violations": [
+                            {"subject": f"project:{parent.split('/')[1]}", "description": message}
+                        ],
+                    }
+                ],
+            )
 
     def _phantom_answer(self, name: str, op: dict):
         if self._phantom:
@@ -219,8 +255,11 @@ class TpuServer(CapacityInjections, StandinServer):
         if not node.get("runtimeVersion"):
             raise rpc_error(400, "INVALID_ARGUMENT", "Field runtimeVersion is required.")
         if bool(node.get("acceleratorType")) == bool(node.get("acceleratorConfig")):
-            raise rpc_error(400, "INVALID_ARGUMENT",
-                            "Exactly one of acceleratorType or acceleratorConfig is required.")
+            raise rpc_error(
+                400,
+                "INVALID_ARGUMENT",
+                "Exactly one of acceleratorType or acceleratorConfig is required.",
+            )
         try:
             return hosts(accelerator_type(node))
         except (KeyError, ValueError):
@@ -233,30 +272,52 @@ class TpuServer(CapacityInjections, StandinServer):
         ``multisliceParams``, whose ``nodeCount`` is more than 1 and ``nodeIdPrefix`` given."""
         multi = spec.get("multisliceParams")
         if ("nodeId" in spec) == (multi is not None):
-            raise rpc_error(400, "INVALID_ARGUMENT", (
-                "Invalid node spec: exactly one of node_id and multislice_params must be set. "
-                "node_id is only specified when requesting a single node. In case of "
-                "multislice requests, multislice_params must be populated instead."))
+            raise rpc_error(
+                400,
+                "INVALID_ARGUMENT",
+                (
+                    "Invalid node spec: exactly one of node_id and multislice_params must be set. "
+                    "node_id is only specified when requesting a single node. In case of "
+                    "multislice requests, multislice_params must be populated instead."
+                ),
+            )
         if multi is not None:
             count = multi.get("nodeCount")  # proto3 JSON: a number or a numeral
             if not str(count).isdigit() or int(count) <= 1:
-                raise rpc_error(400, "INVALID_ARGUMENT", (
-                    f"Invalid multislice_params.node_count {count!r}: a multislice request "
-                    "needs node_count greater than 1."))
+                raise rpc_error(
+                    400,
+                    "INVALID_ARGUMENT",
+                    (
+                        f"Invalid multislice_params.node_count {count!r}: a multislice request "
+                        "needs node_count greater than 1."
+                    ),
+                )
             if not multi.get("nodeIdPrefix"):
-                raise rpc_error(400, "INVALID_ARGUMENT",
-                                "multislice_params.node_id_prefix is required.")
+                raise rpc_error(
+                    400, "INVALID_ARGUMENT", "multislice_params.node_id_prefix is required."
+                )
 
-    def _new_node(self, parent, node_id, body, op_name=None, qr_name=None, spot=False,
-                  multislice=None) -> dict:
+    def _new_node(
+        self, parent, node_id, body, op_name=None, qr_name=None, spot=False, multislice=None
+    ) -> dict:
         name = f"{parent}/nodes/{node_id}"
         acc = accelerator_type(body)
         sched = body.get("schedulingConfig") or {}
-        node = {**body, "name": name, "id": str(1000 + self._next()), "acceleratorType": acc,
-                "state": "CREATING", "createTime": self.now(), "networkEndpoints": [],
-                "apiVersion": "V2", "_hosts": hosts(acc), "_op": op_name,
-                "_left": self.provision_ticks, "_qr": qr_name,
-                "_spot": spot or bool(sched.get("spot") or sched.get("preemptible"))}
+        node = {
+            **body,
+            "name": name,
+            "id": str(1000 + self._next()),
+            "acceleratorType": acc,
+            "state": "CREATING",
+            "createTime": self.now(),
+            "networkEndpoints": [],
+            "apiVersion": "V2",
+            "_hosts": hosts(acc),
+            "_op": op_name,
+            "_left": self.provision_ticks,
+            "_qr": qr_name,
+            "_spot": spot or bool(sched.get("spot") or sched.get("preemptible")),
+        }
         if qr_name:
             node["queuedResource"] = qr_name
         if multislice is not None:  # (slice index, slice count, slice 0's node name)
@@ -272,13 +333,18 @@ class TpuServer(CapacityInjections, StandinServer):
         """The ``tpu-env`` attribute a TPU VM carries: lines ``KEY: 'value'``; a node of a
         multislice queued resource also gets the runtime's MEGASCALE_* (its slice, the slice
         count, slice 0's worker 0 as the coordinator, the port)."""
-        env = {"ACCELERATOR_TYPE": node["acceleratorType"], "WORKER_ID": str(worker),
-               "NODE_ID": node["name"].rsplit("/", 1)[1], "ZONE": node["name"].split("/")[3]}
+        env = {
+            "ACCELERATOR_TYPE": node["acceleratorType"],
+            "WORKER_ID": str(worker),
+            "NODE_ID": node["name"].rsplit("/", 1)[1],
+            "ZONE": node["name"].split("/")[3],
+        }
         if node.get("_slice") is not None:
             i, n, first = node["_slice"]
             coordinator = self.nodes.get(first, node if i == 0 else None)
-            env.update(MEGASCALE_SLICE_ID=str(i), MEGASCALE_NUM_SLICES=str(n),
-                       MEGASCALE_PORT="8080")
+            env.update(
+                MEGASCALE_SLICE_ID=str(i), MEGASCALE_NUM_SLICES=str(n), MEGASCALE_PORT="8080"
+            )
             if coordinator is not None:
                 env["MEGASCALE_COORDINATOR_ADDRESS"] = self._ip(coordinator, 0)
         return "".join(f"{k}: '{v}'\n" for k, v in env.items())
@@ -287,14 +353,23 @@ class TpuServer(CapacityInjections, StandinServer):
         node.update(state="READY", health="HEALTHY")
         k = int(node["id"]) % 250
         node["networkEndpoints"] = [
-            {"ipAddress": self._ip(node, i), "port": 8470,
-             "accessConfig": {"externalIp": f"203.0.{k}.{i + 2}"}} for i in range(node["_hosts"])]
+            {
+                "ipAddress": self._ip(node, i),
+                "port": 8470,
+                "accessConfig": {"externalIp": f"203.0.{k}.{i + 2}"},
+            }
+            for i in range(node["_hosts"])
+        ]
         if node["_op"]:
             self._finish(node["_op"], response={"@type": NODE_T, **public(node)})
         for i in range(node["_hosts"]):
-            md = {**node.get("metadata", {}), "agent-worker-number": str(i),
-                  "accelerator-type": node["acceleratorType"],
-                  "instance-id": f"{node['id']}-w{i}", "tpu-env": self._tpu_env(node, i)}
+            md = {
+                **node.get("metadata", {}),
+                "agent-worker-number": str(i),
+                "accelerator-type": node["acceleratorType"],
+                "instance-id": f"{node['id']}-w{i}",
+                "tpu-env": self._tpu_env(node, i),
+            }
             self._ready(node, i, md)
 
     def _qr_nodes(self, qr: dict) -> list[dict]:
@@ -353,11 +428,16 @@ class TpuServer(CapacityInjections, StandinServer):
         if not specs:
             raise rpc_error(400, "INVALID_ARGUMENT", "tpu.nodeSpec is required.")
         if len(specs) > 1 and not self.accept_spec_per_slice:
-            raise rpc_error(400, "INVALID_ARGUMENT", (
-                f"Invalid tpu.node_spec: {len(specs)} node specs were given. node_id is only "
-                "specified when requesting a single node. In case of multislice requests, "
-                "multislice_params must be populated instead (one node spec with node_count "
-                "and node_id_prefix)."))
+            raise rpc_error(
+                400,
+                "INVALID_ARGUMENT",
+                (
+                    f"Invalid tpu.node_spec: {len(specs)} node specs were given. node_id is only "
+                    "specified when requesting a single node. In case of multislice requests, "
+                    "multislice_params must be populated instead (one node spec with node_count "
+                    "and node_id_prefix)."
+                ),
+            )
         planned = []  # (parent, node id, node body, (slice, slices, slice 0's name) or None)
         for spec in specs:
             multi = spec.get("multisliceParams")
@@ -384,9 +464,18 @@ class TpuServer(CapacityInjections, StandinServer):
         elif policy.get("validUntilTime"):
             expires = virtual_seconds(policy["validUntilTime"])
         op = self._op(parent, "create", name)
-        self.qrs[name] = {**body, "name": name, "createTime": self.now(),
-                          "state": {"state": "CREATING"}, "_op": op["name"], "_plan": planned,
-                          "_nodes": [], "_expires": expires, "_stuck": False, "_left": 0}
+        self.qrs[name] = {
+            **body,
+            "name": name,
+            "createTime": self.now(),
+            "state": {"state": "CREATING"},
+            "_op": op["name"],
+            "_plan": planned,
+            "_nodes": [],
+            "_expires": expires,
+            "_stuck": False,
+            "_left": 0,
+        }
         if request_id:
             self._qr_requests[request_id] = op["name"]
         return self._phantom_answer(name, op)
@@ -410,12 +499,21 @@ class TpuServer(CapacityInjections, StandinServer):
             raise self._not_found(name)
         force = query.get("force", "").lower() == "true"
         if self._qr_nodes(qr) and not force:
-            raise rpc_error(400, "FAILED_PRECONDITION", (
-                f"Cannot delete queued resource '{name}' in state {qr['state']['state']} while it "
-                "has nodes; delete the nodes first or set force=true."))
+            raise rpc_error(
+                400,
+                "FAILED_PRECONDITION",
+                (
+                    f"Cannot delete queued resource '{name}' in state {qr['state']['state']} while it "  # noqa: E501
+                    "has nodes; delete the nodes first or set force=true."
+                ),
+            )
         op = self._op(name.split("/queuedResources/")[0], "delete", name)
-        qr.update(state={"state": "DELETING", "stateInitiator": "USER"}, _left=self.delete_ticks,
-                  _del_op=op["name"], _stuck=False)
+        qr.update(
+            state={"state": "DELETING", "stateInitiator": "USER"},
+            _left=self.delete_ticks,
+            _del_op=op["name"],
+            _stuck=False,
+        )
         for n in self._qr_nodes(qr):
             n.update(state="DELETING", _left=self.delete_ticks)
         return 200, public(op)
@@ -427,10 +525,17 @@ class TpuServer(CapacityInjections, StandinServer):
             if node["state"] == "CREATING" and not node["_qr"]:
                 if zone in self._stocked_out:
                     del self.nodes[name]
-                    self._finish(node["_op"], error={"code": 8, "message": (
-                        f'There is no more capacity in the zone "{zone}"; you can try in another '
-                        "zone where Cloud TPU Nodes are offered (see "
-                        "https://cloud.google.com/tpu/docs/regions) [EID: 0x1b5e2c2d]")})
+                    self._finish(
+                        node["_op"],
+                        error={
+                            "code": 8,
+                            "message": (
+                                f'There is no more capacity in the zone "{zone}"; you can try in another '  # noqa: E501
+                                "zone where Cloud TPU Nodes are offered (see "
+                                "https://cloud.google.com/tpu/docs/regions) [EID: 0x1b5e2c2d]"
+                            ),
+                        },
+                    )
                     continue
                 if (failure := self._create_failure(zone)) is not None:
                     del self.nodes[name]
@@ -448,8 +553,13 @@ class TpuServer(CapacityInjections, StandinServer):
                 if node["_left"] <= 0:
                     del self.nodes[name]
                     if node["_op"]:  # deleted before it was READY: the create op fails
-                        self._finish(node["_op"], error={"code": 10, "message": (
-                            f"Node '{name}' was deleted before it became ready.")})
+                        self._finish(
+                            node["_op"],
+                            error={
+                                "code": 10,
+                                "message": (f"Node '{name}' was deleted before it became ready."),
+                            },
+                        )
                     if node.get("_del_op"):
                         self._finish(node["_del_op"])
         for name, qr in list(self.qrs.items()):
@@ -460,25 +570,42 @@ class TpuServer(CapacityInjections, StandinServer):
         state = qr["state"]["state"]
         zone = name.split("/")[3]
         expired = qr["_expires"] is not None and self.clock >= qr["_expires"]
-        advance = {"CREATING": "ACCEPTED", "ACCEPTED": "WAITING_FOR_RESOURCES",
-                   "PROVISIONING": "ACTIVE", "SUSPENDING": "SUSPENDED"}
+        advance = {
+            "CREATING": "ACCEPTED",
+            "ACCEPTED": "WAITING_FOR_RESOURCES",
+            "PROVISIONING": "ACTIVE",
+            "SUSPENDING": "SUSPENDED",
+        }
         if state in ("ACCEPTED", "WAITING_FOR_RESOURCES") and expired:
-            qr["state"] = {"state": "FAILED", "stateInitiator": "SERVICE", "failedData": {
-                "error": {"code": 8, "message": (
-                    f'There is no more capacity in the zone "{zone}"; the queued resource '
-                    "could not be provisioned before its validUntil time.")}}}
+            qr["state"] = {
+                "state": "FAILED",
+                "stateInitiator": "SERVICE",
+                "failedData": {
+                    "error": {
+                        "code": 8,
+                        "message": (
+                            f'There is no more capacity in the zone "{zone}"; the queued resource '
+                            "could not be provisioned before its validUntil time."
+                        ),
+                    }
+                },
+            }
         elif state == "WAITING_FOR_RESOURCES":
             if zone in self._stocked_out:
                 return
             if (failure := self._create_failure(zone)) is not None:
-                qr["state"] = {"state": "FAILED", "stateInitiator": "SERVICE", "failedData": {
-                    "error": {"code": failure[0], "message": failure[1]}}}
+                qr["state"] = {
+                    "state": "FAILED",
+                    "stateInitiator": "SERVICE",
+                    "failedData": {"error": {"code": failure[0], "message": failure[1]}},
+                }
             else:
                 qr["state"] = {"state": "PROVISIONING"}
                 spot = "spot" in qr
                 for parent, node_id, body, part in qr["_plan"]:
-                    node = self._new_node(parent, node_id, camel_keys(body), qr_name=name,
-                                          spot=spot, multislice=part)
+                    node = self._new_node(
+                        parent, node_id, camel_keys(body), qr_name=name, spot=spot, multislice=part
+                    )
                     qr["_nodes"].append(node["name"])
         elif state in advance:
             qr["state"] = {**qr["state"], "state": advance[state]}

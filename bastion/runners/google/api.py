@@ -57,8 +57,14 @@ def build_client(api: str, version: str, endpoint: str | None, credentials: str 
     else:
         creds, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
     options = {"api_endpoint": endpoint} if endpoint else None
-    return discovery.build(api, version, static_discovery=True, cache_discovery=False,
-                           credentials=creds, client_options=options)  # fmt: skip
+    return discovery.build(
+        api,
+        version,
+        static_discovery=True,
+        cache_discovery=False,
+        credentials=creds,
+        client_options=options,
+    )
 
 
 class GoogleApi:
@@ -120,9 +126,13 @@ def labels_for(attempt: Attempt, tag: str, kind: str) -> dict[str, str]:
     hyphens): a legal label value as it is, checked here rather than silently changed."""
     if label_value(attempt.name) != attempt.name:
         raise RunnerError(f"attempt name {attempt.name!r} is not a legal label value")
-    return {ROOT_LABEL: tag, RUNNER_LABEL: kind, ATTEMPT_LABEL: attempt.name,
-            "bastion-job": label_value(attempt.job) or "job",
-            "bastion-attempt": str(attempt.attempt)}  # fmt: skip
+    return {
+        ROOT_LABEL: tag,
+        RUNNER_LABEL: kind,
+        ATTEMPT_LABEL: attempt.name,
+        "bastion-job": label_value(attempt.job) or "job",
+        "bastion-attempt": str(attempt.attempt),
+    }
 
 
 def short_name(resource: dict) -> str:

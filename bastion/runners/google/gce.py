@@ -48,18 +48,28 @@ from typing import Any
 
 from googleapiclient.errors import HttpError
 
-from bastion.runners.base import Attempt, Handle, Observation, Phase, RunnerError
+from bastion.runners.base import Attempt, AttemptPhase, Handle, Observation, RunnerError
 from bastion.runners.google.api import GoogleApi, build_client, labels_for, region_of
 from bastion.runners.google.zonal import ZonalConfig, ZonalProvisioner, ZonalRunner
 from bastion.runners.kit.channel import last_lines
 
 IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11"
 # AXLearn's GPU names (system_characteristics.py) for the machine types they mean
-_AXLEARN = {"a100-40gb-1": "a2-highgpu-1g", "a100-40gb-8": "a2-highgpu-8g",
-            "h100-80gb-8": "a3-highgpu-8g", "h100-mega-80gb-8": "a3-megagpu-8g",
-            "h200-141gb-8": "a3-ultragpu-8g"}  # fmt: skip
-_STOCKOUT = frozenset({"ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
-                       "insufficientCapacity", "RESOURCE_NOT_READY"})  # fmt: skip
+_AXLEARN = {
+    "a100-40gb-1": "a2-highgpu-1g",
+    "a100-40gb-8": "a2-highgpu-8g",
+    "h100-80gb-8": "a3-highgpu-8g",
+    "h100-mega-80gb-8": "a3-megagpu-8g",
+    "h200-141gb-8": "a3-ultragpu-8g",
+}
+_STOCKOUT = frozenset(
+    {
+        "ZONE_RESOURCE_POOL_EXHAUSTED",
+        "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
+        "insufficientCapacity",
+        "RESOURCE_NOT_READY",
+    }
+)
 _PROVISIONING = frozenset({"PROVISIONING", "STAGING", "PENDING"})
 MAX_RUN_SECONDS = 7 * 24 * 3600  # the default dead man's switch
 # GPUs of the G2 machine types (one to eight L4s, cloud.md 2.2)
@@ -98,8 +108,9 @@ def machine_type(options: Mapping[str, Any]) -> str:
     text = text.removeprefix("gpu-")
     text = _AXLEARN.get(text, text)
     if not re.fullmatch(r"[a-z][a-z0-9]*-[a-z0-9-]+", text):
-        raise RunnerError(f"the gce runner needs options machine_type like a3-highgpu-8g, "
-                          f"not {text!r}")  # fmt: skip
+        raise RunnerError(
+            f"the gce runner needs options machine_type like a3-highgpu-8g, not {text!r}"
+        )
     return text
 
 
@@ -121,12 +132,15 @@ def instance_body(flow: ZonalProvisioner, attempt: Attempt, zone: str, max_run: 
     if kind == "spot":
         scheduling.update(provisioningModel="SPOT", instanceTerminationAction="DELETE")
     if max_run > 0:
-        scheduling.update(instanceTerminationAction="DELETE",
-                          maxRunDuration={"seconds": str(max_run)})  # fmt: skip
+        scheduling.update(
+            instanceTerminationAction="DELETE", maxRunDuration={"seconds": str(max_run)}
+        )
     nic: dict[str, Any] = {"accessConfigs": [{"type": "ONE_TO_ONE_NAT"}]}
     nic.update({k: settings[k] for k in ("network", "subnetwork") if settings.get(k)})
-    disk = {"sourceImage": settings.get("image") or IMAGE,
-            "diskSizeGb": str(int(settings.get("disk_gb", 200)))}  # fmt: skip
+    disk = {
+        "sourceImage": settings.get("image") or IMAGE,
+        "diskSizeGb": str(int(settings.get("disk_gb", 200))),
+    }
     body: dict[str, Any] = {
         "name": attempt.name,
         "machineType": f"zones/{zone}/machineTypes/{machine}",
@@ -134,22 +148,29 @@ def instance_body(flow: ZonalProvisioner, attempt: Attempt, zone: str, max_run: 
         "scheduling": scheduling,
         "disks": [{"boot": True, "autoDelete": True, "initializeParams": disk}],
         "networkInterfaces": [nic],
-        "metadata": {"items": [
-            {"key": "startup-script", "value": flow.script(attempt, 1)},
-            {"key": "bastion-job-name", "value": attempt.job},
-            {"key": "install-nvidia-driver", "value": "True"},
-        ]},
-    }  # fmt: skip
+        "metadata": {
+            "items": [
+                {"key": "startup-script", "value": flow.script(attempt, 1)},
+                {"key": "bastion-job-name", "value": attempt.job},
+                {"key": "install-nvidia-driver", "value": "True"},
+            ]
+        },
+    }
     if gpu := attempt.options.get("accelerator"):  # N1 only
         count = int(attempt.options.get("accelerator_count", 1))
-        body["guestAccelerators"] = [{"acceleratorType": f"zones/{zone}/acceleratorTypes/{gpu}",
-                                      "acceleratorCount": count}]  # fmt: skip
+        body["guestAccelerators"] = [
+            {"acceleratorType": f"zones/{zone}/acceleratorTypes/{gpu}", "acceleratorCount": count}
+        ]
     if kind == "reserved":  # cloud.md 2.2: a named reservation, or any that fits
         body["reservationAffinity"] = (
-            {"consumeReservationType": "SPECIFIC_RESERVATION",
-             "key": "compute.googleapis.com/reservation-name", "values": [reservation]}
-            if reservation else {"consumeReservationType": "ANY_RESERVATION"}
-        )  # fmt: skip
+            {
+                "consumeReservationType": "SPECIFIC_RESERVATION",
+                "key": "compute.googleapis.com/reservation-name",
+                "values": [reservation],
+            }
+            if reservation
+            else {"consumeReservationType": "ANY_RESERVATION"}
+        )
     if settings.get("service_account"):
         body["serviceAccounts"] = [{"email": settings["service_account"], "scopes": _SCOPES}]
     return body
@@ -170,10 +191,16 @@ class Instances:
         self.operations = api.client.zoneOperations()
 
     def list_zone(self, zone: str) -> list[dict]:
-        return self.api.paginate(lambda token: self.instances.list(
-            project=self.config.project, zone=zone,
-            filter=f'labels.bastion-root="{self.config.tag}"',
-            maxResults=self.config.page_size, pageToken=token), "items")  # fmt: skip
+        return self.api.paginate(
+            lambda token: self.instances.list(
+                project=self.config.project,
+                zone=zone,
+                filter=f'labels.bastion-root="{self.config.tag}"',
+                maxResults=self.config.page_size,
+                pageToken=token,
+            ),
+            "items",
+        )
 
     def job_of(self, resource: dict) -> str | None:
         items = (resource.get("metadata") or {}).get("items") or []
@@ -186,9 +213,11 @@ class Instances:
         self, flow: ZonalProvisioner, attempt: Attempt, zone: str, workers: int
     ) -> str | None:
         request = self.instances.insert(
-            project=self.config.project, zone=zone,
+            project=self.config.project,
+            zone=zone,
             body=instance_body(flow, attempt, zone, self.max_run_seconds),
-            requestId=request_id(self.config.root, attempt.name))  # fmt: skip
+            requestId=request_id(self.config.root, attempt.name),
+        )
         return self.api.execute(request, retries=0).get("name")
 
     def quota_reason(self, error: HttpError) -> str | None:
@@ -208,7 +237,7 @@ class Instances:
         if status == "RUNNING":
             return flow.up(handle)
         if status in _PROVISIONING:
-            return Observation(Phase.PROVISIONING, f"instance {status} in {zone}")
+            return Observation(AttemptPhase.PROVISIONING, f"instance {status} in {zone}")
         if status == "REPAIRING":
             return flow.transient(handle, status)
         # absent: a failed insert first (a spot VM preempted while being created has a
@@ -221,8 +250,9 @@ class Instances:
             return switched
         return flow.channel.gone(handle, f"instance {name} {status.lower()}")
 
-    def _switched_off(self, flow: ZonalProvisioner, handle: Handle, status: str
-                      ) -> Observation | None:  # fmt: skip
+    def _switched_off(
+        self, flow: ZonalProvisioner, handle: Handle, status: str
+    ) -> Observation | None:
         """The dead man's switch ended the VM: gone or stopped, not preempted, not by us, at
         least ``max_run_seconds`` after its insert was issued (the VM's own run began later,
         so a VM younger than that by this count cannot have reached its limit)."""
@@ -233,19 +263,25 @@ class Instances:
         created = flow.created(handle)
         if created is None or time.time() - created < self.max_run_seconds:
             return None
-        why = (f"VM {handle['name']} in {handle['zone']} reached max_run_seconds "
-               f"({self.max_run_seconds} s), its dead man's switch (scheduling.maxRunDuration): "
-               "raise the gce runner's max_run_seconds setting for longer jobs")  # fmt: skip
-        return flow.channel.ended(handle, Observation(Phase.FAILED, why))
+        why = (
+            f"VM {handle['name']} in {handle['zone']} reached max_run_seconds "
+            f"({self.max_run_seconds} s), its dead man's switch (scheduling.maxRunDuration): "
+            "raise the gce runner's max_run_seconds setting for longer jobs"
+        )
+        return flow.channel.ended(handle, Observation(AttemptPhase.FAILED, why))
 
     def _was_preempted(self, handle: Handle) -> bool:
         """A ``compute.instances.preempted`` op for this instance (asked only once the
         instance is stopping or gone, so it costs nothing in the steady state)."""
-        link = (f"https://www.googleapis.com/compute/v1/projects/{self.config.project}/zones/"
-                f"{handle['zone']}/instances/{handle['name']}")  # fmt: skip
+        link = (
+            f"https://www.googleapis.com/compute/v1/projects/{self.config.project}/zones/"
+            f"{handle['zone']}/instances/{handle['name']}"
+        )
         request = self.operations.list(
-            project=self.config.project, zone=handle["zone"],
-            filter=f'operationType="compute.instances.preempted" AND targetLink="{link}"')
+            project=self.config.project,
+            zone=handle["zone"],
+            filter=f'operationType="compute.instances.preempted" AND targetLink="{link}"',
+        )
         return bool(self.api.execute(request).get("items"))
 
     def _insert_failed(self, flow: ZonalProvisioner, handle: Handle) -> Observation | None:
@@ -253,14 +289,15 @@ class Instances:
             return None
         zone = handle["zone"]
         try:
-            op = self.api.execute(self.operations.get(project=self.config.project, zone=zone,
-                                                      operation=op_name))  # fmt: skip
+            op = self.api.execute(
+                self.operations.get(project=self.config.project, zone=zone, operation=op_name)
+            )
         except HttpError as e:
             if e.status_code == 404:
                 return None
             raise
         if op.get("status") != "DONE":
-            return Observation(Phase.PROVISIONING, f"inserting in {zone}")
+            return Observation(AttemptPhase.PROVISIONING, f"inserting in {zone}")
         errors = (op.get("error") or {}).get("errors") or []
         if not errors:
             return None
@@ -270,10 +307,11 @@ class Instances:
         if code == "QUOTA_EXCEEDED":
             why = f"quota exceeded in region {region_of(zone)}: {message}"
             flow.failover.quota(region_of(zone), why)
-            return Observation(Phase.FAILED, why, retryable=True)
+            return Observation(AttemptPhase.FAILED, why, retryable=True)
         if code == "UNSUPPORTED_OPERATION":  # observed when a spot VM is preempted while created
-            return flow.create_failed(handle, f"preempted while creating in {zone}: {message}",
-                                      Phase.PREEMPTED)  # fmt: skip
+            return flow.create_failed(
+                handle, f"preempted while creating in {zone}: {message}", AttemptPhase.PREEMPTED
+            )
         return flow.create_failed(handle, f"insert failed in {zone}: error code {code}: {message}")
 
     def startup_output(self, handle: Handle, worker: int) -> str | None:
@@ -282,14 +320,22 @@ class Instances:
         prefixes each line the script prints with ``startup-script:``), Compute's own record
         of the boot, there even when the script could copy nothing to the bucket."""
         try:
-            out = self.api.execute(self.instances.getSerialPortOutput(
-                project=self.config.project, zone=handle["zone"], instance=handle["name"],
-                port=1))
+            out = self.api.execute(
+                self.instances.getSerialPortOutput(
+                    project=self.config.project,
+                    zone=handle["zone"],
+                    instance=handle["name"],
+                    port=1,
+                )
+            )
         except HttpError:
-            out = {}  # fmt: skip
+            out = {}
         marker = "startup-script: "
-        lines = [line.split(marker, 1)[1] for line in str(out.get("contents") or "").splitlines()
-                 if marker in line]  # fmt: skip
+        lines = [
+            line.split(marker, 1)[1]
+            for line in str(out.get("contents") or "").splitlines()
+            if marker in line
+        ]
         return last_lines("\n".join(lines)) if lines else None
 
     # -- delete, list --------------------------------------------------------------------------
@@ -297,8 +343,11 @@ class Instances:
         return resource.get("status") == "STOPPING"  # a VM being deleted stops first
 
     def request_delete(self, handle: Handle) -> None:
-        self.api.delete(self.instances.delete(project=self.config.project, zone=handle["zone"],
-                                              instance=handle["name"]))  # fmt: skip
+        self.api.delete(
+            self.instances.delete(
+                project=self.config.project, zone=handle["zone"], instance=handle["name"]
+            )
+        )
 
     def inventory(self, resource: dict) -> tuple[int, bool]:
         return 1, resource.get("status") in _GONE
@@ -310,5 +359,6 @@ class GceRunner(ZonalRunner):
     kind = "gce"
 
     def __init__(self, settings: Mapping[str, Any], client: Any = None) -> None:
-        super().__init__(self.kind, settings, "BASTION_COMPUTE_API_ENDPOINT", compute_client,
-                         Instances, client)  # fmt: skip
+        super().__init__(
+            self.kind, settings, "BASTION_COMPUTE_API_ENDPOINT", compute_client, Instances, client
+        )

@@ -56,7 +56,7 @@ from typing import Any
 
 from googleapiclient.errors import HttpError
 
-from bastion.runners.base import MAX_ATTEMPT_NAME, Attempt, Handle, Observation, Phase
+from bastion.runners.base import MAX_ATTEMPT_NAME, Attempt, AttemptPhase, Handle, Observation
 from bastion.runners.google.api import GoogleApi, quota_failure
 from bastion.runners.google.gce import request_id
 from bastion.runners.google.tpu import accelerator_type, hosts, node_body, parent, tpu_client
@@ -105,9 +105,12 @@ class QueuedResources:
 
     def list_zone(self, zone: str) -> list[dict]:
         qrs = self.api.client.queuedResources()
-        return self.api.paginate(lambda token: qrs.list(
-            parent=parent(self.config, zone), pageSize=self.config.page_size, pageToken=token),
-            "queuedResources")  # fmt: skip
+        return self.api.paginate(
+            lambda token: qrs.list(
+                parent=parent(self.config, zone), pageSize=self.config.page_size, pageToken=token
+            ),
+            "queuedResources",
+        )
 
     def labels(self, resource: dict) -> dict[str, str]:
         """A queued resource has no labels of its own: its node template's say whose it is."""
@@ -132,8 +135,10 @@ class QueuedResources:
             spec["nodeId"] = attempt.name
             script = flow.script(attempt, workers)
         else:  # one multislice: the API makes <prefix>-0 ... and sets up their DCN mesh
-            spec["multisliceParams"] = {"nodeCount": slices,
-                                        "nodeIdPrefix": node_prefix(attempt.name, slices)}
+            spec["multisliceParams"] = {
+                "nodeCount": slices,
+                "nodeIdPrefix": node_prefix(attempt.name, slices),
+            }
             script = flow.script(attempt, workers, [f"--num_slices={slices}"])
         spec["node"] = node_body(flow, attempt, script)
         body: dict[str, Any] = {
@@ -171,15 +176,18 @@ class QueuedResources:
         st = qr.get("state") or {}
         state = st.get("state", "STATE_UNSPECIFIED")
         if state in _WAITING:
-            queue_seconds = int(handle.get("queue_seconds")
-                                or self.config.settings.get("queue_seconds", 3600))  # fmt: skip
+            queue_seconds = int(
+                handle.get("queue_seconds") or self.config.settings.get("queue_seconds", 3600)
+            )
             created = flow.created(handle)
             if created is not None and time.time() > created + queue_seconds + self.queue_margin:
-                return flow.create_failed(handle, f"queued resource waited past its deadline "
-                                          f"of {queue_seconds} s in {zone}")  # fmt: skip
-            return Observation(Phase.QUEUED, f"waiting for capacity in {zone}")
+                return flow.create_failed(
+                    handle,
+                    f"queued resource waited past its deadline of {queue_seconds} s in {zone}",
+                )
+            return Observation(AttemptPhase.QUEUED, f"waiting for capacity in {zone}")
         if state == "PROVISIONING":
-            return Observation(Phase.PROVISIONING, f"provisioning in {zone}")
+            return Observation(AttemptPhase.PROVISIONING, f"provisioning in {zone}")
         if state == "ACTIVE":
             return flow.up(handle)
         if state == "FAILED":
@@ -187,8 +195,10 @@ class QueuedResources:
             message = str(error.get("message") or "queued resource failed")
             if error.get("code") in _CAPACITY_CODES:
                 return flow.stockout(handle, message)
-            return flow.create_failed(handle, f"queued resource failed in {zone}: "
-                                      f"error code {error.get('code')}: {message}")  # fmt: skip
+            return flow.create_failed(
+                handle,
+                f"queued resource failed in {zone}: error code {error.get('code')}: {message}",
+            )
         if state in ("SUSPENDING", "SUSPENDED") and st.get("stateInitiator") == "SERVICE":
             return flow.channel.preempted(handle, f"queued resource {name} {state} by the service")
         return flow.channel.gone(handle, f"queued resource {name} {state}")
@@ -217,5 +227,6 @@ class QueuedRunner(ZonalRunner):
     kind = "tpu-qr"
 
     def __init__(self, settings: Mapping[str, Any], client: Any = None) -> None:
-        super().__init__(self.kind, settings, "BASTION_TPU_API_ENDPOINT", tpu_client,
-                         QueuedResources, client)  # fmt: skip
+        super().__init__(
+            self.kind, settings, "BASTION_TPU_API_ENDPOINT", tpu_client, QueuedResources, client
+        )

@@ -48,7 +48,7 @@ from typing import Any
 
 from googleapiclient.errors import HttpError
 
-from bastion.runners.base import Attempt, Handle, Observation, Phase, RunnerError
+from bastion.runners.base import Attempt, AttemptPhase, Handle, Observation, RunnerError
 from bastion.runners.google.api import GoogleApi, build_client, labels_for, quota_failure
 from bastion.runners.google.zonal import ZonalConfig, ZonalProvisioner, ZonalRunner
 
@@ -97,8 +97,11 @@ def node_body(flow: ZonalProvisioner, attempt: Attempt, script: str) -> dict[str
     settings = flow.config.settings
     acc = accelerator_type(attempt.options)
     family = acc.split("-")[0]
-    runtime = (attempt.options.get("runtime_version") or settings.get("runtime_version")
-               or _RUNTIME.get(family, "tpu-ubuntu2204-base"))  # fmt: skip
+    runtime = (
+        attempt.options.get("runtime_version")
+        or settings.get("runtime_version")
+        or _RUNTIME.get(family, "tpu-ubuntu2204-base")
+    )
     body: dict[str, Any] = {
         "acceleratorType": acc,
         "runtimeVersion": runtime,
@@ -131,9 +134,12 @@ class TpuNodes:
 
     def list_zone(self, zone: str) -> list[dict]:
         nodes = self.api.client.nodes()
-        return self.api.paginate(lambda token: nodes.list(
-            parent=parent(self.config, zone), pageSize=self.config.page_size, pageToken=token),
-            "nodes")  # fmt: skip
+        return self.api.paginate(
+            lambda token: nodes.list(
+                parent=parent(self.config, zone), pageSize=self.config.page_size, pageToken=token
+            ),
+            "nodes",
+        )
 
     def legacy_ours(self, resource: dict) -> bool:
         """A node of this root without a runner label (an older daemon made it) is this
@@ -158,8 +164,9 @@ class TpuNodes:
         self, flow: ZonalProvisioner, attempt: Attempt, zone: str, workers: int
     ) -> str | None:
         body = node_body(flow, attempt, flow.script(attempt, workers))
-        request = self.api.client.nodes().create(parent=parent(self.config, zone),
-                                                 nodeId=attempt.name, body=body)  # fmt: skip
+        request = self.api.client.nodes().create(
+            parent=parent(self.config, zone), nodeId=attempt.name, body=body
+        )
         return self.api.execute(request, retries=0).get("name")
 
     def quota_reason(self, error: HttpError) -> str | None:
@@ -179,7 +186,7 @@ class TpuNodes:
         if state == "DELETING":
             return flow.channel.gone(handle, f"node {name} is being deleted")
         if state == "CREATING":
-            return Observation(Phase.PROVISIONING, f"node {state} in {zone}")
+            return Observation(AttemptPhase.PROVISIONING, f"node {state} in {zone}")
         health = node.get("health", "")
         return flow.transient(handle, state, "" if health in ("", "HEALTHY") else health)
 
@@ -192,7 +199,7 @@ class TpuNodes:
                     raise
                 op = {"done": True}
             if not op.get("done"):
-                return Observation(Phase.PROVISIONING, f"creating in {handle['zone']}")
+                return Observation(AttemptPhase.PROVISIONING, f"creating in {handle['zone']}")
             if error := op.get("error"):
                 return self._create_error(flow, handle, error)
         return flow.channel.gone(handle, f"node {handle['name']} is gone from {handle['zone']}")
@@ -204,13 +211,17 @@ class TpuNodes:
         if code in _STOCKOUT_CODES:
             return flow.stockout(handle, message)
         if code == 3 and "preempt" in message.lower():  # SkyPilot's "preempted while creating"
-            return flow.create_failed(handle, f"preempted while creating in {zone}: {message}",
-                                      Phase.PREEMPTED)  # fmt: skip
+            return flow.create_failed(
+                handle, f"preempted while creating in {zone}: {message}", AttemptPhase.PREEMPTED
+            )
         if code == 3:  # INVALID_ARGUMENT: the request is wrong; a new attempt would be too
-            return Observation(Phase.FAILED, f"the TPU API refused to create node "
-                               f"{handle['name']} in {zone}: {message}")  # fmt: skip
-        return flow.create_failed(handle, f"creating the node failed in {zone}: "
-                                  f"error code {code}: {message}")  # fmt: skip
+            return Observation(
+                AttemptPhase.FAILED,
+                f"the TPU API refused to create node {handle['name']} in {zone}: {message}",
+            )
+        return flow.create_failed(
+            handle, f"creating the node failed in {zone}: error code {code}: {message}"
+        )
 
     # -- delete, list --------------------------------------------------------------------------
     def going(self, resource: dict) -> bool:

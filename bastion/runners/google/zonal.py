@@ -80,14 +80,15 @@ from typing import Any, Protocol
 
 from googleapiclient.errors import HttpError
 
+from bastion.bucket.store import Store
 from bastion.runners import startup
 from bastion.runners.base import (
     Attempt,
+    AttemptPhase,
     Handle,
     NoCapacity,
     Observation,
     Owned,
-    Phase,
     Runner,
     RunnerError,
     TryAgain,
@@ -108,7 +109,6 @@ from bastion.runners.kit.failover import Failover
 from bastion.runners.kit.lease_fence import check_term
 from bastion.runners.kit.listing import CycleListing
 from bastion.runners.kit.retry import retry
-from bastion.store import Store
 
 LISTING_TTL = 1.0
 
@@ -136,13 +136,17 @@ class ZonalConfig:
         if not (root and project and zones):
             raise RunnerError(f"the {kind} runner needs settings root, project and zones")
         return cls(
-            kind=kind, settings=dict(settings), root=root, project=project, zones=zones,
+            kind=kind,
+            settings=dict(settings),
+            root=root,
+            project=project,
+            zones=zones,
             tag=root_tag(root),
             endpoint=settings.get("api_endpoint") or os.environ.get(api_env) or None,
             page_size=int(settings.get("page_size", 500)),
             num_retries=int(settings.get("num_retries", 5)),
             listing_ttl=float(settings.get("listing_ttl", LISTING_TTL)),
-        )  # fmt: skip
+        )
 
 
 class ZonalProvider(Protocol):
@@ -231,8 +235,13 @@ class ZonalProvisioner:
     def ours(self, resource: dict) -> bool:
         provider = self.provider
         legacy = getattr(provider, "legacy_ours", None)
-        return ours(self.labels(resource), short_name(resource), self.tag, self.kind,
-                    lambda: legacy is None or legacy(resource))  # fmt: skip
+        return ours(
+            self.labels(resource),
+            short_name(resource),
+            self.tag,
+            self.kind,
+            lambda: legacy is None or legacy(resource),
+        )
 
     def labels(self, resource: dict) -> dict[str, str]:
         """The labels that say whose the listed resource is (the provider's, if it says)."""
@@ -258,9 +267,15 @@ class ZonalProvisioner:
 
     # -- start ---------------------------------------------------------------------------------
     def handle(
-        self, attempt: Attempt | None, job: str, name: str, zone: str, workers: int,
-        op: str | None, created: float | None = None,
-    ) -> Handle:  # fmt: skip
+        self,
+        attempt: Attempt | None,
+        job: str,
+        name: str,
+        zone: str,
+        workers: int,
+        op: str | None,
+        created: float | None = None,
+    ) -> Handle:
         """The attempt's whole handle (the provider's extra keys when started from
         ``attempt``); never changed once returned."""
         handle: Handle = {"name": name, "job": job, "zone": zone, "workers": workers, "op": op}
@@ -281,16 +296,29 @@ class ZonalProvisioner:
             zones.remove(record["zone"])
             zones.insert(0, record["zone"])
         if (found := self.find(attempt.name, zones)) is not None:
-            return self.handle(attempt, attempt.job, attempt.name, found[0], workers,
-                               record.get("op"), record.get("time"))  # fmt: skip
+            return self.handle(
+                attempt,
+                attempt.job,
+                attempt.name,
+                found[0],
+                workers,
+                record.get("op"),
+                record.get("time"),
+            )
         reasons = []
         for zone in zones:
             if (why := self.failover.reason(zone)) is not None:
                 reasons.append(why)
                 continue
             created = time.time()
-            provision = {"kind": self.kind, "name": attempt.name, "zone": zone,
-                         "workers": workers, "root_tag": self.tag, "time": created}  # fmt: skip
+            provision = {
+                "kind": self.kind,
+                "name": attempt.name,
+                "zone": zone,
+                "workers": workers,
+                "root_tag": self.tag,
+                "time": created,
+            }
             self.store.write_provision(attempt.job, attempt.name, provision)
             check_term(self.store, attempt)
             try:
@@ -298,8 +326,9 @@ class ZonalProvisioner:
             except HttpError as e:
                 if e.status_code == 409:  # ours already (a lost answer, a phantom 409): adopt
                     self.listings.invalidate(zone)
-                    return self.handle(attempt, attempt.job, attempt.name, zone, workers, None,
-                                       created)  # fmt: skip
+                    return self.handle(
+                        attempt, attempt.job, attempt.name, zone, workers, None, created
+                    )
                 if (quota := self.provider.quota_reason(e)) is not None:
                     why = f"quota {quota} exhausted in region {region_of(zone)} (zone {zone})"
                     self.failover.quota(region_of(zone), why)
@@ -345,16 +374,23 @@ class ZonalProvisioner:
     def script(self, attempt: Attempt, workers: int, extra_args: Sequence[str] = ()) -> str:
         """The startup script; ``extra_args`` go to the agent (e.g. ``--num_slices``)."""
         settings = self.config.settings
-        bundle = ([f"--bundle={json.dumps(dict(attempt.bundle), sort_keys=True)}"]
-                  if attempt.bundle else [])  # fmt: skip
+        bundle = (
+            [f"--bundle={json.dumps(dict(attempt.bundle), sort_keys=True)}"]
+            if attempt.bundle
+            else []
+        )
         return startup.script(
-            root=self.config.root, job=attempt.job, attempt=attempt.name, num_workers=workers,
-            command=attempt.command, env=attempt.env,
+            root=self.config.root,
+            job=attempt.job,
+            attempt=attempt.name,
+            num_workers=workers,
+            command=attempt.command,
+            env=attempt.env,
             python=str(settings.get("python") or "python3"),
             package_url=self.package_url(),
             bootstrap_url=self.store.bootstrap_url(attempt.job, attempt.name),
             agent_args=list(settings.get("agent_args") or []) + list(extra_args) + bundle,
-        )  # fmt: skip
+        )
 
     def package_url(self) -> str | None:
         """``package_url`` from the settings, else the daemon's own code published into the
@@ -384,28 +420,36 @@ class ZonalProvisioner:
         silent worker, the last lines its startup script printed, and what to fix."""
         w, job = waiting[0], handle["job"]
         who = f"worker {w}" if len(waiting) == 1 else f"workers {', '.join(map(str, waiting))}"
-        brief = (f"{who} did not start within {self.channel.start_timeout:g} s of its "
-                 f"{self.provider.noun} coming up: fix its startup (the {self.kind} runner "
-                 "settings python, image / runtime_version, package_url) or raise "
-                 "start_timeout_seconds")  # fmt: skip
+        brief = (
+            f"{who} did not start within {self.channel.start_timeout:g} s of its "
+            f"{self.provider.noun} coming up: fix its startup (the {self.kind} runner "
+            "settings python, image / runtime_version, package_url) or raise "
+            "start_timeout_seconds"
+        )
         own = getattr(self.provider, "startup_output", None)
         said = (own and own(handle, w)) or self.channel.startup_output(handle, w)
-        why = brief + (f"; worker {w}'s startup script printed: {said}" if said
-                       else f"; worker {w} left no startup output")  # fmt: skip
+        why = brief + (
+            f"; worker {w}'s startup script printed: {said}"
+            if said
+            else f"; worker {w} left no startup output"
+        )
         why += f" (all of it: bastion logs {job} --worker={w})"
         return self.create_failed(handle, why, reason=brief)
 
     def transient(self, handle: Handle, state: str, detail: str = "") -> Observation:
         """A state between create and delete other than up (see the agent channel)."""
-        what = (f"{self.provider.noun} {state}{f' ({detail})' if detail else ''} "
-                f"in {handle['zone']}")  # fmt: skip
+        what = f"{self.provider.noun} {state}{f' ({detail})' if detail else ''} in {handle['zone']}"
         return self.channel.transient(handle, what)
 
     def stockout(self, handle: Handle, message: str) -> Observation:
         return self.failover.stockout(handle["zone"], message)
 
     def create_failed(
-        self, handle: Handle, why: str, phase: Phase = Phase.FAILED, reason: str | None = None
+        self,
+        handle: Handle,
+        why: str,
+        phase: AttemptPhase = AttemptPhase.FAILED,
+        reason: str | None = None,
     ) -> Observation:
         return self.failover.create_failed(handle["name"], handle["zone"], why, phase, reason)
 
@@ -454,8 +498,7 @@ class ZonalProvisioner:
                 workers, finished = self.provider.inventory(resource)
                 owned.append(self.owned(resource, zone, workers, finished))
         names = {item.name for item in owned}
-        for job, name, workers in self.channel.owned_records(name_prefix(self.config.root),
-                                                             names):  # fmt: skip
+        for job, name, workers in self.channel.owned_records(name_prefix(self.config.root), names):
             owned.append(Owned(name, self.handle(None, job, name, "", workers, None), True))
         return owned
 

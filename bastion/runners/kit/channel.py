@@ -29,10 +29,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from bastion.runners.base import Handle, Observation, Phase
+from bastion.bucket.store import ObjectInfo, Store
+from bastion.runners.base import AttemptPhase, Handle, Observation
 from bastion.runners.kit.listing import CycleListing
 from bastion.runners.kit.records import RemoteRecords
-from bastion.store import ObjectInfo, Store
 
 AgentListing = dict[tuple[str, str], dict[str, ObjectInfo]]
 
@@ -42,7 +42,7 @@ def last_lines(text: str, lines: int = 8, limit: int = 800) -> str:
     ``limit`` characters from its end: what a failure reason can carry."""
     kept = [" ".join(line.split()) for line in text.splitlines() if line.strip()][-lines:]
     joined = " | ".join(kept)
-    return joined if len(joined) <= limit else "..." + joined[-(limit - 3):]
+    return joined if len(joined) <= limit else "..." + joined[-(limit - 3) :]
 
 
 class AgentChannel:
@@ -81,8 +81,13 @@ class AgentChannel:
         with self._lock:
             found = self._records.get(handle["name"])
             if found is None:
-                found = RemoteRecords(self.store, handle["job"], handle["name"],
-                                      int(handle["workers"]), self.heartbeat_timeout)  # fmt: skip
+                found = RemoteRecords(
+                    self.store,
+                    handle["job"],
+                    handle["name"],
+                    int(handle["workers"]),
+                    self.heartbeat_timeout,
+                )
                 self._records[handle["name"]] = found
             return found
 
@@ -94,13 +99,13 @@ class AgentChannel:
         """The machines are gone (or going) without a preemption: what the agents reported
         if they all finished, else LOST (requeued as a new attempt)."""
         seen = self.agents(handle)
-        if seen is not None and seen.finished and seen.phase is not Phase.LOST:
+        if seen is not None and seen.finished and seen.phase is not AttemptPhase.LOST:
             return seen
-        return Observation(Phase.LOST, why, retryable=True)
+        return Observation(AttemptPhase.LOST, why, retryable=True)
 
     def preempted(self, handle: Handle, why: str) -> Observation:
         """Preempted: not the job's failure, unless every worker had already succeeded."""
-        return self.ended(handle, Observation(Phase.PREEMPTED, why, retryable=True))
+        return self.ended(handle, Observation(AttemptPhase.PREEMPTED, why, retryable=True))
 
     def ended(self, handle: Handle, outcome: Observation) -> Observation:
         """The provider ended the machines (a preemption, a dead man's switch): ``outcome``,
@@ -112,14 +117,17 @@ class AgentChannel:
         started worker has its exit record, or ``flush_seconds`` after the end was seen."""
         name = handle["name"]
         seen = self.agents(handle)
-        if seen is not None and seen.phase is Phase.SUCCEEDED:
+        if seen is not None and seen.phase is AttemptPhase.SUCCEEDED:
             return seen
         if seen is not None and not self.flushed(handle):
             with self._lock:
                 first = self._ended_at.setdefault(name, time.monotonic())
             if time.monotonic() - first < self.flush_seconds:
-                return Observation(Phase.RUNNING, f"{outcome.reason}; the agents are flushing",
-                                   workers=seen.workers)  # fmt: skip
+                return Observation(
+                    AttemptPhase.RUNNING,
+                    f"{outcome.reason}; the agents are flushing",
+                    workers=seen.workers,
+                )
         with self._lock:
             self._ended_at.pop(name, None)
         return outcome
@@ -127,8 +135,9 @@ class AgentChannel:
     def flushed(self, handle: Handle) -> bool:
         """Every worker that started has its exit record."""
         listing = self.attempt_records(handle)
-        started = [w for w in range(int(handle["workers"]))
-                   if Store.run_name(w, "started") in listing]  # fmt: skip
+        started = [
+            w for w in range(int(handle["workers"])) if Store.run_name(w, "started") in listing
+        ]
         return all(Store.run_name(w, "exit") in listing for w in started)
 
     def up(
@@ -163,8 +172,11 @@ class AgentChannel:
             with self._lock:
                 self._not_started[name] = failed
             return failed
-        return Observation(Phase.RUNNING, f"waiting for workers to start ({n - len(waiting)} "
-                           f"of {n})", workers=seen.workers if seen else ())  # fmt: skip
+        return Observation(
+            AttemptPhase.RUNNING,
+            f"waiting for workers to start ({n - len(waiting)} of {n})",
+            workers=seen.workers if seen else (),
+        )
 
     def transient(self, handle: Handle, what: str) -> Observation:
         """The machines are in ``what`` state between create and delete other than up (a TPU
@@ -173,10 +185,10 @@ class AgentChannel:
         PROVISIONING."""
         seen = self.agents(handle)
         if seen is None:
-            return Observation(Phase.PROVISIONING, what)
+            return Observation(AttemptPhase.PROVISIONING, what)
         if seen.finished:
             return seen
-        return Observation(Phase.RUNNING, f"{seen.reason}; {what}", workers=seen.workers)
+        return Observation(AttemptPhase.RUNNING, f"{seen.reason}; {what}", workers=seen.workers)
 
     def startup_output(self, handle: Handle, worker: int) -> str | None:
         """The last lines the worker's startup script printed, as one line: what the script
@@ -200,8 +212,9 @@ class AgentChannel:
         found = []
         for (job, name), records in self.agent_listing().items():
             if name not in names and name.startswith(prefix):
-                workers = 1 + max((p[0] for r in records if (p := Store.parse_run_name(r))),
-                                  default=0)  # fmt: skip
+                workers = 1 + max(
+                    (p[0] for r in records if (p := Store.parse_run_name(r))), default=0
+                )
                 found.append((job, name, workers))
         return found
 

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from bastion.runners.base import Observation, Phase
+from bastion.runners.base import AttemptPhase, Observation
 
 
 def brief(text: str, limit: int = 200) -> str:
@@ -115,7 +115,7 @@ class Failover:
     def stockout(self, place: str, message: str) -> Observation:
         """No capacity in ``place``: blocked for ``block_seconds``; FAILED, retryable."""
         self.blocks.block(f"zone:{place}", f"stockout in {place}", self.block_seconds)
-        return Observation(Phase.FAILED, f"stockout in {place}: {message}", retryable=True)
+        return Observation(AttemptPhase.FAILED, f"stockout in {place}: {message}", retryable=True)
 
     def quota(self, region: str, why: str) -> str:
         """A quota of ``region`` is exhausted: blocked for ``block_seconds``; the shown reason."""
@@ -126,7 +126,7 @@ class Failover:
         name: str,
         place: str,
         why: str,
-        phase: Phase = Phase.FAILED,
+        phase: AttemptPhase = AttemptPhase.FAILED,
         reason: str | None = None,
     ) -> Observation:
         """Attempt ``name``'s create failed in ``place`` for a reason that may pass (neither
@@ -139,8 +139,9 @@ class Failover:
             count = name not in self._failed_creates and name not in self._stopped
             self._failed_creates.add(name)
         if count:
-            self.blocks.back_off(place, reason or brief(why), self.backoff_seconds,
-                                 self.backoff_max_seconds)  # fmt: skip
+            self.blocks.back_off(
+                place, reason or brief(why), self.backoff_seconds, self.backoff_max_seconds
+            )
         return Observation(phase, why, retryable=True)
 
     def came_up(self, place: str) -> None:

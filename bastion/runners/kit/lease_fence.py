@@ -13,8 +13,8 @@ local and Docker runners hold across a start.
 
 from __future__ import annotations
 
+from bastion.bucket.store import Store
 from bastion.runners.base import Attempt, Fenced
-from bastion.store import Store
 
 
 def check_term(store: Store, attempt: Attempt) -> None:
@@ -25,5 +25,7 @@ def check_term(store: Store, attempt: Attempt) -> None:
     found = store.read_lease()
     term = int((found[0] if found else {}).get("term") or 0)
     if term > attempt.fence:
-        raise Fenced(f"lease term {term} is newer than this daemon's {attempt.fence}: "
-                     f"not creating {attempt.name}")  # fmt: skip
+        raise Fenced(
+            f"lease term {term} is newer than this daemon's {attempt.fence}: "
+            f"not creating {attempt.name}"
+        )

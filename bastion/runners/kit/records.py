@@ -2,7 +2,7 @@
 
 The in-guest agent (:mod:`bastion.agent`) reports only through the bucket, per worker:
 ``started``, ``heartbeat``, ``progress`` and ``exit`` records, and numbered output chunks
-(names in :class:`bastion.store.Store`, section runs). :class:`RemoteRecords` turns the
+(names in :class:`bastion.bucket.store.Store`, section runs). :class:`RemoteRecords` turns the
 attempt's records, as one listing shows them, into an :class:`Observation` with each worker's
 health, and serves a worker's output by byte offset.
 
@@ -23,8 +23,8 @@ from __future__ import annotations
 import bisect
 from typing import Any
 
-from bastion.runners.base import Observation, Phase
-from bastion.store import ObjectInfo, Store
+from bastion.bucket.store import ObjectInfo, Store
+from bastion.runners.base import AttemptPhase, Observation
 
 LATE_FRACTION = 0.5  # a worker silent for this part of the timeout shows as late
 
@@ -95,8 +95,14 @@ class RemoteRecords:
         for w, record in sorted(exits.items()):
             if record.get("preempted"):
                 reason = f"worker {w} was preempted: {record.get('reason', '')}".rstrip(": ")
-                return Observation(Phase.PREEMPTED, reason, record.get("code"), retryable=True,
-                                   workers=workers, note=note)  # fmt: skip
+                return Observation(
+                    AttemptPhase.PREEMPTED,
+                    reason,
+                    record.get("code"),
+                    retryable=True,
+                    workers=workers,
+                    note=note,
+                )
         failed = [(r.get("time", 0), w, r) for w, r in exits.items() if r.get("code") != 0]
         if failed:
             _, w, record = min(failed, key=lambda item: item[:2])
@@ -104,11 +110,12 @@ class RemoteRecords:
             said = str(record.get("reason") or "")
             why = said if said and said != f"exited with status {code}" else ""
             reason = f"worker {w} exited with status {code}" + (f": {why}" if why else "")
-            return Observation(Phase.FAILED, reason, code, workers=workers, note=note)
+            return Observation(AttemptPhase.FAILED, reason, code, workers=workers, note=note)
         if len(exits) == self.num_workers:
             return Observation(
-                Phase.SUCCEEDED,
-                "its worker exited 0" if self.num_workers == 1
+                AttemptPhase.SUCCEEDED,
+                "its worker exited 0"
+                if self.num_workers == 1
                 else f"all {self.num_workers} workers exited 0",
                 0,
                 workers=workers,
@@ -117,10 +124,12 @@ class RemoteRecords:
         for w, seconds in sorted(silent.items()):
             if seconds > self.heartbeat_timeout:
                 reason = f"worker {w} stopped heartbeating (silent for {seconds:.0f}s)"
-                return Observation(Phase.LOST, reason, retryable=True, workers=workers)
+                return Observation(AttemptPhase.LOST, reason, retryable=True, workers=workers)
         running = len(started - exits.keys())
         return Observation(
-            Phase.RUNNING, f"{running} of {self.num_workers} workers running", workers=workers
+            AttemptPhase.RUNNING,
+            f"{running} of {self.num_workers} workers running",
+            workers=workers,
         )
 
     def _chunks(self, listing: dict[str, ObjectInfo], worker: int) -> int:
@@ -183,8 +192,9 @@ class RemoteRecords:
         return bytes(out)
 
 
-def _health(started: bool, exit_record: dict[str, Any] | None, silent: float,
-            timeout: float) -> str:  # fmt: skip
+def _health(
+    started: bool, exit_record: dict[str, Any] | None, silent: float, timeout: float
+) -> str:
     """One word (or two) per worker, stable between changes: it is written into the job's
     state only when it changes, so no elapsed time is in it."""
     if not started:
@@ -198,9 +208,9 @@ def _health(started: bool, exit_record: dict[str, Any] | None, silent: float,
 
 def _left_behind(exits: dict[int, dict[str, Any]], num_workers: int) -> str:
     """What the agents killed after their commands ended, for the job's history."""
-    said = [(w, str(r["left_behind"])[:300]) for w, r in sorted(exits.items())
-            if r.get("left_behind")]  # fmt: skip
+    said = [
+        (w, str(r["left_behind"])[:300]) for w, r in sorted(exits.items()) if r.get("left_behind")
+    ]
     if num_workers == 1:
         return said[0][1] if said else ""
     return "; ".join(f"worker {w}: {text}" for w, text in said)
-

@@ -53,14 +53,20 @@ from quota.model import Decision, JobRequest, Phase, Plan, Verdict
 __all__ = ["EPS", "invalid_reason", "run"]
 
 
-def run(config: QuotaConfig, jobs: Sequence[JobRequest], usage: Mapping[str, float],
-        now: float) -> Plan:
+def run(
+    config: QuotaConfig, jobs: Sequence[JobRequest], usage: Mapping[str, float], now: float
+) -> Plan:
     return _Pass(config, jobs, usage, now).run()
 
 
 class _Pass:
-    def __init__(self, config: QuotaConfig, jobs: Sequence[JobRequest],
-                 usage: Mapping[str, float], now: float) -> None:
+    def __init__(
+        self,
+        config: QuotaConfig,
+        jobs: Sequence[JobRequest],
+        usage: Mapping[str, float],
+        now: float,
+    ) -> None:
         self.config, self.jobs, self.user_usage, self.now = config, jobs, usage, now
         self.knobs = config.scheduling
         self.pool = config.pool
@@ -122,8 +128,14 @@ class _Pass:
         self._lend(first)
         self._finish_waits(queues)
         decisions = {j.name: self.decisions[j.name] for j in self.jobs}
-        return Plan(decisions=decisions, reserved=self.reserved, free=dict(self.cap.total),
-                    usage=self.usage, quotas=self.quotas, within_quota=frozenset(first.admitted))
+        return Plan(
+            decisions=decisions,
+            reserved=self.reserved,
+            free=dict(self.cap.total),
+            usage=self.usage,
+            quotas=self.quotas,
+            within_quota=frozenset(first.admitted),
+        )
 
     def _overtaken(self, queues: Mapping[str, list[JobRequest]]) -> None:
         """A waiting job keeps no claim on its own project's backfill when, the jobs ahead
@@ -162,8 +174,14 @@ class _Pass:
         """A running job may be preempted only after its minimum runtime."""
         return j.start_time is None or self.now - j.start_time >= self.knobs.min_runtime_seconds
 
-    def decide(self, job: JobRequest, verdict: Verdict, reason: str, tier: int | None = None,
-               by: str | None = None) -> None:
+    def decide(
+        self,
+        job: JobRequest,
+        verdict: Verdict,
+        reason: str,
+        tier: int | None = None,
+        by: str | None = None,
+    ) -> None:
         self.decisions[job.name] = Decision(job.name, verdict, reason, tier, by)
 
     def anchored_usage(self, name: str, project: str) -> dict[str, int]:
@@ -187,11 +205,15 @@ class _Pass:
         if within({}, used, q):
             why = f"within quota: project {p} at {fmt_ratio(used, q, j.resources)} with this job"
         else:
-            why = (f"borrowing idle capacity: project {p} at {fmt_ratio(used, q, j.resources)} "
-                   "with this job (preemptible when owners need it)")
+            why = (
+                f"borrowing idle capacity: project {p} at {fmt_ratio(used, q, j.resources)} "
+                "with this job (preemptible when owners need it)"
+            )
         if backfill_for:
-            why = (f"backfill: runs in capacity held for {', '.join(backfill_for)}, which may "
-                   f"preempt it at once (no minimum runtime) when it can start; {why}")
+            why = (
+                f"backfill: runs in capacity held for {', '.join(backfill_for)}, which may "
+                f"preempt it at once (no minimum runtime) when it can start; {why}"
+            )
         self.decisions[j.name] = Decision(j.name, Verdict.START, why, tier, None, backfill_for)
 
     # -- running and releasing jobs ------------------------------------------------------------
@@ -207,8 +229,12 @@ class _Pass:
                 add(self.earmark, j.resources)
                 if j.preempted_by:
                     self.reclaimers.add(j.preempted_by)
-                self.decide(j, Verdict.KEEP, f"releasing: being stopped, holds "
-                            f"{fmt_units(j.resources)} until it exits", shown)
+                self.decide(
+                    j,
+                    Verdict.KEEP,
+                    f"releasing: being stopped, holds {fmt_units(j.resources)} until it exits",
+                    shown,
+                )
             else:
                 add(self.proj_usage(j.project_id), j.resources)
                 self.decide(j, Verdict.KEEP, "running", shown)
@@ -230,8 +256,16 @@ class _Pass:
             self.decide(j, Verdict.REJECT, invalid_reason(config, j) or "invalid")
         uu = self.user_usage
         for q in queues.values():
-            q.sort(key=lambda j: (j.priority, uu.get(j.user_id, 0.0), j.submit_time,
-                                  j.creation_time is None, j.creation_time or 0.0, j.name))
+            q.sort(
+                key=lambda j: (
+                    j.priority,
+                    uu.get(j.user_id, 0.0),
+                    j.submit_time,
+                    j.creation_time is None,
+                    j.creation_time or 0.0,
+                    j.name,
+                )
+            )
         return dict(sorted(queues.items()))
 
     def _head(self, queues: dict[str, list[JobRequest]]) -> str | None:
@@ -248,8 +282,11 @@ class _Pass:
         for p, queue in queues.items():
             q = self.quota(p)
             for j in queue:
-                if j.submit_time <= cutoff and (best is None or arrival(j) < best) \
-                        and within({}, j.resources, q):
+                if (
+                    j.submit_time <= cutoff
+                    and (best is None or arrival(j) < best)
+                    and within({}, j.resources, q)
+                ):
                     best = arrival(j)
         return best[-1] if best else None
 
@@ -277,7 +314,8 @@ class _Pass:
             elif least is None:
                 least = _least_need([j for lst in lists.values() for j in lst])
             if not any(n > 0 for n in total.values()) or any(
-                    total.get(r, 0) < n for r, n in least.items()):
+                total.get(r, 0) < n for r, n in least.items()
+            ):
                 # No job left fits (all need r, less is free): order is moot from here on.
                 heap.append((0.0, 0.0, 0.0, p, i + 1))
                 for *_, q, k in sorted(heap, key=lambda e: (e[-2], e[-1])):
@@ -340,8 +378,11 @@ class _Pass:
             if not lack:
                 break
             own = self.pending_project.get(a) == p
-            if (not borrowing and not own) or self.waits.get(a, _NONE)[0] != "protected" \
-                    or (own and rank(a) > rank(j.name)):
+            if (
+                (not borrowing and not own)
+                or self.waits.get(a, _NONE)[0] != "protected"
+                or (own and rank(a) > rank(j.name))
+            ):
                 continue  # (a job whose reclaim is under way keeps what it holds; nobody
                 # backfills behind a job of its own project that comes after it)
             got = self.reserved[a]
@@ -400,10 +441,13 @@ class _Pass:
                 elif wait is not None:
                     why = wait_reason(self, j, ahead, q, used)
                 else:  # the common case, kept short: 50,000 of these must stay cheap
-                    why = f"{full_reason(self, j, used, q)}; {ahead} job" \
-                          f"{'' if ahead == 1 else 's'} ahead in {p}"
-                decisions[name] = Decision(name, Verdict.WAIT, why, wait=stable_wait(self, j),
-                                           ahead=ahead)
+                    why = (
+                        f"{full_reason(self, j, used, q)}; {ahead} job"
+                        f"{'' if ahead == 1 else 's'} ahead in {p}"
+                    )
+                decisions[name] = Decision(
+                    name, Verdict.WAIT, why, wait=stable_wait(self, j), ahead=ahead
+                )
                 ahead += 1
 
 
@@ -440,8 +484,10 @@ def invalid_reason(config: QuotaConfig, j: JobRequest) -> str | None:
     if not config.is_member(j.user_id, j.project_id):
         mine = config.projects_of(j.user_id)
         known = "" if j.project_id in config.membership else " (no such project)"
-        return (f"user {j.user_id} is not a member of project {j.project_id}{known}; "
-                f"{j.user_id} belongs to: {', '.join(mine) or 'no project'}")
+        return (
+            f"user {j.user_id} is not a member of project {j.project_id}{known}; "
+            f"{j.user_id} belongs to: {', '.join(mine) or 'no project'}"
+        )
     pool = config.pool
     unknown = sorted(r for r, n in j.resources.items() if n > 0 and r not in pool)
     if unknown:
@@ -451,6 +497,8 @@ def invalid_reason(config: QuotaConfig, j: JobRequest) -> str | None:
         return f"negative resource request for {', '.join(negative)}"
     big = {r: n for r, n in j.resources.items() if n > pool.get(r, 0)}
     if big:
-        return (f"larger than the whole pool: needs {fmt_units(big)}, the pool has "
-                f"{fmt_units({r: pool.get(r, 0) for r in big})}")
+        return (
+            f"larger than the whole pool: needs {fmt_units(big)}, the pool has "
+            f"{fmt_units({r: pool.get(r, 0) for r in big})}"
+        )
     return None

@@ -84,8 +84,9 @@ class Reclaim:
                 add(out, j.resources)
         return out
 
-    def select(self, job: JobRequest, cshort: Mapping[str, int],
-               qshort: Mapping[str, int]) -> list[JobRequest] | None:
+    def select(
+        self, job: JobRequest, cshort: Mapping[str, int], qshort: Mapping[str, int]
+    ) -> list[JobRequest] | None:
         """Victims freeing `cshort` capacity (and `qshort` of the job's own quota), or None."""
         ps = self.ps
         p = job.project_id
@@ -98,8 +99,14 @@ class Reclaim:
         # First its backfill: started in capacity held for it, preemptible at once, the
         # smallest loss (units x time run) first, then the newest.
         picked: set[str] = set()
-        for c in sorted((c for c in ps.anchored.get(job.name, ()) if c.name not in self.chosen
-                         and c.name in self.eligible), key=self._loss):
+        for c in sorted(
+            (
+                c
+                for c in ps.anchored.get(job.name, ())
+                if c.name not in self.chosen and c.name in self.eligible
+            ),
+            key=self._loss,
+        ):
             if done:
                 break
             own = c.project_id == p
@@ -107,7 +114,8 @@ class Reclaim:
                 useful = _uses(c, cs, qs)
             else:
                 useful = _uses(c, cs, {}) and self._borrowing_in(
-                    c, cs, delta.get(c.project_id, {}), discount=False)
+                    c, cs, delta.get(c.project_id, {}), discount=False
+                )
             if not useful:
                 continue
             chosen.append(c)
@@ -156,8 +164,11 @@ class Reclaim:
         return chosen
 
     def _backfill_of(self, job: JobRequest) -> list[JobRequest]:
-        return [c for c in self.ps.anchored.get(job.name, ()) if c.name not in self.chosen
-                and c.name in self.eligible]
+        return [
+            c
+            for c in self.ps.anchored.get(job.name, ())
+            if c.name not in self.chosen and c.name in self.eligible
+        ]
 
     def _fewest(self, job: JobRequest, cshort: Mapping[str, int]) -> list[JobRequest] | None:
         """The same candidates as `select` (the job's backfill, then borrowers past their
@@ -170,9 +181,14 @@ class Reclaim:
         delta: dict[str, dict[str, int]] = {}
         backfill = sorted(self._backfill_of(job), key=self._loss)
         names = {c.name for c in backfill}
-        pool = backfill + [c for c in self.cands if c.name not in self.chosen
-                           and c.name not in names and c.project_id != p
-                           and self.eligible[c.name]]
+        pool = backfill + [
+            c
+            for c in self.cands
+            if c.name not in self.chosen
+            and c.name not in names
+            and c.project_id != p
+            and self.eligible[c.name]
+        ]
         chosen: list[JobRequest] = []
         taken: set[str] = set()
         while not _done(cs, {}):
@@ -180,12 +196,14 @@ class Reclaim:
             for c in pool:
                 if c.name in taken:
                     continue
-                cover = sum(min(n, cs[r]) for r, n in c.resources.items()
-                            if n > 0 and cs.get(r, 0) > 0)
+                cover = sum(
+                    min(n, cs[r]) for r, n in c.resources.items() if n > 0 and cs.get(r, 0) > 0
+                )
                 if cover <= most:
                     continue
                 if c.project_id != p and not self._borrowing_in(
-                        c, cs, delta.get(c.project_id, {}), discount=c.name not in names):
+                    c, cs, delta.get(c.project_id, {}), discount=c.name not in names
+                ):
                     continue
                 best, most = c, cover
             if best is None:
@@ -198,17 +216,16 @@ class Reclaim:
         _drop_unneeded(chosen, p, cs, {})
         return chosen
 
-
     def taken(self, name: str) -> bool:
         return name in self.chosen
 
     def _loss(self, c: JobRequest) -> tuple[float, float, str]:
         ran = max(0.0, self.ps.now - (c.start_time if c.start_time is not None else self.ps.now))
-        return (sum(n for n in c.resources.values() if n > 0) * ran,
-                -(c.start_time or 0.0), c.name)
+        return (sum(n for n in c.resources.values() if n > 0) * ran, -(c.start_time or 0.0), c.name)
 
-    def _borrowing_in(self, c: JobRequest, cs: Mapping[str, int],
-                      delta: Mapping[str, int], discount: bool = True) -> bool:
+    def _borrowing_in(
+        self, c: JobRequest, cs: Mapping[str, int], delta: Mapping[str, int], discount: bool = True
+    ) -> bool:
         """c's project uses more than its quota of a resource that c holds and we lack, counting
         its running jobs only (victims of one project at one instant each find it over)."""
         p = c.project_id
@@ -216,13 +233,20 @@ class Reclaim:
         fresh = self.ps.fresh.get(p, {})  # started in this pass: not running yet
         # its own waiting jobs take these back (not discounted when c is our backfill)
         own = self.own_backfill.get(p, {}) if discount else {}
-        return any(n > 0 and cs.get(r, 0) > 0
-                   and used.get(r, 0) - fresh.get(r, 0) - own.get(r, 0) - delta.get(r, 0)
-                   > q.get(r, 0.0) + EPS
-                   for r, n in c.resources.items())
+        return any(
+            n > 0
+            and cs.get(r, 0) > 0
+            and used.get(r, 0) - fresh.get(r, 0) - own.get(r, 0) - delta.get(r, 0)
+            > q.get(r, 0.0) + EPS
+            for r, n in c.resources.items()
+        )
 
-    def _commit(self, job: JobRequest, victims: list[JobRequest],
-                backfill: set[str] | frozenset[str] = frozenset()) -> None:
+    def _commit(
+        self,
+        job: JobRequest,
+        victims: list[JobRequest],
+        backfill: set[str] | frozenset[str] = frozenset(),
+    ) -> None:
         ps = self.ps
         p = job.project_id
         q = ps.quota(p)
@@ -233,21 +257,27 @@ class Reclaim:
             vq = ps.quota(vp)
             before = dict(ps.usage.get(vp, {}))
             if v.name in backfill:
-                why = (f"preempted by {job.name} of project {p}: it ran as backfill in "
-                       f"capacity held for {job.name} (or behind it), which can start now "
-                       f"and needs "
-                       f"{fmt_units(job.resources)}; project {vp} at "
-                       f"{fmt_ratio(before, vq, v.resources)} of its quota")
+                why = (
+                    f"preempted by {job.name} of project {p}: it ran as backfill in "
+                    f"capacity held for {job.name} (or behind it), which can start now "
+                    f"and needs "
+                    f"{fmt_units(job.resources)}; project {vp} at "
+                    f"{fmt_ratio(before, vq, v.resources)} of its quota"
+                )
             elif vp == p:
-                why = (f"preempted by higher-priority {job.name} (priority {job.priority} over "
-                       f"{v.priority}) of the same project {p}, which needs "
-                       f"{fmt_units(job.resources)}; {p} at "
-                       f"{fmt_ratio(before, q, job.resources)} of its quota")
+                why = (
+                    f"preempted by higher-priority {job.name} (priority {job.priority} over "
+                    f"{v.priority}) of the same project {p}, which needs "
+                    f"{fmt_units(job.resources)}; {p} at "
+                    f"{fmt_ratio(before, q, job.resources)} of its quota"
+                )
             else:
-                why = (f"preempted by {job.name} of project {p}, reclaiming its guaranteed "
-                       f"quota: {p} needs {fmt_units(job.resources)} "
-                       f"({fmt_ratio(after, q, job.resources)} with it); project {vp} was "
-                       f"borrowing ({fmt_ratio(before, vq, v.resources)})")
+                why = (
+                    f"preempted by {job.name} of project {p}, reclaiming its guaranteed "
+                    f"quota: {p} needs {fmt_units(job.resources)} "
+                    f"({fmt_ratio(after, q, job.resources)} with it); project {vp} was "
+                    f"borrowing ({fmt_ratio(before, vq, v.resources)})"
+                )
             self.reasons[v.name] = why
             self.chosen.add(v.name)
             if vp != p:
@@ -257,14 +287,15 @@ class Reclaim:
                 self._undiscount(v, 0)
 
 
-
-def _drop_unneeded(chosen: list[JobRequest], p: str, cs: dict[str, int],
-                   qs: dict[str, int]) -> None:
+def _drop_unneeded(
+    chosen: list[JobRequest], p: str, cs: dict[str, int], qs: dict[str, int]
+) -> None:
     """Kueue's walk back: drop, latest chosen first, the victims not needed after all."""
     for c in reversed(list(chosen)):
         own = c.project_id == p
         if all(cs[r] + c.resources.get(r, 0) <= 0 for r in cs) and (
-                not own or all(qs[r] + c.resources.get(r, 0) <= 0 for r in qs)):
+            not own or all(qs[r] + c.resources.get(r, 0) <= 0 for r in qs)
+        ):
             chosen.remove(c)
             _sub(cs, c.resources, -1)
             if own:

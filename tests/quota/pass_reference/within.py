@@ -31,12 +31,16 @@ def within(used: Mapping[str, float], need: Mapping[str, int], q: Mapping[str, f
     return True
 
 
-def quota_shortfall(used: Mapping[str, int], need: Mapping[str, int],
-                    q: Mapping[str, float]) -> dict[str, int]:
+def quota_shortfall(
+    used: Mapping[str, int], need: Mapping[str, int], q: Mapping[str, float]
+) -> dict[str, int]:
     total = dict(used)
     add(total, need)
-    return {r: int(-(-(total[r] - q.get(r, 0.0) - EPS) // 1))
-            for r in need if need[r] > 0 and total[r] > q.get(r, 0.0) + EPS}
+    return {
+        r: int(-(-(total[r] - q.get(r, 0.0) - EPS) // 1))
+        for r in need
+        if need[r] > 0 and total[r] > q.get(r, 0.0) + EPS
+    }
 
 
 class Within:
@@ -82,8 +86,7 @@ class Within:
     def _push(self, p: str) -> None:
         i = self._scan(p)
         if i is not None:
-            heapq.heappush(self._heap, (*self._key(p, self.queues[p][i]), p, i,
-                                        self._version[p]))
+            heapq.heappush(self._heap, (*self._key(p, self.queues[p][i]), p, i, self._version[p]))
 
     def _scan(self, p: str) -> int | None:
         """Walk p's queue to its next job within quota (the ones passed over go to lenders).
@@ -131,8 +134,11 @@ class Within:
             if all(q.get(r, 0.0) - claimed.get(r, 0) <= EPS for r in {*q, *claimed}):
                 return  # still at or over its quota everywhere: nothing of p can fit it
         done, waits = ps.decisions, ps.waits
-        back = [j for j in self.lenders.get(p, [])
-                if j.name not in self.admitted and j.name not in done and j.name not in waits]
+        back = [
+            j
+            for j in self.lenders.get(p, [])
+            if j.name not in self.admitted and j.name not in done and j.name not in waits
+        ]
         if not back:
             return
         head = self.heads.pop(p, None)
@@ -182,8 +188,9 @@ class Within:
             else:
                 self._admit(j, same_project=False)
 
-    def _classify(self, p: str, j: JobRequest, q: Mapping[str, float],
-                  claimed: dict[str, int]) -> bool | None:
+    def _classify(
+        self, p: str, j: JobRequest, q: Mapping[str, float], claimed: dict[str, int]
+    ) -> bool | None:
         """None: j goes to the borrowing pass; else whether it needs own lower-priority jobs."""
         ps = self.ps
         head = self.heads.get(p)
@@ -201,15 +208,19 @@ class Within:
         self.lenders[p].append(j)
         return None
 
-    def _fit(self, p: str, j: JobRequest, q: Mapping[str, float],
-             claimed: Mapping[str, int]) -> bool | None:
+    def _fit(
+        self, p: str, j: JobRequest, q: Mapping[str, float], claimed: Mapping[str, int]
+    ) -> bool | None:
         """False: within quota; True: within once own lower-priority jobs go; None: not."""
         if within(claimed, j.resources, q):
             return False
         claim = self.claims.get(p, {})
         mine = self.ps.anchored_usage(j.name, p) if j.name in self.ps.anchored else None
-        if mine and p not in self.ps.reclaim.lost_to_others and not any(
-                n > 0 and claim.get(r, 0) > 0 for r, n in j.resources.items()):
+        if (
+            mine
+            and p not in self.ps.reclaim.lost_to_others
+            and not any(n > 0 and claim.get(r, 0) > 0 for r, n in j.resources.items())
+        ):
             # (Not while a job of p ahead of it waits for the same resources: what its
             # backfill frees would go to that job, and it would only preempt in vain; nor in
             # a pass where p lost jobs to another project, whose victims must each have
@@ -221,7 +232,8 @@ class Within:
             if within(trial, j.resources, q):
                 return False
         if self.ps.knobs.preempt_within_project and not any(
-                n > 0 and claim.get(r, 0) > 0 for r, n in j.resources.items()):
+            n > 0 and claim.get(r, 0) > 0 for r, n in j.resources.items()
+        ):
             # (A within-quota job of p that waits keeps what it claimed: no such jumps.)
             lower = self.ps.reclaim.lower_priority_usage(p, j.priority)
             if lower:
@@ -238,8 +250,12 @@ class Within:
             # It fits free capacity, so it starts (work conserving), even if it then borrows.
             self.admitted.add(j.name)
             head = self.followers.get(j.name)
-            ps.start(j, (head,) if head is not None and head not in ps.started
-                     and j.preemptions < REPEATED else ())
+            ps.start(
+                j,
+                (head,)
+                if head is not None and head not in ps.started and j.preemptions < REPEATED
+                else (),
+            )
             return
         if same_project:
             self._admit_over_own(j, cshort)
@@ -270,8 +286,7 @@ class Within:
         self.admitted.add(j.name)
         self._preempt(j, cshort, victims)
 
-    def _preempt(self, j: JobRequest, cshort: Mapping[str, int],
-                 victims: list[JobRequest]) -> None:
+    def _preempt(self, j: JobRequest, cshort: Mapping[str, int], victims: list[JobRequest]) -> None:
         ps = self.ps
         for v in victims:
             add(ps.earmark, v.resources)
@@ -281,8 +296,13 @@ class Within:
         for vp in sorted({v.project_id for v in victims}):
             self.reopen(vp)  # (its own project too, when its backfill went)
 
-    def _wait(self, j: JobRequest, cshort: Mapping[str, int], why: tuple[str, object],
-              hold: Mapping[str, int] | None = None) -> None:
+    def _wait(
+        self,
+        j: JobRequest,
+        cshort: Mapping[str, int],
+        why: tuple[str, object],
+        hold: Mapping[str, int] | None = None,
+    ) -> None:
         """Claim `cshort` from releasing capacity, and hold free capacity (all it needs, or
         `hold`) so that nobody after it takes it."""
         ps = self.ps
@@ -292,8 +312,10 @@ class Within:
         if got:
             ps.reserved[j.name] = got
             ps.pending_project[j.name] = j.project_id
-        add(self.claims.setdefault(j.project_id, {}),
-            {r: n for r, n in j.resources.items() if n > 0})
+        add(
+            self.claims.setdefault(j.project_id, {}),
+            {r: n for r, n in j.resources.items() if n > 0},
+        )
         self.claimants.setdefault(j.project_id, j.name)
         self.claim_names.setdefault(j.project_id, []).append(j.name)
         ps.waits[j.name] = why

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 
 import psutil
 
-from bastion.store import Store
+from bastion.bucket.store import Store
 from quota.config import QuotaConfig, QuotaError, default_quota, parse_quota
 from quota.policy import JobRequest
 from quota.usage import UsageLedger, usage_now

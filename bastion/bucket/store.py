@@ -2,7 +2,7 @@
 
 Everything goes through fsspec, so a local directory, ``gs://`` (gcsfs) and ``s3://`` (s3fs)
 share one implementation; what a backend does differently (atomic replace, create-if-absent,
-compare-and-swap, append) lives in ``bastion.objects``. Every call is counted, because "a
+compare-and-swap, append) lives in ``bastion.bucket.objects``. Every call is counted, because "a
 steady-state cycle only lists" is an invariant we measure (benchmarks/), not a hope.
 """
 
@@ -21,8 +21,7 @@ from typing import Any, TypeVar
 
 import fsspec
 
-from bastion.jobspec import MAX_SPEC_BYTES
-from bastion.objects import (
+from bastion.bucket.objects import (
     LocalObjects,
     ObjectInfo,
     Objects,
@@ -30,6 +29,7 @@ from bastion.objects import (
     UnacceptableObject,
     objects_for,
 )
+from bastion.jobspec import MAX_SPEC_BYTES
 
 __all__ = ["ObjectInfo", "PreconditionFailed", "Store", "UnacceptableObject", "resolve_root"]
 
@@ -39,7 +39,7 @@ CLEANUP_SUFFIX = ".cleanup"
 T = TypeVar("T")
 # A submission marker in jobs/user_states/: "_submitted-<ms, 13 digits>-<8 hex>-<job name>".
 # Names starting with "_" are never job names, so markers and cancel requests share one
-# listing (see bastion/specwatch.py for why markers exist).
+# listing (see bastion/bucket/specwatch.py for why markers exist).
 MARKER_PREFIX = "_submitted-"
 _HEX = frozenset("0123456789abcdef")
 
@@ -117,9 +117,7 @@ class Store:
         self._count("read")
         return self.objects.read(self._path(*parts), limit=limit)
 
-    def _read_with_token(
-        self, *parts: str, limit: int | None = None
-    ) -> tuple[bytes, str] | None:
+    def _read_with_token(self, *parts: str, limit: int | None = None) -> tuple[bytes, str] | None:
         """The bytes and their listing token (see Objects.read_with_token)."""
         self._count("read")
         return self.objects.read_with_token(self._path(*parts), limit=limit)

@@ -53,7 +53,7 @@ from botocore.exceptions import BotoCoreError
 from fsspec import AbstractFileSystem
 from fsspec.asyn import sync
 
-from bastion.objects import ObjectInfo, Objects, PreconditionFailed
+from bastion.bucket.objects import ObjectInfo, Objects, PreconditionFailed
 
 log = logging.getLogger(__name__)
 

@@ -38,11 +38,11 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
+from bastion.bucket.objects import ObjectInfo
+from bastion.bucket.store import Store
 from bastion.jobspec import name_problem
-from bastion.objects import ObjectInfo
-from bastion.store import Store
 
-log = logging.getLogger("bastion.specwatch")
+log = logging.getLogger("bastion.bucket.specwatch")
 
 FULL_LISTING_SECONDS = 30.0  # the longest a spec written by plain tools waits to be seen
 # A listing of at most GcsObjects.SPLIT_EVERY (800) names is one request: then every cycle.

@@ -4,7 +4,7 @@ fsspec gives one interface for listing, reading and writing; what differs betwee
 directory, GCS and S3 is how to replace an object atomically, create it only if absent,
 replace it only if nobody else changed it (compare-and-swap on a generation), and append.
 One class per backend, picked by ``objects_for(fs)`` from a small registry, like fsspec's own.
-These classes know nothing of Bastion's paths; ``bastion.store`` does.
+These classes know nothing of Bastion's paths; ``bastion.bucket.store`` does.
 
 Anyone who can write to the bucket can put anything in it. On a local root that includes
 symbolic links, FIFOs, directories and devices where objects are expected: LocalObjects opens
@@ -783,8 +783,8 @@ BUCKETS: Registry[type[Objects]] = Registry(
     builtins={
         "gs": GcsObjects,
         "gcs": GcsObjects,
-        "s3": "bastion.objects_s3:S3Objects",
-        "s3a": "bastion.objects_s3:S3Objects",
+        "s3": "bastion.bucket.s3:S3Objects",
+        "s3a": "bastion.bucket.s3:S3Objects",
         # in-process only (one daemon and its users in one Python): the generic backend's
         # read-modify-write is then safe enough for tests and notebooks
         "memory": Objects,

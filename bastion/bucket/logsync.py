@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 
-from bastion.store import Store
+from bastion.bucket.store import Store
 
 _MAX_CHUNK = 8 << 20  # bound memory per log per sync; the rest goes next cycle
 

@@ -29,12 +29,12 @@ import tomllib
 from collections.abc import Mapping
 from typing import Any
 
+from bastion.bucket.store import Store
 from bastion.daemon import DEFAULT_START_GIVE_UP_SECONDS, Daemon
 from bastion.lease import Lease, process_identity
-from bastion.quotas import QuotaSource, machine_pool
+from bastion.quota_source import QuotaSource, machine_pool
 from bastion.runners.base import known_kinds
 from bastion.runners.instances import Runners
-from bastion.store import Store
 
 log = logging.getLogger("bastion")
 
