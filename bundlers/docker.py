@@ -130,46 +130,15 @@ def image_spec(kind: str, source_dir: str, options: Mapping[str, Any]) -> ImageS
     root = os.path.realpath(source_dir)
     if not os.path.isdir(root):
         raise BundleError(f"{source_dir} is not a directory; run the launch from your project")
-    repo = str(options.get("repo") or "").strip().rstrip("/")
-    if not repo:
-        raise BundleError(
-            f"the {kind} bundler needs a registry to push to: add "
-            "--bundler_spec=repo=REGISTRY/PATH (e.g. --bundler_spec=repo=us-docker.pkg.dev/"
-            "PROJECT/REPO, or 127.0.0.1:5000/team for a local registry)"
-        )
-    if "://" in repo or "@" in repo or not _REPO.fullmatch(repo) or "/" not in repo:
-        raise BundleError(
-            f"--bundler_spec=repo={repo} is not REGISTRY/PATH (lower case, no scheme, tag or "
-            "digest), e.g. us-docker.pkg.dev/PROJECT/REPO or 127.0.0.1:5000/team"
-        )
+    repo = _checked_repo(kind, options)
     image = str(options.get("image") or "").strip() or default_image_name(root)
     if not _NAME.fullmatch(image):
         raise BundleError(
             f"--bundler_spec=image={image} is not an image name (lower-case letters, digits, "
             "'.', '_', '-' and '/')"
         )
-    dockerfile = str(options.get("dockerfile") or "Dockerfile").strip()
-    path = os.path.realpath(os.path.join(root, dockerfile))
-    if not path.startswith(root + os.sep):
-        raise BundleError(
-            f"--bundler_spec=dockerfile={dockerfile} is outside {source_dir}; the Dockerfile "
-            "must be inside the directory being built"
-        )
-    if not os.path.isfile(path):
-        raise BundleError(
-            f"no Dockerfile at {os.path.join(source_dir, dockerfile)}; write one, or name yours "
-            "with --bundler_spec=dockerfile=PATH (relative to the source directory)"
-        )
-    commit, dirty = git_state(root)
-    allow_dirty = truthy(options.get("allow_dirty"), "allow_dirty")
-    if dirty and not allow_dirty:
-        files = dirty_files(root)
-        shown = ", ".join(files[:10]) + (f" and {len(files) - 10} more" if len(files) > 10 else "")
-        raise BundleError(
-            f"{source_dir} has uncommitted changes ({shown}); an image must be reproducible "
-            "from its commit, so commit them, or build anyway with "
-            "--bundler_spec=allow_dirty=true (the image is then labelled bastion.git-dirty=true)"
-        )
+    path = _checked_dockerfile(root, source_dir, options)
+    commit, dirty = _checked_git_state(root, source_dir, options)
     tag = str(options.get("tag") or "").strip()
     if not tag:
         tag = (commit[:12] + ("-dirty" if dirty else "")) if commit else "latest"
@@ -186,6 +155,58 @@ def image_spec(kind: str, source_dir: str, options: Mapping[str, Any]) -> ImageS
         commit,
         dirty,
     )
+
+
+def _checked_repo(kind: str, options: Mapping[str, Any]) -> str:
+    """The registry path of ``--bundler_spec=repo`` (required, REGISTRY/PATH)."""
+    repo = str(options.get("repo") or "").strip().rstrip("/")
+    if not repo:
+        raise BundleError(
+            f"the {kind} bundler needs a registry to push to: add "
+            "--bundler_spec=repo=REGISTRY/PATH (e.g. --bundler_spec=repo=us-docker.pkg.dev/"
+            "PROJECT/REPO, or 127.0.0.1:5000/team for a local registry)"
+        )
+    if "://" in repo or "@" in repo or not _REPO.fullmatch(repo) or "/" not in repo:
+        raise BundleError(
+            f"--bundler_spec=repo={repo} is not REGISTRY/PATH (lower case, no scheme, tag or "
+            "digest), e.g. us-docker.pkg.dev/PROJECT/REPO or 127.0.0.1:5000/team"
+        )
+    return repo
+
+
+def _checked_dockerfile(root: str, source_dir: str, options: Mapping[str, Any]) -> str:
+    """The real path of the Dockerfile, which must exist inside the source directory."""
+    dockerfile = str(options.get("dockerfile") or "Dockerfile").strip()
+    path = os.path.realpath(os.path.join(root, dockerfile))
+    if not path.startswith(root + os.sep):
+        raise BundleError(
+            f"--bundler_spec=dockerfile={dockerfile} is outside {source_dir}; the Dockerfile "
+            "must be inside the directory being built"
+        )
+    if not os.path.isfile(path):
+        raise BundleError(
+            f"no Dockerfile at {os.path.join(source_dir, dockerfile)}; write one, or name yours "
+            "with --bundler_spec=dockerfile=PATH (relative to the source directory)"
+        )
+    return path
+
+
+def _checked_git_state(
+    root: str, source_dir: str, options: Mapping[str, Any]
+) -> tuple[str | None, bool | None]:
+    """(commit, dirty); a dirty tree is refused unless ``allow_dirty``: an image must be
+    reproducible from its commit."""
+    commit, dirty = git_state(root)
+    allow_dirty = truthy(options.get("allow_dirty"), "allow_dirty")
+    if dirty and not allow_dirty:
+        files = dirty_files(root)
+        shown = ", ".join(files[:10]) + (f" and {len(files) - 10} more" if len(files) > 10 else "")
+        raise BundleError(
+            f"{source_dir} has uncommitted changes ({shown}); an image must be reproducible "
+            "from its commit, so commit them, or build anyway with "
+            "--bundler_spec=allow_dirty=true (the image is then labelled bastion.git-dirty=true)"
+        )
+    return commit, dirty
 
 
 def default_image_name(root: str) -> str:

@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 
 from quota.capacity import add, fmt_units, shortfall
 from quota.config import QuotaConfig
-from quota.engine import queue_key
 from quota.model import Decision, JobRequest, Phase, Plan, Verdict
+from quota.queues import queue_key
 
 
 def explain_plan(

@@ -9,17 +9,21 @@ imports its parts, and no part imports the engine back.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Protocol
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from quota.capacity import Capacity
 from quota.config import SchedulingKnobs
 from quota.model import Decision, JobRequest, Verdict
 
+if TYPE_CHECKING:
+    from quota.within import Within
+
 
 class PassView(Protocol):
     """The pass as its parts see it (attributes are the pass's working state)."""
 
+    jobs: Sequence[JobRequest]
     now: float
     knobs: SchedulingKnobs
     pool: Mapping[str, int]
@@ -39,6 +43,12 @@ class PassView(Protocol):
     anchored: dict[str, list[JobRequest]]  # pending job -> backfill running in its capacity
     pending_project: dict[str, str]
     pending_need: dict[str, Mapping[str, int]]
+    order: dict[str, list[str]]  # project -> its waiting jobs in queue order
+    zero_need: set[str]  # projects with valid pending jobs that need nothing
+    # project -> its first job from which on (in queue order) the jobs that nothing let
+    # start still need their "behind" marks (set when lending stops early)
+    tail_from: dict[str, str]
+    first: Within | None  # the within-quota step, when lending stopped early (see waiting)
 
     def quota(self, project: str) -> Mapping[str, float]: ...
 

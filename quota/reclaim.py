@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from quota.capacity import EPS, add, fmt_ratio, fmt_units
 from quota.model import JobRequest
@@ -88,82 +89,20 @@ class Reclaim:
     def select(
         self, job: JobRequest, cshort: Mapping[str, int], qshort: Mapping[str, int]
     ) -> list[JobRequest] | None:
-        """Victims freeing `cshort` capacity (and `qshort` of the job's own quota), or None."""
-        ps = self.ps
-        p = job.project_id
-        cs, qs = dict(cshort), dict(qshort)
-        delta: dict[str, dict[str, int]] = {}
-        chosen: list[JobRequest] = []
+        """Victims freeing `cshort` capacity (and `qshort` of the job's own quota), or None.
+
+        1. The job's own backfill, preemptible at once; 2. borrowers of other projects in
+        `_order` (then, with `preempt_within_project`, its own project's lower-priority jobs);
+        3. Kueue's walk back drops the victims not needed after all; 4. the candidates taken
+        widest first, when that needs fewer victims."""
         self.blocked_until = None
-        same_ok = ps.knobs.preempt_within_project
-        done = _done(cs, qs)
-        # First its backfill: started in capacity held for it, preemptible at once, the
-        # smallest loss (units x time run) first, then the newest.
-        picked: set[str] = set()
-        for c in sorted(
-            (
-                c
-                for c in ps.anchored.get(job.name, ())
-                if c.name not in self.chosen and c.name in self.eligible
-            ),
-            key=self._loss,
-        ):
-            if done:
-                break
-            own = c.project_id == p
-            if own:
-                useful = _uses(c, cs, qs)
-            else:
-                useful = _uses(c, cs, {}) and self._borrowing_in(
-                    c, cs, delta.get(c.project_id, {}), discount=False
-                )
-            if not useful:
-                continue
-            chosen.append(c)
-            picked.add(c.name)
-            _sub(cs, c.resources)
-            if own:
-                _sub(qs, c.resources)
-            else:
-                add(delta.setdefault(c.project_id, {}), c.resources)
-            done = _done(cs, qs)
-        # (project, request) -> whether such a job is a borrower useful to us; cleared when
-        # a victim changes what we lack (every running job is a candidate of every reclaim)
-        borrowing: dict[tuple, bool] = {}
-        for own in (False, True) if same_ok else (False,):
-            if done:
-                break
-            for c in self.cands:
-                if c.name in self.chosen or c.name in picked or (c.project_id == p) != own:
-                    continue
-                if own:
-                    useful = c.priority > job.priority and _uses(c, cs, qs)
-                else:
-                    key = self.shapes[c.name]
-                    useful = borrowing.get(key)
-                    if useful is None:
-                        useful = borrowing[key] = self._borrowing_in(
-                            c, cs, delta.get(c.project_id, {})
-                        )
-                if not useful:
-                    continue
-                if not self.eligible[c.name]:
-                    until = (c.start_time or 0.0) + ps.knobs.min_runtime_seconds
-                    self.blocked_until = min(self.blocked_until or until, until)
-                    continue
-                chosen.append(c)
-                borrowing.clear()
-                _sub(cs, c.resources)
-                if own:
-                    _sub(qs, c.resources)
-                else:
-                    add(delta.setdefault(c.project_id, {}), c.resources)
-                if _done(cs, qs):
-                    done = True
-                    break
-        if not done:
+        pick = _Picking(job.project_id, dict(cshort), dict(qshort))
+        self._take_backfill(job, pick)
+        self._take_running(job, pick)
+        if not pick.done:
             return None
-        _drop_unneeded(chosen, p, cs, qs)
+        chosen, picked = pick.chosen, pick.picked
+        _drop_unneeded(chosen, pick.project, pick.cs, pick.qs)
         if len(chosen) > 1 and not qshort:
             fewer = self._fewest(job, cshort)
             if fewer is not None and len(fewer) < len(chosen):
@@ -172,6 +111,58 @@ class Reclaim:
                 picked = {c.name for c in fewer if c.name in mine}
         self._commit(job, chosen, picked)
         return chosen
+
+    def _take_backfill(self, job: JobRequest, pick: _Picking) -> None:
+        """Step 1: the backfill started in capacity held for the job, preemptible at once,
+        the smallest loss (units x time run) first, then the newest; a job of another
+        project only while that project borrows what we lack."""
+        cs, qs = pick.cs, pick.qs
+        for c in sorted(self._backfill_of(job), key=self._loss):
+            if pick.done:
+                break
+            if c.project_id == pick.project:
+                useful = _uses(c, cs, qs)
+            else:
+                useful = _uses(c, cs, {}) and self._borrowing_in(
+                    c, cs, pick.delta.get(c.project_id, {}), discount=False
+                )
+            if useful:
+                pick.take(c)
+                pick.picked.add(c.name)
+
+    def _take_running(self, job: JobRequest, pick: _Picking) -> None:
+        """Step 2: other projects' borrowers past their minimum runtime (those still inside
+        it set `blocked_until`), then, when the knob allows, the job's own project's jobs of
+        lower priority."""
+        p = pick.project
+        # (project, request) -> whether such a job is a borrower useful to us; cleared when
+        # a victim changes what we lack (every running job is a candidate of every reclaim)
+        borrowing: dict[tuple, bool] = {}
+        for own in (False, True) if self.ps.knobs.preempt_within_project else (False,):
+            if pick.done:
+                return
+            for c in self.cands:
+                if c.name in self.chosen or c.name in pick.picked or (c.project_id == p) != own:
+                    continue
+                if own:
+                    useful = c.priority > job.priority and _uses(c, pick.cs, pick.qs)
+                else:
+                    key = self.shapes[c.name]
+                    useful = borrowing.get(key)
+                    if useful is None:
+                        useful = borrowing[key] = self._borrowing_in(
+                            c, pick.cs, pick.delta.get(c.project_id, {})
+                        )
+                if not useful:
+                    continue
+                if not self.eligible[c.name]:
+                    until = (c.start_time or 0.0) + self.ps.knobs.min_runtime_seconds
+                    self.blocked_until = min(self.blocked_until or until, until)
+                    continue
+                pick.take(c)
+                borrowing.clear()
+                if pick.done:
+                    break
 
     def _backfill_of(self, job: JobRequest) -> list[JobRequest]:
         return [
@@ -345,6 +336,31 @@ class Reclaim:
             add(ps.proj_usage(vp), v.resources, -1)
             if self.own_anchors.get(v.name):  # gone: no longer discounted
                 self._undiscount(v, 0)
+
+
+@dataclass
+class _Picking:
+    """Victims chosen so far for one reclaim, and what is still lacking."""
+
+    project: str  # the reclaimer's
+    cs: dict[str, int]  # capacity still lacking
+    qs: dict[str, int]  # the reclaimer's own quota still lacking
+    chosen: list[JobRequest] = field(default_factory=list)
+    picked: set[str] = field(default_factory=set)  # its backfill among them
+    delta: dict[str, dict[str, int]] = field(default_factory=dict)  # taken from other projects
+    done: bool = False
+
+    def __post_init__(self) -> None:
+        self.done = _done(self.cs, self.qs)
+
+    def take(self, c: JobRequest) -> None:
+        self.chosen.append(c)
+        _sub(self.cs, c.resources)
+        if c.project_id == self.project:
+            _sub(self.qs, c.resources)
+        else:
+            add(self.delta.setdefault(c.project_id, {}), c.resources)
+        self.done = _done(self.cs, self.qs)
 
 
 def _drop_unneeded(

@@ -34,9 +34,9 @@ from typing import Any
 
 from quota.capacity import EPS, add
 from quota.config import QuotaConfig
-from quota.engine import invalid_reason
 from quota.model import JobRequest, Phase, Verdict
 from quota.policy import schedule
+from quota.queues import invalid_reason
 from quota.rules import measure
 from quota.trace import TraceError, TraceJob, parse_trace
 from quota.usage import UsageLedger

@@ -1,0 +1,135 @@
+"""Step 8 of a pass: a WAIT decision for every pending job left, with its place in its queue.
+
+Most of 50,000 waiting jobs wait for capacity, or behind their project's aged head or first
+claim; their decisions, whose texts jobs of the same shape share but for the position, are
+made only when read (`LazyWaits`, asked by model.Decisions), from the final state of the
+pass: exactly what making them in the pass gave.
+"""
+
+from __future__ import annotations
+
+from quota.capacity import add
+from quota.model import Decision, JobRequest, Verdict
+from quota.passview import PassView
+from quota.reasons import behind_reason, full_reason, stable_wait, wait_reason
+from quota.reclaim import REPEATED
+
+
+def finish_waits(ps: PassView, queues: dict[str, list[JobRequest]]) -> None:
+    """A WAIT decision for every pending job left, with its position in its project.
+
+    ps.order lists each project's waiting jobs in queue order (a job's position is its
+    index there). The jobs whose wait was set in the pass (claims, holds, marks made while
+    lending) get their decision now; the others only on reading (see LazyWaits)."""
+    for got in ps.reserved.values():
+        add(ps.held_total, got)
+    decisions, waits, order = ps.decisions, ps.waits, ps.order
+    new, wait_verdict = tuple.__new__, Verdict.WAIT
+    for p, queue in queues.items():
+        names = [n for j in queue if (n := j.name) not in decisions]
+        if not names:
+            continue
+        order[p] = names
+        if not waits or waits.keys().isdisjoint(names):
+            continue
+        q, used = ps.quota(p), ps.usage.get(p, {})
+        ahead = -1
+        for j in queue:
+            name = j.name
+            if name in decisions:
+                continue
+            ahead += 1
+            if name not in waits:
+                continue
+            why = wait_reason(ps, j, ahead, q, used)
+            # (Decision is a named tuple: made directly, it costs a tenth of a call)
+            decisions[name] = new(
+                Decision, (name, wait_verdict, why, None, None, (), stable_wait(ps, j), ahead)
+            )
+
+
+class LazyWaits:
+    """The WAIT decisions that finish_waits leaves to be made on reading (model.Decisions
+    asks for them): from the final state of the pass, exactly what making them in the pass
+    gave, the text of each shape of job formatted once."""
+
+    def __init__(self, ps: PassView) -> None:
+        self.ps = ps
+        self.first = ps.first
+        self._jobs: dict[str, JobRequest] | None = None
+        self._pos: dict[str, dict[str, int]] = {}  # project -> job -> position
+        self._tail: dict[str, int] = {}  # project -> position of its tail_from job
+        self._stable: dict[tuple, str] = {}  # shape -> stable text
+        self._uses: dict[tuple[str, tuple], bool] = {}  # see _behind
+
+    def job(self, name: str) -> JobRequest | None:
+        if self._jobs is None:
+            self._jobs = {j.name: j for j in self.ps.jobs}
+        return self._jobs.get(name)
+
+    def stable(self, j: JobRequest) -> str:
+        shape = tuple(j.resources.items())
+        text = self._stable.get(shape)
+        if text is None:
+            text = self._stable[shape] = stable_wait(self.ps, j)
+        return text
+
+    def wait_text(self, name: str) -> str | None:
+        """The stable text of a waiting job left to read (every one of them has the text of
+        its shape: it waits for capacity, or behind a job that does not move it)."""
+        j = self.job(name)
+        return None if j is None else self.stable(j)
+
+    def decision(self, name: str) -> Decision:
+        j = self.job(name)
+        if j is None:
+            raise KeyError(name)
+        ps, p = self.ps, j.project_id
+        ahead = self._positions(p)[name]
+        head = self._behind(j, p) if ahead >= self._tail[p] else None
+        if head is None:
+            text = full_reason(ps, j, ps.usage.get(p, {}), ps.quota(p))
+        else:
+            text = behind_reason(ps, head, p)
+        return Decision(
+            name,
+            Verdict.WAIT,
+            f"{text}; {ahead} job{'' if ahead == 1 else 's'} ahead in {p}",
+            wait=self.stable(j),
+            ahead=ahead,
+        )
+
+    def _positions(self, p: str) -> dict[str, int]:
+        """Each waiting job's position in p's queue (and, once, where p's marks begin)."""
+        pos = self._pos.get(p)
+        if pos is None:
+            names = self.ps.order.get(p, ())
+            pos = self._pos[p] = {n: i for i, n in enumerate(names)}
+            tail = self.ps.tail_from.get(p)
+            # (marks apply from the tail job on; without one, to no job)
+            self._tail[p] = (
+                pos.get(tail, len(names))
+                if tail is not None and self.first is not None
+                else len(names)
+            )
+        return pos
+
+    def _behind(self, j: JobRequest, p: str) -> str | None:
+        """What the lending step would have marked j behind: its project's aged head, else
+        its project's first job that waits on a reclaim (None: it waits for capacity)."""
+        if j.preemptions >= REPEATED:
+            return None
+        first = self.first
+        assert first is not None
+        head = first.followers.get(j.name)
+        if head is None or head in self.ps.started:
+            head = None
+            claim = first.claims.get(p)
+            if claim:
+                key = (p, tuple(j.resources.items()))
+                u = self._uses.get(key)
+                if u is None:
+                    u = self._uses[key] = any(n > 0 and r in claim for r, n in j.resources.items())
+                if u:
+                    head = first.claim_names[p][0]
+        return head
