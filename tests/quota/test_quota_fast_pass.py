@@ -166,3 +166,16 @@ def test_fast_pass_matches_on_the_benchmark_world(seed: int) -> None:
     jobs = bench_policy.make_jobs(rng, 3000)
     now = bench_policy.NOW
     _same(schedule(config, jobs, usage, now), reference.run(config, jobs, usage, now), jobs)
+
+
+def test_plain_pass_decides_every_frozen_golden_scenario_as_the_fast_one() -> None:
+    """The proof behind tests/quota/golden: the plain pass agrees with the frozen plans."""
+    from tests.quota.golden.scenarios import groups
+
+    checked = 0
+    for scenarios in groups().values():
+        for scenario in scenarios:
+            config, jobs, usage, now = scenario.make()
+            _same(schedule(config, jobs, usage, now), reference.run(config, jobs, usage, now), jobs)
+            checked += 1
+    assert checked == 403
