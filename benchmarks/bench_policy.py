@@ -3,8 +3,8 @@
 The pool (two tiers of v4 plus cpu) is mostly busy with running jobs, some projects borrow,
 so each pass does real work: reclaim checks, lending, reasons for every waiting job.
 AXLearn's TierScheduler takes about 1.5 s for 50,000 jobs on this 2-core machine; issue 13
-asks for at most 0.5 s at 50,000 pending jobs (tests/quota/test_quota_fast_pass.py checks
-that the tuned pass decides exactly what the plain one does).
+asks for at most 0.5 s at 50,000 pending jobs (tests/quota/test_quota_golden.py checks
+that the tuned pass decides exactly what its frozen golden plans say, this world included).
 
     .venv/bin/python benchmarks/bench_policy.py [--repeat 5]
 

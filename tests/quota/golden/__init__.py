@@ -7,8 +7,9 @@ pass keeps every decision is checked against these golden files: a fixed set of 
 bench_policy.py's world at 3,000 pending jobs), each with the whole plan the pass made when
 the files were written: every decision (verdict, tier, reason text, stable wait, queue
 position, backfill marks, preemptor), the held capacity, what is left free, usage, the
-within-quota set and each project's waiting order. They were first checked equal to the
-plain pass the tuned one was derived from (tests/quota/pass_reference, since deleted).
+within-quota set and each project's waiting order. Before they replaced it, the plain pass
+the tuned one was derived from (tests/quota/pass_reference, deleted since) was run on every
+one of these scenarios and decided exactly as the frozen plans say.
 
 A deliberate change of policy changes decisions: regenerate the files, review their diff,
 and commit them with the change:
