@@ -227,6 +227,8 @@ def return_bound(
     jobs first (with `events`, among the jobs that ran at t0; else among all borrower jobs
     active at t0). Not a proof for every policy: with the owner's wave spread out (its jobs
     started one per period as they come to fit), a policy may need fewer."""
+    from quota.capacity import EPS  # (of the --tree checkout, as run_one imports)
+
     first: dict[str, float] = {}
     for j in raw:
         first[j["project_id"]] = min(first.get(j["project_id"], math.inf), j["submit"])
@@ -273,9 +275,6 @@ def return_bound(
             victims += 1
         worst = max(worst, victims)
     return worst
-
-
-EPS = 1e-6
 
 
 def run_one(name: str, seed: int, hours: float) -> tuple[dict[str, Any], float]:

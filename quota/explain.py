@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from quota.capacity import add, fmt_units, shortfall
+from quota.capacity import EPS, add, fmt_units, shortfall
 from quota.config import QuotaConfig
 from quota.model import Decision, JobRequest, Phase, Plan, Verdict
 from quota.queues import queue_key
@@ -135,7 +135,7 @@ def _to_start(
     with_it = dict(used)
     add(with_it, need)
     over = {r: with_it.get(r, 0) - q.get(r, 0.0) for r in need}
-    over = {r: v for r, v in over.items() if v > 1e-6}
+    over = {r: v for r, v in over.items() if v > EPS}
     if job.name in plan.within_quota:
         return (
             f"nothing: it fits {p}'s guaranteed quota; borrowers are preempted for it and "
@@ -147,7 +147,7 @@ def _to_start(
         if gap
         else "capacity is free but held for jobs ahead of it"
     ]
-    if all(n <= q.get(r, 0.0) + 1e-6 for r, n in need.items()):
+    if all(n <= q.get(r, 0.0) + EPS for r, n in need.items()):
         options.append(
             f"or {p}'s usage must drop by {fmt_units(over)} so that it fits {p}'s "
             "guaranteed quota (then borrowers are preempted for it)"

@@ -1,12 +1,12 @@
-"""The scheduling rules of issue 13, measured from an event log alone (stdlib only, no policy).
+"""The scheduling rules of issue 13, measured from an event log alone (no policy).
 
 `bastion simulate --json` reports these figures, and benchmarks/bench_fairness.py loads this
 file by path to score other policies' logs (an older checkout's included), so it imports
-nothing from the quota package. Inputs: the pool, the quota per project in absolute units,
-the jobs (name -> project, submit time, resources, priority), the events (time order, as the
-simulator writes them: start / preempt / finish / reject), the preemption grace (a victim
-holds its resources that long, then is pending again) and the reclaim period (minimum
-runtime + grace + two polls).
+nothing from the quota package but the tolerance (quota.capacity.EPS). Inputs: the pool,
+the quota per project in absolute units, the jobs (name -> project, submit time, resources,
+priority), the events (time order, as the simulator writes them: start / preempt / finish /
+reject), the preemption grace (a victim holds its resources that long, then is pending
+again) and the reclaim period (minimum runtime + grace + two polls).
 
 Definitions (state is piecewise constant between event times):
 * idle_while_fit_fraction: over the time some job is pending, the fraction during which a

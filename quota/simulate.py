@@ -132,7 +132,7 @@ class _Sim:
             nxt.append(self.arrivals[self.next_arrival].submit)
         if not nxt:
             return t + self.poll
-        k = max(1, math.ceil((min(nxt) - self.t0) / self.poll - 1e-9))
+        k = max(1, math.ceil((min(nxt) - self.t0) / self.poll - EPS))
         return max(t + self.poll, self.t0 + k * self.poll)
 
     def _advance_to(self, t: float) -> None:

@@ -75,7 +75,6 @@ class Job:
 
 @dataclass
 class CycleReport:
-    started: float
     seconds: float = 0.0
     ops: dict[str, int] = field(default_factory=dict)
     phases: dict[str, float] = field(default_factory=dict)  # seconds per step of the cycle

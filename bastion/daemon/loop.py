@@ -148,7 +148,7 @@ class Daemon:
 
     def cycle(self, now: float) -> CycleReport:
         ops_before = dict(self.ctx.store.ops)
-        report = CycleReport(started=now)
+        report = CycleReport()
         mark = time.perf_counter()
 
         def done(phase: str) -> None:
