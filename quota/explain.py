@@ -39,6 +39,9 @@ def explain_plan(
         f"using {_units(used, keys)} (after this pass); borrowed "
         f"{_units({r: max(0.0, b) for r, b in borrowed.items()}, keys)}"
     )
+    checkpoint = _checkpoint(job, now)
+    if checkpoint:
+        lines.append(checkpoint)
     backfill = _backfill(job, d, jobs)
     if backfill:
         lines.append(backfill)
@@ -68,6 +71,29 @@ def explain_plan(
             add(claimed, j.resources)
     lines.append(f"  to start: {_to_start(config, job, d.verdict, plan, claimed, q)}")
     return "\n".join(lines)
+
+
+def _checkpoint(job: JobRequest, now: float) -> str | None:
+    """For a running job that reported a checkpoint: how long ago (the work a preemption
+    would lose; among victims of equal standing the policy takes the most recent)."""
+    if job.phase is not Phase.RUNNING or job.last_checkpoint is None:
+        return None
+    return f"  last checkpoint {ago(now - job.last_checkpoint)}"
+
+
+def ago(seconds: float) -> str:
+    """'45 s ago', '4 min ago', '2.5 h ago' ('in the future' for a clock ahead of ours)."""
+    if seconds < 0:
+        return f"{_span(-seconds)} in the future (the job's clock is ahead)"
+    return f"{_span(seconds)} ago"
+
+
+def _span(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _backfill(job: JobRequest, d: Decision, jobs: Sequence[JobRequest]) -> str | None:

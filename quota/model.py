@@ -47,6 +47,10 @@ class JobRequest:
     # preemption); None means submit_time. A backfill job is taken back early only by a job
     # of its backfill_for that has been waiting since before the backfill started.
     pending_since: float | None = None
+    # RUNNING: epoch seconds of the last checkpoint the job reported (None: never reported).
+    # Among victims of equal standing the policy takes the one that loses the least work:
+    # the most recent checkpoint (or, without one in this attempt, the latest start).
+    last_checkpoint: float | None = None
 
 
 class Verdict(StrEnum):

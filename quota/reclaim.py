@@ -1,4 +1,5 @@
-"""Choosing victims: borrowers only, lowest priority then newest first, then the minimal set.
+"""Choosing victims: borrowers only, lowest priority then least work lost (most recent
+checkpoint, else newest) first, then the minimal set.
 
 A job of another project is a candidate only while that project uses more than its quota of
 a resource the reclaimer still lacks (so a project within its quota is never preempted for
@@ -13,7 +14,7 @@ still lacking covered by each) are taken instead if they are fewer: every preemp
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from quota.capacity import EPS, add, fmt_ratio, fmt_units
@@ -23,17 +24,36 @@ from quota.passview import PassView
 REPEATED = 2  # jobs preempted this often already are chosen last, never run as backfill
 
 
-def _order(j: JobRequest) -> tuple[bool, int, float, str]:
-    """Jobs preempted twice already last; then lowest priority (highest number) first,
-    then the most recently started."""
-    started = j.start_time if j.start_time is not None else float("-inf")
-    return (j.preemptions >= REPEATED, -j.priority, -started, j.name)
+def unsaved_since(j: JobRequest) -> float | None:
+    """Since when a running job's work would be lost if it stopped now: its last reported
+    checkpoint, or its start when it has reported none since (a checkpoint from before this
+    attempt saved nothing of it). None: neither is known."""
+    c, s = j.last_checkpoint, j.start_time
+    if c is None or (s is not None and c < s):
+        return s
+    return c
+
+
+def victim_order(now: float) -> Callable[[JobRequest], tuple[bool, int, float, float, str]]:
+    """Candidates in the order they are taken: jobs preempted twice already last; then
+    lowest priority (highest number) first; among equals the one that loses the least work
+    (the most recent checkpoint, issue 25; a job that never checkpointed counts from its
+    start, so without checkpoints this is Kueue's most recently started first), then the
+    most recently started."""
+
+    def key(j: JobRequest) -> tuple[bool, int, float, float, str]:
+        since = unsaved_since(j)
+        unsaved = max(0.0, now - since) if since is not None else float("inf")
+        started = j.start_time if j.start_time is not None else float("-inf")
+        return (j.preemptions >= REPEATED, -j.priority, unsaved, -started, j.name)
+
+    return key
 
 
 class Reclaim:
     def __init__(self, ps: PassView, running: list[JobRequest]) -> None:
         self.ps = ps
-        self.cands = sorted(running, key=_order)
+        self.cands = sorted(running, key=victim_order(ps.now))
         # job -> (project, request): alike candidates are alike borrowers (see select)
         self.shapes = {j.name: (j.project_id, tuple(j.resources.items())) for j in running}
         self.eligible = {j.name: ps.eligible(j) for j in running}
@@ -92,7 +112,7 @@ class Reclaim:
         """Victims freeing `cshort` capacity (and `qshort` of the job's own quota), or None.
 
         1. The job's own backfill, preemptible at once; 2. borrowers of other projects in
-        `_order` (then, with `preempt_within_project`, its own project's lower-priority jobs);
+        `victim_order` (then, with `preempt_within_project`, its own project's lower-priority jobs);
         3. Kueue's walk back drops the victims not needed after all; 4. the candidates taken
         widest first, when that needs fewer victims."""
         self.blocked_until = None
@@ -271,8 +291,15 @@ class Reclaim:
         return name in self.chosen
 
     def _loss(self, c: JobRequest) -> tuple[float, float, str]:
-        ran = max(0.0, self.ps.now - (c.start_time if c.start_time is not None else self.ps.now))
-        return (sum(n for n in c.resources.values() if n > 0) * ran, -(c.start_time or 0.0), c.name)
+        """Backfill victims, smallest loss first: units x work since the last checkpoint (or
+        the start: units x time run), then the newest."""
+        since = unsaved_since(c)
+        lost = max(0.0, self.ps.now - (since if since is not None else self.ps.now))
+        return (
+            sum(n for n in c.resources.values() if n > 0) * lost,
+            -(c.start_time or 0.0),
+            c.name,
+        )
 
     def _borrowing_in(
         self, c: JobRequest, cs: Mapping[str, int], delta: Mapping[str, int], discount: bool = True

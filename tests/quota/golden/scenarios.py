@@ -183,8 +183,27 @@ DECISION_FIELDS = (
 
 
 def fingerprint(world: World) -> str:
-    """A digest of the scenario's inputs: tells a changed scenario from changed decisions."""
-    return hashlib.sha256(repr(world).encode()).hexdigest()[:16]
+    """A digest of the scenario's inputs: tells a changed scenario from changed decisions.
+    Fields at their defaults are left out, so a new optional field of JobRequest or of the
+    config changes no fingerprint."""
+    return hashlib.sha256(repr(_canonical(world)).encode()).hexdigest()[:16]
+
+
+def _canonical(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return (
+            type(value).__name__,
+            tuple(
+                (f.name, _canonical(getattr(value, f.name)))
+                for f in dataclasses.fields(value)
+                if f.default is dataclasses.MISSING or getattr(value, f.name) != f.default
+            ),
+        )
+    if isinstance(value, Mapping):
+        return tuple((k, _canonical(v)) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return tuple(_canonical(v) for v in value)
+    return value
 
 
 def plan_record(plan: Plan, world: World) -> dict[str, Any]:
