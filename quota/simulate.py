@@ -7,7 +7,10 @@ Model (deterministic, so metrics can be re-derived from the events):
   (the policy cannot decide anything then), which changes no result.
 * A started job finishes exactly `duration` seconds after its start and frees its
   resources at once. A preempted job holds its resources for `preemption_grace_seconds`
-  (SIGTERM to SIGKILL, the worst case), then is pending again and starts from scratch.
+  (SIGTERM to SIGKILL, the worst case), then is pending again and starts from scratch, or
+  from its last checkpoint if it checkpoints (TraceJob.checkpoint_every): the work saved is
+  not done again. A running job reports its last checkpoint to the policy
+  (JobRequest.last_checkpoint) unless `report_checkpoints` is off.
 
 Metrics (time integrals over the piecewise-constant state):
 * utilization[r]: mean of held/capacity (held = running + releasing) over the time some
@@ -20,8 +23,9 @@ Metrics (time integrals over the piecewise-constant state):
   within_project_violations: the rules of issue 13, measured from the events alone by
   quota/rules.py (see there; the reclaim period is min runtime + grace + two polls).
 * wait_seconds: time each job spent pending, summed over its attempts (mean, p95 by nearest
-  rank, mean by project); lost_resource_seconds: resource units x run time of preempted
-  attempts; makespan_seconds: last finish minus first submission.
+  rank, mean by project); lost_resource_seconds: resource units x work lost by preempted
+  attempts (run time since the attempt's last checkpoint, or its start; each preempt event
+  says its `lost_seconds`); makespan_seconds: last finish minus first submission.
 """
 
 from __future__ import annotations
@@ -51,12 +55,18 @@ class SimulationResult:
 
 
 def simulate(
-    config: QuotaConfig, trace: Sequence[TraceJob], poll_seconds: float
+    config: QuotaConfig,
+    trace: Sequence[TraceJob],
+    poll_seconds: float,
+    *,
+    report_checkpoints: bool = True,
 ) -> SimulationResult:
-    """Replay `trace` under `config`; see the module docstring for the model and metrics."""
+    """Replay `trace` under `config`; see the module docstring for the model and metrics.
+    `report_checkpoints=False`: jobs checkpoint and resume the same, but the policy is not
+    told (it chooses victims as if none did): what the preference by lost work is worth."""
     if not poll_seconds > 0:
         raise ValueError(f"poll_seconds must be > 0, got {poll_seconds}")
-    return _Sim(config, trace, poll_seconds).run()
+    return _Sim(config, trace, poll_seconds, report_checkpoints).run()
 
 
 @dataclass(slots=True)
@@ -71,6 +81,7 @@ class _Job:
     wait: float = 0.0
     preemptions: int = 0
     started: bool = False
+    saved: float = 0.0  # work kept by checkpoints of earlier attempts (not done again)
     backfill_for: tuple[str, ...] = ()
     preempted_by: str | None = None  # while releasing (the daemon keeps it in the job state)
 
@@ -86,8 +97,10 @@ class _Project:
 
 
 class _Sim:
-    def __init__(self, config: QuotaConfig, trace: Sequence[TraceJob], poll: float) -> None:
-        self.config, self.poll = config, poll
+    def __init__(
+        self, config: QuotaConfig, trace: Sequence[TraceJob], poll: float, report: bool = True
+    ) -> None:
+        self.config, self.poll, self.report_checkpoints = config, poll, report
         self.knobs = config.scheduling
         self.pool = config.pool
         self.jobs = {t.name: _Job(t, invalid_reason(config, _request(t)) is None) for t in trace}
@@ -159,7 +172,7 @@ class _Sim:
         self._integrate(t)
 
     def _decide(self, t: float) -> None:
-        reqs = [self._as_request(self.jobs[n]) for n in sorted(self.active)]
+        reqs = [self._as_request(self.jobs[n], t) for n in sorted(self.active)]
         running = [r for r in reqs if r.phase is not Phase.PENDING]
         self.ledger = self.ledger.advance(running, t)
         plan = schedule(self.config, reqs, self.ledger.by_user, t)
@@ -208,7 +221,7 @@ class _Sim:
         if proj is not None:
             proj.pending.discard(spec.name)
             add(proj.usage, spec.resources)
-        heapq.heappush(self.timers, (t + spec.duration, 0, spec.name, job.attempt))
+        heapq.heappush(self.timers, (t + spec.duration - job.saved, 0, spec.name, job.attempt))
         self._event(t, "start", job, reason, backfill_for=list(backfill_for))
 
     def _preempt(self, job: _Job, t: float, reason: str, by: str | None) -> None:
@@ -218,14 +231,17 @@ class _Sim:
         job.preemptions += 1
         job.attempt += 1  # the pending finish is void
         self.preemptions += 1
-        self.lost += sum(spec.resources.values()) * (t - job.start)
+        checkpoint = spec.last_checkpoint(job.start, t)
+        since = job.start if checkpoint is None else checkpoint
+        job.saved += since - job.start
+        self.lost += sum(spec.resources.values()) * (t - since)
         proj = self.projects.get(spec.project_id)
         if proj is not None:
             add(proj.usage, spec.resources, -1)
             proj.pending.add(spec.name)  # unserved demand from now on
         release = t + self.knobs.preemption_grace_seconds
         heapq.heappush(self.timers, (release, 1, spec.name, job.attempt))
-        self._event(t, "preempt", job, reason, preempted_by=by)
+        self._event(t, "preempt", job, reason, preempted_by=by, lost_seconds=t - since)
 
     def _release(self, job: _Job, t: float) -> None:
         spec = job.spec
@@ -266,9 +282,10 @@ class _Sim:
             }
         )
 
-    def _as_request(self, job: _Job) -> JobRequest:
+    def _as_request(self, job: _Job, t: float) -> JobRequest:
         s = job.spec
         running = job.phase is not Phase.PENDING
+        told = job.phase is Phase.RUNNING and self.report_checkpoints
         return JobRequest(
             s.name,
             s.project_id,
@@ -283,6 +300,7 @@ class _Sim:
             backfill_for=job.backfill_for if running else (),
             preemptions=job.preemptions,
             pending_since=None if running else job.since,
+            last_checkpoint=s.last_checkpoint(job.start, t) if told else None,
         )
 
     # -- metrics ------------------------------------------------------------------------------

@@ -3,6 +3,10 @@
     {"name": "j1", "project_id": "p1", "user_id": "u1", "submit": 0, "duration": 3600,
      "resources": {"v4": 8}, "priority": 3}
 
+Optional: "checkpoint_every" (seconds > 0: the job checkpoints that often while it runs,
+resumes from its last checkpoint after a preemption, and reports it to the policy) and
+"checkpoint_phase" (seconds >= 0 after each start to its first checkpoint, default 0).
+
 Every bad line is reported with its line number and field, all at once.
 """
 
@@ -34,6 +38,16 @@ class TraceJob:
     duration: float  # running time the job needs (progress is lost on preemption)
     resources: Mapping[str, int]
     priority: int = DEFAULT_PRIORITY
+    checkpoint_every: float | None = None  # None: never checkpoints (restarts from scratch)
+    checkpoint_phase: float = 0.0  # first checkpoint this long after each start
+
+    def last_checkpoint(self, start: float, t: float) -> float | None:
+        """The time of the attempt's last checkpoint by t (started at `start`), or None."""
+        every = self.checkpoint_every
+        first = start + self.checkpoint_phase
+        if every is None or t < first:
+            return None
+        return first + math.floor((t - first) / every) * every
 
 
 def parse_trace(text: str, source: str = "<trace>") -> list[TraceJob]:
@@ -102,6 +116,8 @@ def _job(obj: dict[str, Any]) -> tuple[TraceJob | None, list[str]]:
     prio = obj.get("priority", DEFAULT_PRIORITY)
     if not isinstance(prio, int) or isinstance(prio, bool) or not 1 <= prio <= 5:
         errs.append(f"priority: must be a whole number from 1 (highest) to 5, got {prio!r}")
+    every = seconds("checkpoint_every", True) if "checkpoint_every" in obj else None
+    phase = seconds("checkpoint_phase", False) if "checkpoint_phase" in obj else 0.0
     if errs:
         return None, errs
-    return TraceJob(name, project, user, submit, duration, resources, prio), []
+    return TraceJob(name, project, user, submit, duration, resources, prio, every, phase), []

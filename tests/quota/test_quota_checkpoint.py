@@ -7,6 +7,7 @@ old one (most recently started first)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -16,6 +17,8 @@ from quota.explain import ago
 from quota.model import JobRequest, Verdict
 from quota.policy import explain, schedule
 from quota.reclaim import unsaved_since, victim_order
+from quota.simulate import simulate
+from quota.trace import TraceError, TraceJob, parse_trace
 
 NOW = 100_000.0
 
@@ -131,3 +134,82 @@ def test_why_says_nothing_of_checkpoints_for_a_job_that_never_reported_one() -> 
 )
 def test_ago_reads_as_a_person_would_say_it(seconds: float, text: str) -> None:
     assert ago(seconds) == text
+
+
+# -- the simulator: jobs that checkpoint resume, and report it (or not) ---------------------
+
+SIM = cfg(
+    {"v4": 4},
+    {"a": 0.5, "b": 0.5},
+    min_runtime_seconds=0,
+    preemption_grace_seconds=10,
+    reserve_after_seconds=1e9,
+)
+
+
+def test_a_preempted_job_resumes_from_its_last_checkpoint_in_the_simulator() -> None:
+    # b1 (4 v4, b's quota is 2) starts at 0 and checkpoints at 3, 7, 11, ...; a1 arrives at
+    # 10 and preempts it: checkpoint 7, so 3 s of 4 v4 are lost and 7 s kept. b1 is back
+    # once a1 ends (30 + 20 = 50) and needs 100 - 7 more seconds.
+    c = cfg(
+        {"v4": 4},
+        {"a": 0.5, "b": 0.5},
+        min_runtime_seconds=0,
+        preemption_grace_seconds=20,
+        reserve_after_seconds=1e9,
+    )
+    b1 = TraceJob("b1", "b", "u", 0, 100, {"v4": 4}, 3, checkpoint_every=4, checkpoint_phase=3)
+    a1 = TraceJob("a1", "a", "u", 10, 20, {"v4": 2}, 3)
+    r = simulate(c, [b1, a1], poll_seconds=10)
+    assert [(e["time"], e["event"], e["name"]) for e in r.events] == [
+        (0, "start", "b1"),
+        (10, "preempt", "b1"),
+        (30, "start", "a1"),
+        (50, "finish", "a1"),
+        (50, "start", "b1"),
+        (143, "finish", "b1"),
+    ]
+    assert r.events[1]["lost_seconds"] == 3
+    assert r.metrics["lost_resource_seconds"] == 12
+
+
+def _two_borrowers_trace() -> list[TraceJob]:
+    """b-old checkpoints every 5 s (at 1, 6, ..., 96), b-new never; a1 at 100 needs one of
+    them: b-old loses 4 s of work, b-new (started at 10) 90 s."""
+    return [
+        TraceJob("b-old", "b", "u", 0, 1000, {"v4": 2}, 3, checkpoint_every=5, checkpoint_phase=1),
+        TraceJob("b-new", "b", "u", 10, 1000, {"v4": 2}, 3),
+        TraceJob("a1", "a", "u", 100, 50, {"v4": 2}, 3),
+    ]
+
+
+def test_the_simulated_policy_takes_the_victim_that_loses_least_when_told() -> None:
+    told = simulate(SIM, _two_borrowers_trace(), poll_seconds=10)
+    (preempt,) = [e for e in told.events if e["event"] == "preempt"]
+    assert (preempt["time"], preempt["name"], preempt["lost_seconds"]) == (100, "b-old", 4)
+    assert told.metrics["lost_resource_seconds"] == 2 * 4
+
+
+def test_without_reports_the_simulated_policy_takes_the_newest_as_before() -> None:
+    blind = simulate(SIM, _two_borrowers_trace(), poll_seconds=10, report_checkpoints=False)
+    (preempt,) = [e for e in blind.events if e["event"] == "preempt"]
+    assert (preempt["time"], preempt["name"], preempt["lost_seconds"]) == (100, "b-new", 90)
+    assert blind.metrics["lost_resource_seconds"] == 2 * 90
+
+
+def test_trace_checkpoint_fields_are_read_and_bad_ones_named() -> None:
+    good = {"name": "j1", "project_id": "p", "user_id": "u", "submit": 0, "duration": 5}
+    good["resources"] = {"v4": 1}
+    (job,) = parse_trace(json.dumps({**good, "checkpoint_every": 600, "checkpoint_phase": 90}))
+    assert (job.checkpoint_every, job.checkpoint_phase) == (600.0, 90.0)
+    assert job.last_checkpoint(1000, 1000 + 89) is None
+    assert job.last_checkpoint(1000, 1000 + 1300) == 1000 + 90 + 2 * 600  # (1090, 1690, 2290)
+    (plain,) = parse_trace(json.dumps(good))
+    assert plain.checkpoint_every is None and plain.last_checkpoint(0, 1e6) is None
+    bad = json.dumps({**good, "checkpoint_every": 0, "checkpoint_phase": -1})
+    with pytest.raises(TraceError) as e:
+        parse_trace(bad, "t.jsonl")
+    assert e.value.problems == [
+        "t.jsonl:1: field checkpoint_every: must be a number of seconds > 0, got 0",
+        "t.jsonl:1: field checkpoint_phase: must be a number of seconds >= 0, got -1",
+    ]
