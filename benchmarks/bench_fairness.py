@@ -22,6 +22,13 @@ rule 2, see return_bound) and lb|run (the same given the borrower jobs that ran 
 return in this run). The last lines give the largest ratio per scenario and over all rows,
 and the bounds beside our preemptions and AXLearn's.
 
+Lost work (issue 25): the same traces with every job checkpointing every K minutes
+(`--checkpoint_minutes`, default 10; 0 skips) at a random phase after each start, resuming
+from its last checkpoint, replayed twice: with running jobs reporting their last checkpoint
+to the policy (victims of equal standing by least work lost) and without (newest first). The
+last table gives the accelerator-hours lost to preemption (units x time since the victim's
+last checkpoint, or its start) of each, and the preemptions.
+
 On borrower-returns AXLearn preempts only 17 to 23 times, while the owner's return alone
 needs at least 6 (an eighth of AXLearn's would be 2 or 3): rule 5's ratio cannot be met
 there by any policy that honours rule 2, so these rows compare with the bound instead.
@@ -280,7 +287,6 @@ def return_bound(
 def run_one(name: str, seed: int, hours: float) -> tuple[dict[str, Any], float]:
     from quota.config import QuotaConfig, SchedulingKnobs
     from quota.simulate import simulate
-    from quota.trace import TraceJob
 
     pool, shares, raw = SCENARIOS[name](random.Random(seed), hours)
     config = QuotaConfig(
@@ -289,18 +295,7 @@ def run_one(name: str, seed: int, hours: float) -> tuple[dict[str, Any], float]:
         shares=shares,
         scheduling=SchedulingKnobs(min_runtime_seconds=MIN_RUNTIME, preemption_grace_seconds=GRACE),
     )
-    trace = [
-        TraceJob(
-            j["name"],
-            j["project_id"],
-            j["user_id"],
-            j["submit"],
-            j["duration"],
-            j["resources"],
-            j["priority"],
-        )
-        for j in raw
-    ]
+    trace = _trace(raw)
     t0 = time.perf_counter()
     result = simulate(config, trace, POLL)
     wall = time.perf_counter() - t0
@@ -328,16 +323,114 @@ def run_one(name: str, seed: int, hours: float) -> tuple[dict[str, Any], float]:
     return m, wall
 
 
+def _trace(raw: list[dict]) -> list[Any]:
+    from quota.trace import TraceJob
+
+    out = []
+    for j in raw:
+        job = TraceJob(
+            j["name"],
+            j["project_id"],
+            j["user_id"],
+            j["submit"],
+            j["duration"],
+            j["resources"],
+            j["priority"],
+        )
+        if "checkpoint_every" in j:  # (only traces made by with_checkpoints)
+            job = TraceJob(
+                *(getattr(job, f) for f in ("name", "project_id", "user_id", "submit")),
+                job.duration,
+                job.resources,
+                job.priority,
+                checkpoint_every=j["checkpoint_every"],
+                checkpoint_phase=j["checkpoint_phase"],
+            )
+        out.append(job)
+    return out
+
+
+def with_checkpoints(raw: list[dict], seed: int, minutes: float) -> list[dict]:
+    """The trace with every job checkpointing every `minutes`, its first checkpoint a random
+    phase (uniform in one interval, its own RNG: the trace is unchanged) after each start."""
+    rng = random.Random(f"checkpoints-{seed}")
+    every = minutes * 60
+    return [
+        {**j, "checkpoint_every": every, "checkpoint_phase": rng.uniform(0, every)} for j in raw
+    ]
+
+
+def lost_work(name: str, seed: int, hours: float, minutes: float) -> dict[str, tuple[float, int]]:
+    """Accelerator-hours lost to preemption and preemptions, with the policy told each
+    running job's last checkpoint ("told") and not told ("blind"), on the same trace."""
+    from quota.config import QuotaConfig, SchedulingKnobs
+    from quota.simulate import simulate
+
+    pool, shares, raw = SCENARIOS[name](random.Random(seed), hours)
+    config = QuotaConfig(
+        tiers=(pool,),
+        membership={p: (f"{p}-.*",) for p in shares},
+        shares=shares,
+        scheduling=SchedulingKnobs(min_runtime_seconds=MIN_RUNTIME, preemption_grace_seconds=GRACE),
+    )
+    trace = _trace(with_checkpoints(raw, seed, minutes))
+    out = {}
+    for key, told in (("told", True), ("blind", False)):
+        m = simulate(config, trace, POLL, report_checkpoints=told).metrics
+        out[key] = (m["lost_resource_seconds"] / 3600, m["preemptions"])
+    return out
+
+
+def print_lost_work(names: list[str], seeds: int, hours: float, minutes: float) -> None:
+    print(
+        f"accelerator-hours lost to preemption, jobs checkpointing every {minutes:g} min "
+        "(random phase), with and without victims chosen by lost work:"
+    )
+    print(
+        f"{'scenario':<18} {'seed':>4} {'lost h (by ckpt)':>17} {'lost h (newest)':>16} "
+        f"{'pre':>4} {'pre':>4}"
+    )
+    total = {"told": 0.0, "blind": 0.0}
+    for name in names:
+        for seed in range(seeds):
+            r = lost_work(name, seed, hours, minutes)
+            for key in total:
+                total[key] += r["told"][0] if key == "told" else r["blind"][0]
+            print(
+                f"{name:<18} {seed:>4} {r['told'][0]:>17.1f} {r['blind'][0]:>16.1f} "
+                f"{r['told'][1]:>4} {r['blind'][1]:>4}",
+                flush=True,
+            )
+    print(f"  {'all':<18} {total['told']:>20.1f} {total['blind']:>16.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--hours", type=float, default=8.0)
     ap.add_argument("--tree", default=str(HERE), help="checkout whose quota/ policy to run")
     ap.add_argument("--only", default="", help="comma-separated scenario names")
+    ap.add_argument(
+        "--checkpoint_minutes",
+        type=float,
+        default=10.0,
+        help="jobs checkpoint this often in the lost-work comparison (0: skip it)",
+    )
+    ap.add_argument("--lost_work_only", action="store_true", help="only the lost-work table")
     args = ap.parse_args()
+    if args.checkpoint_minutes < 0:
+        ap.error(f"--checkpoint_minutes must be >= 0, got {args.checkpoint_minutes:g}")
     sys.path.insert(0, str(Path(args.tree).resolve()))
     names = [s for s in args.only.split(",") if s] or list(SCENARIOS)
     print(f"policy from {args.tree}; reclaim period {PERIOD:g}s; {args.hours:g} h per trace")
+    if not args.lost_work_only:
+        print_rules(names, args.seeds, args.hours)
+    if args.checkpoint_minutes > 0:
+        print_lost_work(names, args.seeds, args.hours, args.checkpoint_minutes)
+
+
+def print_rules(names: list[str], seeds: int, hours: float) -> None:
+    """The rules of issue 13 per scenario and seed, and the largest ratios to AXLearn's."""
     print(
         f"{'scenario':<18} {'seed':>4} {'idle%':>6} {'deprv':>6} {'attain':>6} {'wq':>3} "
         f"{'wp':>3} {'maxp':>4} {'pre':>5} {'lost h':>7} {'sim s':>6} {'ax pre':>6} "
@@ -346,8 +439,8 @@ def main() -> None:
     worst: dict[str, float] = {}
     bounds: list[str] = []
     for name in names:
-        for seed in range(args.seeds):
-            m, wall = run_one(name, seed, args.hours)
+        for seed in range(seeds):
+            m, wall = run_one(name, seed, hours)
             deprv = max(m["max_deprivation_seconds"].values(), default=0.0)
             attain = min(m["attainment"].values(), default=1.0)
             ax = m["axlearn_preemptions"]
