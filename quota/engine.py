@@ -25,10 +25,10 @@ for a waiting job, and the room its project's quota keeps for it, need not sit i
 * When such a waiting job can start, its backfill goes first among its victims, at once
   (no minimum runtime; inside its project whatever the priority, Kueue's rule 4 of the
   issue: it was started after the reclaimer was waiting, which `pending_since` proves),
-  smallest loss (units x time run) then newest first, and only if the whole reclaim
-  succeeds. Marks naming jobs that have since started, left, or came back later count for
-  nothing. Judging whether a job fits its quota, and the turn order, discount its own
-  project's backfill for it.
+  smallest loss (units x time since its last checkpoint, or its start) then newest first,
+  and only if the whole reclaim succeeds. Marks naming jobs that have since started, left,
+  or came back later count for nothing. Judging whether a job fits its quota, and the turn
+  order, discount its own project's backfill for it.
 * Other projects' reclaims count a project's running jobs only (not those started in the
   same pass) and do not count as borrowing its backfill for its own waiting job that would
   bring that job within quota, so the victims taken from one project at one instant each

@@ -39,12 +39,7 @@ def explain_plan(
         f"using {_units(used, keys)} (after this pass); borrowed "
         f"{_units({r: max(0.0, b) for r, b in borrowed.items()}, keys)}"
     )
-    checkpoint = _checkpoint(job, now)
-    if checkpoint:
-        lines.append(checkpoint)
-    backfill = _backfill(job, d, jobs)
-    if backfill:
-        lines.append(backfill)
+    lines += [line for line in (_checkpoint(job, now), _backfill(job, d, jobs)) if line]
     queue = _queue(jobs, plan, usage, p)
     if job.phase is Phase.PENDING and d.verdict is Verdict.WAIT:
         ahead = [j.name for j in queue[: queue.index(job)]] if job in queue else []

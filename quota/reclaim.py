@@ -134,8 +134,8 @@ class Reclaim:
 
     def _take_backfill(self, job: JobRequest, pick: _Picking) -> None:
         """Step 1: the backfill started in capacity held for the job, preemptible at once,
-        the smallest loss (units x time run) first, then the newest; a job of another
-        project only while that project borrows what we lack."""
+        the smallest loss (units x unsaved time, see _loss) first, then the newest; a job of
+        another project only while that project borrows what we lack."""
         cs, qs = pick.cs, pick.qs
         for c in sorted(self._backfill_of(job), key=self._loss):
             if pick.done:
