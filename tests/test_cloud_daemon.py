@@ -741,7 +741,7 @@ def test_multislice_job_keeps_its_nodes_through_sweeps_with_both_tpu_runners_on_
             cloud.store.read_run_record("multi", name, w, "started") for w in range(4)
         )
 
-    cloud.drive(daemon, started, "all 4 workers to start")
+    cloud.drive(daemon, started, "all 4 workers to start", timeout=180)
     name = cloud.runner_record("multi")["name"]
     ((_, _, query, body),) = [
         r for r in cloud.server.requests if r[0] == "POST" and r[1].endswith("/queuedResources")
