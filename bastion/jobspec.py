@@ -42,6 +42,13 @@ from bastion.spec_fields import (
     utcnow,
 )
 from bastion.spec_names import MAX_NAME_LENGTH, check_name, name_problem
+from bastion.spec_scheduling import (
+    check_after,
+    check_after_any,
+    check_group,
+    check_spec_time_limit,
+)
+from bastion.timelimits import parse_time_limit
 
 __all__ = [  # re-exported: callers name these from the spec's module
     "EXEC_RESERVE_BYTES",
@@ -145,6 +152,12 @@ class JobSpec:
     version: int = SCHEMA_VERSION
     runner: dict[str, Any] | None = None  # {"kind": "docker", "image": ...}; None: the default
     bundle: dict[str, Any] | None = None  # the code bundle's record (bundlers.Bundle.to_json)
+    # Slurm's job semantics (bastion/spec_scheduling.py): seconds of running time allowed;
+    # the jobs it waits for (to succeed, or with after_any to end at all); its array or sweep.
+    time_limit: float | None = None
+    after: list[str] | None = None
+    after_any: bool = False
+    group: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -182,8 +195,23 @@ class JobSpec:
             "metadata": self.metadata.to_json(),
             **({"runner": dict(self.runner)} if self.runner else {}),
             **({"bundle": dict(self.bundle)} if self.bundle else {}),
+            **self._scheduling_json(),
             **self.extra,
         }
+
+    def _scheduling_json(self) -> dict[str, Any]:
+        """The scheduling fields that are set (unset ones are not written: older specs keep
+        their bytes and digest)."""
+        data: dict[str, Any] = {}
+        if self.time_limit is not None:
+            data["time_limit"] = self.time_limit
+        if self.after:
+            data["after"] = list(self.after)
+        if self.after_any:
+            data["after_any"] = True
+        if self.group:
+            data["group"] = dict(self.group)
+        return data
 
     def dumps(self) -> bytes:
         return json.dumps(self.to_json(), indent=1, sort_keys=False).encode()
@@ -227,6 +255,10 @@ class JobSpec:
             "metadata",
             "runner",
             "bundle",
+            "time_limit",
+            "after",
+            "after_any",
+            "group",
         }
         return cls(
             name=check_name(require(data, "name", str, "")),
@@ -239,6 +271,10 @@ class JobSpec:
             version=version,
             runner=check_runner(data.get("runner")),
             bundle=check_bundle(data.get("bundle")),
+            time_limit=check_spec_time_limit(data.get("time_limit")),
+            after=check_after(data.get("after")),
+            after_any=check_after_any(data.get("after_any")),
+            group=check_group(data.get("group")),
             extra={k: v for k, v in data.items() if k not in known},
         )
 
@@ -272,8 +308,18 @@ def new_jobspec(
     creation_time: dt.datetime | None = None,
     runner: Mapping[str, Any] | None = None,
     bundle: Mapping[str, Any] | None = None,
+    time_limit: float | str | None = None,
+    after: str | list[str] | None = None,
+    after_any: bool = False,
+    group: Mapping[str, Any] | None = None,
 ) -> JobSpec:
-    """Build and validate a spec; raises SpecError naming the bad field."""
+    """Build and validate a spec; raises SpecError naming the bad field. ``time_limit``:
+    seconds, or text as ``--time`` takes it ("2h", "1-00:00:00"); ``after``: a name, a
+    comma-separated list or a list of names."""
+    if isinstance(time_limit, str):
+        time_limit = parse_time_limit(time_limit, "time_limit")
+    if isinstance(after, str):
+        after = [part.strip() for part in after.split(",") if part.strip()]
     spec = JobSpec(
         name=name,
         command=command,
@@ -281,6 +327,10 @@ def new_jobspec(
         env_vars=dict(env_vars) if env_vars else None,
         runner=dict(runner) if runner else None,
         bundle=dict(bundle) if bundle else None,
+        time_limit=time_limit,
+        after=list(after) if after else None,
+        after_any=after_any,
+        group=dict(group) if group else None,
         metadata=JobMetadata(
             user_id=user_id,
             project_id=project_id,

@@ -12,6 +12,7 @@ job's status changes nothing.
     unfinished  SpecRefused (update unparsable) -> same         -   (reason only)
     PENDING     Admit(tier)                     -> ACTIVE       Log(start), Start(run)
     PENDING     Reject | Cancel                 -> COMPLETED    -
+    PENDING     DependencyFailed                -> COMPLETED (CANCELLED)   -
     PENDING     Wait(reason) | QuotaInvalid     -> PENDING      -   (reason only)
     ACTIVE      Started(handle)                 -> ACTIVE       -   (handle recorded)
     any         StartAgain (recorded, unstarted) -> same        Start
@@ -29,6 +30,9 @@ job's status changes nothing.
     unfinished  ActFailed                       -> same         -   (reason only)
     ACTIVE      Preempt | Update                -> ACTIVE       Stop(run)   (stop recorded)
     ACTIVE      Cancel                          -> CANCELLING   Stop(run)
+    ACTIVE      TimedOut (its time limit)       -> ACTIVE       Stop(run)   (stop recorded)
+    ACTIVE      Observed(finished), stopped for its time limit -> CLEANING or COMPLETED
+                                                                 (TIMEOUT), never requeued
     ACTIVE      Observed(finished), stopped for preempt/update -> PENDING   Log(end), Delete
     ACTIVE      Observed(preempted by provider | lost)         -> PENDING   Log(end), Delete
     ACTIVE      Observed(failed, retryable, no exit code)      -> PENDING   Log(end), Delete
@@ -142,6 +146,24 @@ class Update:
 class Cancel:
     reason: str
     grace: float
+
+
+@dataclass(frozen=True)
+class TimedOut:
+    """The job's running time reached its time limit (Slurm's ``--time``): its attempt is
+    stopped as a cancel is (the stop signal, the grace, then SIGKILL) and the job ends
+    TIMEOUT, never requeued. A cancel already in progress wins."""
+
+    reason: str
+    grace: float
+
+
+@dataclass(frozen=True)
+class DependencyFailed:
+    """A job it waits for ended otherwise than required (failed, cancelled, timed out) or is
+    gone: it can never start (Slurm's DependencyNeverSatisfied), so it ends CANCELLED."""
+
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -282,6 +304,8 @@ Event = (
     | Preempt
     | Update
     | Cancel
+    | TimedOut
+    | DependencyFailed
     | Started
     | StartFailed
     | StartDeferred
@@ -350,6 +374,10 @@ def _preempt(result: Result, event: Preempt, now: float, *_: Any) -> None:
 
 def _update(result: Result, event: Update, now: float, *_: Any) -> None:
     stop_attempt(result, StopKind.UPDATE, event.reason, now, None, event.grace)
+
+
+def _timed_out(result: Result, event: TimedOut, now: float, *_: Any) -> None:
+    stop_attempt(result, StopKind.TIMEOUT, event.reason, now, None, event.grace, force=True)
 
 
 def _started(result: Result, event: Started, *_: Any) -> None:
@@ -433,9 +461,22 @@ ROWS: tuple[Row, ...] = (
     ),
     Row(Wait, _PENDING, _reason, says="reason only"),
     Row(Cancel, _PENDING, _cancel_pending, says="-> COMPLETED (CANCELLED)"),
+    Row(
+        DependencyFailed,
+        _PENDING,
+        lambda r, e, now, *_: complete(r, Outcome.CANCELLED, e.reason, now),
+        says="-> COMPLETED (CANCELLED)",
+    ),
     Row(Cancel, _ACTIVE, _cancel_active, says="-> CANCELLING, Stop(run)"),
     Row(Preempt, _ACTIVE, _preempt, lambda s, e: not s.stop, says="Stop(run), stop recorded"),
     Row(Update, _ACTIVE, _update, says="Stop(run), stop recorded"),
+    Row(
+        TimedOut,
+        _ACTIVE,
+        _timed_out,
+        lambda s, e: not s.stop or s.stop["kind"] != StopKind.TIMEOUT.value,
+        says="Stop(run), TIMEOUT at its end",
+    ),
     Row(Started, None, _started, _unstarted, says="handle recorded"),
     Row(
         StartFailed,

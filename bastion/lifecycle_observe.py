@@ -126,6 +126,8 @@ def observed(result: Result, purpose: str, obs: Observation, now: float, has_cle
         return
     result.effects.append(Log(RUN, end_marker(state, obs, now)))
     _note_forced(result, obs, now)
+    if state.running_since is not None:  # what its time limit counts: running time only
+        state.ran_seconds = float(state.ran_seconds or 0.0) + max(0.0, now - state.running_since)
     state.exit_code = obs.exit_code
     state.end_time = now
     stop, state.stop = state.stop, None
@@ -163,12 +165,14 @@ def _note_forced(result: Result, obs: Observation, now: float) -> None:
 
 
 def _stopped_run_ended(result: Result, stop: dict[str, Any], now: float, has_cleanup: bool) -> None:
-    """A run that Bastion stopped has ended: a cancel ends the job; a preemption or an
-    update requeues it."""
+    """A run that Bastion stopped has ended: a cancel or its time limit ends the job;
+    a preemption or an update requeues it."""
     state = result.state
     kind = stop["kind"]
     if kind == StopKind.CANCEL.value:
         finish_run(result, Outcome.CANCELLED, stop.get("reason", ""), now, has_cleanup)
+    elif kind == StopKind.TIMEOUT.value:
+        finish_run(result, Outcome.TIMEOUT, stop.get("reason", ""), now, has_cleanup)
     else:
         what = "preempted" if kind == StopKind.PREEMPT.value else "updated"
         requeue(result, f"attempt {state.attempt} {what}; waiting to restart")

@@ -128,7 +128,8 @@ def stop_attempt(
     }
     if state.runner:
         result.effects.append(Stop(RUN, deadline))
-    add_event(result, kind.value.upper(), reason)
+    # A time limit's stop is TIME_LIMIT in the history; its end, TIMEOUT, is the outcome.
+    add_event(result, "TIME_LIMIT" if kind is StopKind.TIMEOUT else kind.value.upper(), reason)
 
 
 def delete_attempt(result: Result, purpose: str, record: dict[str, Any]) -> None:
