@@ -15,6 +15,11 @@ from bastion.jobspec import JobSpec, SpecError
 WRITERS = 32  # parallel spec writes of one group
 
 
+class SubmitRefused(SpecError):
+    """What the spec asks cannot be submitted here (a dependency that no job has, a cycle, a
+    name taken): refused before anything is written; the CLI's exit status 2."""
+
+
 def check_dependencies(store: Store, specs: Sequence[JobSpec]) -> None:
     """SpecError when a spec waits for a name no job has (active or finished) or when its
     wait would close a cycle; nothing is written in either case."""
@@ -24,21 +29,21 @@ def check_dependencies(store: Store, specs: Sequence[JobSpec]) -> None:
     for spec in specs:
         for name in spec.after or ():
             if name in submitting:
-                raise SpecError(
+                raise SubmitRefused(
                     f"field after: {spec.name} waits for {name}, a member of the same "
                     "submission; submit that one first"
                 )
             if name not in known:
                 known[name] = _exists(store, name, after_of)
             if not known[name]:
-                raise SpecError(
+                raise SubmitRefused(
                     f"--after: no job named {name!r} in {store.root_url} (`bastion list "
                     "--all` shows every job); submit it first or fix the name"
                 )
     for spec in specs:
         cycle = find_cycle(spec.name, spec.after or (), _Lazy(store, after_of))
         if cycle:
-            raise SpecError(
+            raise SubmitRefused(
                 f"--after: {spec.name} would wait for itself: {' -> '.join(cycle)}; a "
                 "dependency cycle never starts: drop one of these waits"
             )
@@ -78,7 +83,7 @@ def check_names_free(store: Store, specs: Sequence[JobSpec]) -> None:
     taken = sorted(spec.name for spec in specs if spec.name in active)
     if taken:
         shown = ", ".join(taken[:5]) + (f" and {len(taken) - 5} more" if len(taken) > 5 else "")
-        raise SpecError(
+        raise SubmitRefused(
             f"--name: {len(taken)} member name(s) are active jobs already ({shown}); pick "
             "another --name, or cancel them first"
         )

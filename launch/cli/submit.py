@@ -33,6 +33,7 @@ from launch.cli.common import (
     no_args,
 )
 from launch.status import check_root
+from launch.submitting import SubmitRefused
 
 flags.DEFINE_string("name", None, "Job name (default: $USER-<6 hex>).")
 flags.DEFINE_bool(
@@ -132,7 +133,10 @@ def cmd_launch(args: Sequence[str]) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # said below, in the CLI's words
         if len(specs) == 1 and not spec.group:
-            client.submit(spec)
+            try:
+                client.submit(spec)
+            except SubmitRefused as e:  # a dependency missing or a cycle: nothing written
+                raise UsageError(f"error: {e}") from None
         else:
             _submit_group(client, specs)
     if len(specs) == 1:
