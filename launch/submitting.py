@@ -12,7 +12,7 @@ from bastion.bucket.store import Store
 from bastion.dependencies import find_cycle
 from bastion.jobspec import JobSpec, SpecError
 
-WRITERS = 32  # parallel spec writes of one group
+WRITERS = 16  # parallel spec writes of one group
 
 
 class SubmitRefused(SpecError):
