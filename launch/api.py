@@ -198,17 +198,10 @@ class Client:
     def retry_failed(self, group: str) -> list[JobSpec]:
         """Submit again the members of ``group`` that ended FAILED or TIMEOUT (their own
         specs, as new submissions of the same names); the ones resubmitted."""
-        members = [j for j in self.list_jobs(include_completed=True) if j.group == group]
+        members = self.group_members(group)
         if not members:
             raise UnknownJob(f"no group named {group!r} in {self.store.root_url}")
-        failed = [j for j in members if j.finished and j.status in ("FAILED", "TIMEOUT")]
-        specs = [
-            expand.member_spec(j.spec, j.name, dict(j.spec.env_vars or {}), dict(j.spec.group))
-            for j in failed
-            if j.spec is not None and j.spec.group
-        ]
-        for spec in specs:
-            spec.metadata.creation_time = _jobspec.utcnow()
+        specs = submitting.failed_again(members)
         return self.submit_group(specs) if specs else []
 
     def group_members(self, group: str) -> list[JobInfo]:

@@ -10,7 +10,9 @@ from collections.abc import Callable, Sequence
 
 from bastion.bucket.store import Store
 from bastion.dependencies import find_cycle
-from bastion.jobspec import JobSpec, SpecError
+from bastion.jobspec import JobSpec, SpecError, utcnow
+from launch import expand
+from launch.jobinfo import JobInfo
 
 WRITERS = 16  # parallel spec writes of one group
 
@@ -94,3 +96,18 @@ def write_all(specs: Sequence[JobSpec], write: Callable[[JobSpec], bool]) -> lis
     with concurrent.futures.ThreadPoolExecutor(min(WRITERS, max(1, len(specs)))) as pool:
         written = list(pool.map(write, specs))
     return [spec for spec, ok in zip(specs, written, strict=True) if not ok]
+
+
+def failed_again(members: Sequence[JobInfo]) -> list[JobSpec]:
+    """New submissions of the members that ended FAILED or TIMEOUT: each its own spec with
+    a new job id and creation time (a member still active, or one that succeeded, is left)."""
+    failed = [j for j in members if j.finished and j.status in ("FAILED", "TIMEOUT")]
+    specs = []
+    for job in failed:
+        if job.spec is None or not job.spec.group:
+            continue
+        env = dict(job.spec.env_vars or {})
+        spec = expand.member_spec(job.spec, job.name, env, dict(job.spec.group))
+        spec.metadata.creation_time = utcnow()
+        specs.append(spec)
+    return specs
