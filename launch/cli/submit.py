@@ -125,6 +125,8 @@ def cmd_launch(args: Sequence[str]) -> int:
         **_scheduling(),
     )
     specs = _members(spec)
+    if FLAGS.follow and spec.group:
+        raise UsageError("--follow follows one job; a group: bastion list --group=NAME")
     if FLAGS.dry_run:
         one = len(specs) == 1 and not spec.group
         print(json.dumps(spec.to_json() if one else [s.to_json() for s in specs], indent=1))
