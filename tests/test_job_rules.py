@@ -6,10 +6,12 @@ tests/test_job_rules_end_to_end.py."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
 
+from bastion.bucket.store import Store
 from bastion.dependencies import Gate, Member, dependency_verdict, find_cycle, group_held
 from bastion.jobspec import JobSpec, SpecError, new_jobspec
 from bastion.jobstate import Outcome, Status, StopKind
@@ -17,6 +19,8 @@ from bastion.lifecycle import RUN, Cancel, Observed, Preempt, Stop, TimedOut
 from bastion.runners.base import AttemptPhase, Observation
 from bastion.timelimits import fmt_duration, parse_time_limit, time_left, time_used
 from launch import expand
+from launch.api import Client
+from launch.submitting import SubmitRefused
 from tests.test_lifecycle import T0, active, admit, step
 
 # -- time limits: how they are written -------------------------------------------------------
@@ -294,3 +298,35 @@ def test_a_sweep_file_with_a_typo_names_the_file_the_key_and_the_fix(tmp_path, t
 def test_a_missing_sweep_file_is_named(tmp_path):
     with pytest.raises(SpecError, match="cannot read it"):
         expand.load_sweep(str(tmp_path / "nope.toml"))
+
+
+# -- the Python API refuses the same, writing nothing ----------------------------------------
+
+
+def test_client_launch_refuses_bad_input_and_writes_nothing(tmp_path):
+    store = Store(str(tmp_path / "root"))
+    client = Client(store=store)
+    done = _spec().to_json()
+    store.write_complete("a", {"spec": done, "state": {"status": "COMPLETED"}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no daemon: the writes are what is checked
+        (waiting,) = client.launch("b", "true", user_id="u", after="a")
+        assert waiting.after == ["a"]
+        before = sorted(store.list_specs())
+        with pytest.raises(SubmitRefused, match="a would wait for itself: a -> b -> a"):
+            client.launch("a", "true", user_id="u", after="b")
+        with pytest.raises(SubmitRefused, match="no job named 'nosuch'"):
+            client.launch("x", "true", user_id="u", after="nosuch")
+        with pytest.raises(SpecError, match="1,000,000"):
+            client.launch("x", "true", user_id="u", array="0-999999")
+        with pytest.raises(SpecError, match="time_limit: '2x'"):
+            client.launch("x", "true", user_id="u", time_limit="2x")
+        with pytest.raises(SpecError, match="array or sweep"):
+            client.launch("x", "true", user_id="u", array="0-1", sweep="s.toml")
+        assert sorted(store.list_specs()) == before == ["b"]
+        members = client.launch("g", "true", user_id="u", array="0-2%2", time_limit=60)
+        assert sorted(store.list_specs()) == ["b", "g-0", "g-1", "g-2"]
+        assert {m.time_limit for m in members} == {60}
+        with pytest.raises(SubmitRefused, match="active jobs already"):
+            client.launch("g", "true", user_id="u", array="2-3")
+        assert sorted(store.list_specs()) == ["b", "g-0", "g-1", "g-2"]  # g-3 not written
