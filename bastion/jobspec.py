@@ -10,181 +10,70 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-import os
-import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from bastion.exec_limits import (
+    EXEC_RESERVE_BYTES,
+    MAX_ARG_STRLEN,
+    ExecLimitError,
+    exec_arg_max,
+    exec_limit_problem,
+)
+from bastion.spec_errors import MAX_MESSAGE, MAX_SHOWN, SpecError, shorten, show
+from bastion.spec_fields import (
+    MAX_COMMAND_BYTES,
+    MAX_COUNT,
+    MAX_DEPTH,
+    MAX_SPEC_BYTES,
+    check_bundle,
+    check_command,
+    check_resources,
+    check_runner,
+    check_text,
+    format_time,
+    optional,
+    parse_resources,
+    parse_time,
+    require,
+    spec_text,
+    utcnow,
+)
+from bastion.spec_names import MAX_NAME_LENGTH, check_name, name_problem
+from bastion.spec_scheduling import (
+    check_after,
+    check_after_any,
+    check_group,
+    check_spec_time_limit,
+)
+from bastion.timelimits import parse_time_limit
+
+__all__ = [  # re-exported: callers name these from the spec's module
+    "EXEC_RESERVE_BYTES",
+    "MAX_ARG_STRLEN",
+    "MAX_COMMAND_BYTES",
+    "MAX_DEPTH",
+    "MAX_MESSAGE",
+    "MAX_NAME_LENGTH",
+    "MAX_SHOWN",
+    "MAX_SPEC_BYTES",
+    "ExecLimitError",
+    "SpecError",
+    "check_name",
+    "exec_arg_max",
+    "exec_limit_problem",
+    "format_time",
+    "name_problem",
+    "parse_resources",
+    "parse_time",
+    "show",
+    "utcnow",
+]
+
 SCHEMA_VERSION = 1
-MAX_NAME_LENGTH = 63
-# First character alphanumeric: names starting with "." or "_" are reserved for Bastion's own
-# objects (temporary files, the daemon log), so they can never collide with a job.
-_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-# Cleanup output lives at logs/<name>.cleanup, so no job may own that name.
-_RESERVED_SUFFIX = ".cleanup"
-_AXLEARN_TIME_FORMAT = "%Y-%m-%d %H:%M:%S.%f"
 MIN_PRIORITY, MAX_PRIORITY, DEFAULT_PRIORITY = 1, 5, 5
-# Bounds on what a bucket writer can make the daemon parse. A real spec is a few KiB and nests
-# a few levels; without them a deep spec crashed json (RecursionError) and a huge one cost
-# memory every cycle.
-MAX_SPEC_BYTES = 1 << 20
-MAX_DEPTH = 32  # nested JSON objects and arrays
-MAX_COUNT = 2**53  # resource counts and versions: exact as floats, which the scheduler uses
-MAX_SHOWN = 80  # characters of a user's value that an error message echoes
-MAX_MESSAGE = 1000
-
-
-class SpecError(ValueError):
-    """A spec that cannot be accepted; the message names the field and the fix.
-
-    The message becomes a job's reason, shown by `bastion list` and stored in its state, so it
-    is bounded whatever the user wrote (values are shortened by ``show`` where they are echoed;
-    this cap is the backstop)."""
-
-    def __init__(self, message: str) -> None:
-        if len(message) > MAX_MESSAGE:
-            message = message[: MAX_MESSAGE - 1] + "…"
-        super().__init__(message)
-
-
-def shorten(text: str, limit: int = MAX_SHOWN) -> str:
-    """``text``, or its first ``limit`` characters and its length."""
-    return text if len(text) <= limit else f"{text[:limit]}…({len(text)} characters)"
-
-
-def show(value: Any, limit: int = MAX_SHOWN) -> str:
-    """``repr(value)`` for an error message, at most ``limit`` characters plus its length."""
-    try:
-        text = repr(value)
-    except ValueError:  # an integer over Python's 4,300-digit conversion limit
-        return f"<an integer of {value.bit_length()} bits>"
-    if len(text) <= limit:
-        return text
-    size = len(value) if isinstance(value, str | bytes | list | dict) else len(text)
-    return f"{text[:limit]}…({size} characters)"
-
-
-def name_problem(name: str) -> str | None:
-    """Why ``name`` is not a safe job name, or None when it is."""
-    if not isinstance(name, str) or not name:
-        return "job name must be a non-empty string"
-    if len(name) > MAX_NAME_LENGTH:
-        return (
-            f"job name {show(name, MAX_NAME_LENGTH)} is {len(name)} characters long; "
-            f"the limit is {MAX_NAME_LENGTH}"
-        )
-    if not _NAME_RE.fullmatch(name):
-        return (
-            f"job name {show(name)} is not a safe identifier: use letters, digits, '-', '_' "
-            "and '.', starting with a letter or digit"
-        )
-    if name.endswith(_RESERVED_SUFFIX):
-        return f"job name {show(name)} ends with the reserved suffix {_RESERVED_SUFFIX!r}"
-    return None
-
-
-def check_name(name: str) -> str:
-    """Return ``name`` or raise SpecError saying why it is unsafe."""
-    problem = name_problem(name)
-    if problem:
-        raise SpecError(problem)
-    return name
-
-
-def utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
-
-
-def parse_time(value: Any, field_name: str) -> dt.datetime:
-    """Parse AXLearn's "%Y-%m-%d %H:%M:%S.%f" or any ISO-8601 time; naive means UTC."""
-    if not isinstance(value, str):
-        raise SpecError(f"field {field_name}: expected a time string, got {type(value).__name__}")
-    try:
-        try:
-            parsed = dt.datetime.strptime(value, _AXLEARN_TIME_FORMAT)
-        except ValueError:
-            parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-        if parsed.tzinfo is not None:  # may leave the range of years 1..9999: OverflowError
-            parsed = parsed.astimezone(dt.UTC).replace(tzinfo=None)
-    except (ValueError, OverflowError):
-        raise SpecError(
-            f"field {field_name}: {show(value)} is not a time between years 1 and 9999 (UTC); "
-            "write e.g. '2026-01-01 12:00:00.000000'"
-        ) from None
-    return parsed
-
-
-def format_time(value: dt.datetime) -> str:
-    """AXLearn's format; isoformat, unlike strftime's %Y, pads years before 1000 to 4 digits
-    (so every time it writes parses back)."""
-    return value.isoformat(sep=" ", timespec="microseconds")
-
-
-def parse_resources(text: str) -> dict[str, int]:
-    """Parse the CLI form ``v4=8,cpu=4`` into a resources mapping."""
-    resources: dict[str, int] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        key, sep, count = item.partition("=")
-        if not sep or not key.strip():
-            raise SpecError(f"resources: {item!r} is not TYPE=COUNT (e.g. v4=8,cpu=4)")
-        try:
-            resources[key.strip()] = int(count)
-        except ValueError:
-            raise SpecError(f"resources: {key.strip()}={count!r} is not an integer count") from None
-    return _check_resources(resources, "metadata.resources")
-
-
-def _check_resources(value: Any, field_name: str) -> dict[str, int]:
-    if not isinstance(value, Mapping):
-        raise SpecError(
-            f"field {field_name}: expected an object of type -> count, e.g. {{'v4': 8}}"
-        )
-    for key, count in value.items():
-        where = f"field {field_name}.{shorten(str(key))}"
-        if not isinstance(count, int) or isinstance(count, bool):
-            raise SpecError(f"{where}: expected an integer count, got {show(count)}")
-        if count < 0:
-            raise SpecError(f"{where}: count {show(count)} must not be negative")
-        if count > MAX_COUNT:
-            raise SpecError(f"{where}: count {show(count)} is over the limit of {MAX_COUNT}")
-    return {str(k): int(v) for k, v in value.items() if v}
-
-
-def _require(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], prefix: str) -> Any:
-    if key not in data:
-        raise SpecError(f"field {prefix}{key} is missing")
-    value = data[key]
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
-        expected = (
-            kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        )
-        raise SpecError(
-            f"field {prefix}{key}: expected {expected}, got {type(value).__name__} {show(value)}"
-        )
-    if isinstance(value, str):
-        _check_text(value, prefix + key)
-    return value
-
-
-def _check_text(value: str, field_name: str) -> str:
-    """Strings reach a shell, an environment or a container API: no NUL, valid Unicode."""
-    if "\x00" in value:
-        raise SpecError(f"field {field_name}: contains a NUL character; remove it")
-    try:
-        value.encode()
-    except UnicodeEncodeError:
-        raise SpecError(
-            f"field {field_name}: is not valid Unicode (an unpaired surrogate such as \\ud800)"
-        ) from None
-    return value
-
-
-def _optional(data: Mapping[str, Any], key: str, kind: type, prefix: str) -> Any:
-    if data.get(key) is None:
-        return None
-    return _require(data, key, kind, prefix)
 
 
 @dataclass
@@ -220,7 +109,7 @@ class JobMetadata:
         if not isinstance(data, Mapping):
             raise SpecError("field metadata: expected an object")
         p = "metadata."
-        priority = _optional(data, "priority", int, p)
+        priority = optional(data, "priority", int, p)
         priority = DEFAULT_PRIORITY if priority is None else priority
         if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
             raise SpecError(
@@ -237,18 +126,18 @@ class JobMetadata:
             "version",
             "updated_by",
         }
-        version = _optional(data, "version", int, p)
+        version = optional(data, "version", int, p)
         if version is not None and not 0 <= version <= MAX_COUNT:
             raise SpecError(f"field metadata.version: {show(version)} must be 0 to {MAX_COUNT}")
         return cls(
-            user_id=_require(data, "user_id", str, p),
-            project_id=_require(data, "project_id", str, p),
-            creation_time=parse_time(_require(data, "creation_time", str, p), p + "creation_time"),
-            resources=_check_resources(data.get("resources") or {}, p + "resources"),
+            user_id=require(data, "user_id", str, p),
+            project_id=require(data, "project_id", str, p),
+            creation_time=parse_time(require(data, "creation_time", str, p), p + "creation_time"),
+            resources=check_resources(data.get("resources") or {}, p + "resources"),
             priority=priority,
-            job_id=_optional(data, "job_id", str, p),
+            job_id=optional(data, "job_id", str, p),
             version=version,
-            updated_by=_optional(data, "updated_by", str, p),
+            updated_by=optional(data, "updated_by", str, p),
             extra={k: v for k, v in data.items() if k not in known},
         )
 
@@ -263,6 +152,12 @@ class JobSpec:
     version: int = SCHEMA_VERSION
     runner: dict[str, Any] | None = None  # {"kind": "docker", "image": ...}; None: the default
     bundle: dict[str, Any] | None = None  # the code bundle's record (bundlers.Bundle.to_json)
+    # Slurm's job semantics (bastion/spec_scheduling.py): seconds of running time allowed;
+    # the jobs it waits for (to succeed, or with after_any to end at all); its array or sweep.
+    time_limit: float | None = None
+    after: list[str] | None = None
+    after_any: bool = False
+    group: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -300,8 +195,23 @@ class JobSpec:
             "metadata": self.metadata.to_json(),
             **({"runner": dict(self.runner)} if self.runner else {}),
             **({"bundle": dict(self.bundle)} if self.bundle else {}),
+            **self._scheduling_json(),
             **self.extra,
         }
+
+    def _scheduling_json(self) -> dict[str, Any]:
+        """The scheduling fields that are set (unset ones are not written: older specs keep
+        their bytes and digest)."""
+        data: dict[str, Any] = {}
+        if self.time_limit is not None:
+            data["time_limit"] = self.time_limit
+        if self.after:
+            data["after"] = list(self.after)
+        if self.after_any:
+            data["after_any"] = True
+        if self.group:
+            data["group"] = dict(self.group)
+        return data
 
     def dumps(self) -> bytes:
         return json.dumps(self.to_json(), indent=1, sort_keys=False).encode()
@@ -320,22 +230,22 @@ class JobSpec:
     def from_json(cls, data: Any) -> JobSpec:
         if not isinstance(data, Mapping):
             raise SpecError("spec: expected a JSON object at the top level")
-        version = _require(data, "version", int, "")
+        version = require(data, "version", int, "")
         if version != SCHEMA_VERSION:
             raise SpecError(
                 f"field version: schema version {show(version)} is not supported; this Bastion "
                 f"reads version {SCHEMA_VERSION}"
             )
-        env = _optional(data, "env_vars", dict, "")
+        env = optional(data, "env_vars", dict, "")
         if env is not None:
             for key, value in env.items():
                 where = f"env_vars.{shorten(str(key))}"
                 if not key or "=" in key:
                     raise SpecError(f"field {where}: a variable name must be non-empty, no '='")
-                _check_text(key, where)
+                check_text(key, where)
                 if not isinstance(value, str):
                     raise SpecError(f"field {where}: expected a string value, got {show(value)}")
-                _check_text(value, where)
+                check_text(value, where)
         known = {
             "version",
             "name",
@@ -345,18 +255,26 @@ class JobSpec:
             "metadata",
             "runner",
             "bundle",
+            "time_limit",
+            "after",
+            "after_any",
+            "group",
         }
         return cls(
-            name=check_name(_require(data, "name", str, "")),
-            command=_check_command(_require(data, "command", str, ""), "command"),
-            metadata=JobMetadata.from_json(_require(data, "metadata", dict, "")),
-            cleanup_command=_check_command(
-                _optional(data, "cleanup_command", str, ""), "cleanup_command"
+            name=check_name(require(data, "name", str, "")),
+            command=check_command(require(data, "command", str, ""), "command"),
+            metadata=JobMetadata.from_json(require(data, "metadata", dict, "")),
+            cleanup_command=check_command(
+                optional(data, "cleanup_command", str, ""), "cleanup_command"
             ),
             env_vars=env,
             version=version,
-            runner=_check_runner(data.get("runner")),
-            bundle=_check_bundle(data.get("bundle")),
+            runner=check_runner(data.get("runner")),
+            bundle=check_bundle(data.get("bundle")),
+            time_limit=check_spec_time_limit(data.get("time_limit")),
+            after=check_after(data.get("after")),
+            after_any=check_after_any(data.get("after_any")),
+            group=check_group(data.get("group")),
             extra={k: v for k, v in data.items() if k not in known},
         )
 
@@ -364,7 +282,7 @@ class JobSpec:
     def loads(cls, raw: bytes | str) -> JobSpec:
         """Parse a spec; any input at all either loads or raises SpecError with a short reason
         (the daemon rejects the job with it; anything else would be retried every cycle)."""
-        text = _spec_text(raw)
+        text = spec_text(raw)
         try:
             return cls.from_json(json.loads(text))
         except SpecError:
@@ -375,160 +293,6 @@ class JobSpec:
             # e.g. an integer over Python's 4,300-digit limit (ValueError)
             reason = str(e).split(";")[0].split(":")[0]
             raise SpecError(f"spec is not acceptable JSON: {shorten(reason, 200)}") from None
-
-
-# A JSON string (with its escapes) or one bracket: enough to measure nesting without parsing.
-_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
-
-
-def _spec_text(raw: bytes | str) -> str:
-    """The spec's text, refused before parsing when it is too large or nests too deeply."""
-    size = len(raw) if isinstance(raw, bytes) else len(raw.encode(errors="surrogatepass"))
-    if size > MAX_SPEC_BYTES:
-        raise SpecError(
-            f"spec is {size:,} bytes; the limit is {MAX_SPEC_BYTES:,} bytes (1 MiB): "
-            "keep large data elsewhere and pass its location"
-        )
-    if isinstance(raw, bytes):
-        try:  # as json.loads decodes bytes (UTF-8, -16 or -32)
-            raw = raw.decode(json.detect_encoding(raw), "surrogatepass")
-        except UnicodeDecodeError as e:
-            raise SpecError(f"spec is not valid JSON: not UTF-8 text ({e.reason})") from None
-    if raw.count("[") + raw.count("{") > MAX_DEPTH:
-        depth = 0
-        for token in _JSON_TOKEN.finditer(raw):
-            bracket = token.group()
-            if bracket in ("[", "{"):
-                depth += 1
-                if depth > MAX_DEPTH:
-                    raise SpecError(f"spec nests objects and arrays deeper than {MAX_DEPTH} levels")
-            elif bracket in ("]", "}"):
-                depth -= 1
-    return raw
-
-
-MAX_COMMAND_BYTES = 100 << 10  # one argv string may not exceed 128 KiB (MAX_ARG_STRLEN)
-MAX_ARG_STRLEN = 131072  # Linux: the most bytes of one argv or environment string, NUL included
-# Kept free of a spec's command and env_vars under the platform's ARG_MAX: what the daemon adds
-# to a job's environment (its own environment, the BASTION_* variables, AXLearn's serialized
-# spec of at most 64 KiB) and the wrapper's own arguments.
-EXEC_RESERVE_BYTES = 256 << 10
-_POINTER_BYTES = 8  # each argv and envp entry also costs its pointer
-
-
-class ExecLimitError(SpecError):
-    """The spec's command and environment are over what ``exec`` accepts (per string or in
-    all): no start could ever succeed, so the client refuses it at submit."""
-
-
-def exec_arg_max() -> int:
-    """This host's ARG_MAX (``sysconf(SC_ARG_MAX)``: on Linux a quarter of the stack limit),
-    or 2 MiB where the platform does not say."""
-    try:
-        value = os.sysconf("SC_ARG_MAX")
-    except (ValueError, OSError, AttributeError):
-        value = -1
-    return value if value > 0 else 2 << 20
-
-
-def exec_limit_problem(
-    env: Mapping[str, str],
-    args: Sequence[str],
-    reserve: int = 0,
-    arg_max: int | None = None,
-    in_spec: bool = False,
-) -> str | None:
-    """Why ``exec`` would refuse ``args`` with ``env`` (E2BIG), naming the variable; None when
-    it fits. One string (``NAME=VALUE``, or an argument) may be at most MAX_ARG_STRLEN bytes;
-    all strings and their pointers together at most ARG_MAX less ``reserve``. ``in_spec``:
-    name variables as fields of the spec (``env_vars.NAME``)."""
-
-    def name(key: str) -> str:
-        key = shorten(key, 40)
-        return f"field env_vars.{key}" if in_spec else f"environment variable {key}"
-
-    fix = (
-        "put large data in a file (in the job's bundle or the bucket) and pass its path in "
-        "the variable instead"
-    )
-    sizes = {
-        key: len(key.encode(errors="replace")) + len(value.encode(errors="replace")) + 2
-        for key, value in env.items()
-    }
-    for key, size in sizes.items():
-        if size > MAX_ARG_STRLEN:
-            return (
-                f"{name(key)}: {size:,} bytes (NAME=VALUE); exec takes at most "
-                f"{MAX_ARG_STRLEN:,} bytes for one environment variable (Linux's "
-                f"MAX_ARG_STRLEN): {fix}"
-            )
-    arg_sizes = [len(arg.encode(errors="replace")) + 1 for arg in args]
-    for size in arg_sizes:
-        if size > MAX_ARG_STRLEN:
-            return (
-                f"an argument of {size:,} bytes (the command) is over exec's limit of "
-                f"{MAX_ARG_STRLEN:,} bytes for one (Linux's MAX_ARG_STRLEN): put the long part "
-                "in a file of the bundle and run that"
-            )
-    total = sum(sizes.values()) + sum(arg_sizes) + _POINTER_BYTES * (len(sizes) + len(args) + 2)
-    arg_max = arg_max or exec_arg_max()
-    limit = arg_max - reserve
-    if total <= limit:
-        return None
-    largest = sorted(sizes, key=lambda k: -sizes[k])[:3]
-    named = ", ".join(f"{name(k).removeprefix('field ')} ({sizes[k]:,} bytes)" for k in largest)
-    kept = f", less {reserve:,} kept for what the daemon adds" if reserve else ""
-    return (
-        f"{'field env_vars: ' if in_spec else ''}"
-        f"the command and environment are {total:,} bytes in all; exec takes at most "
-        f"{limit:,} (this host's ARG_MAX of {arg_max:,}{kept}); the largest: "
-        f"{named or 'none'}: {fix}"
-    )
-
-
-def _check_command(value: str | None, field_name: str) -> str | None:
-    """A command is one argument of ``bash -c``: the kernel refuses one over 128 KiB, so a
-    longer one could never start. Refused at submit, with its size and the fix."""
-    if value is not None and len(value.encode(errors="replace")) > MAX_COMMAND_BYTES:
-        raise SpecError(
-            f"field {field_name}: the command is {len(value.encode(errors='replace')):,} bytes; "
-            f"the limit is {MAX_COMMAND_BYTES:,}: put the long part in a file of the bundle "
-            "(or in env_vars) and run that"
-        )
-    return value
-
-
-def _check_bundle(value: Any) -> dict[str, Any] | None:
-    """The optional ``bundle`` record: kind, uri and a ``sha256:`` digest at least."""
-    if value is None:
-        return None
-    if not isinstance(value, Mapping):
-        raise SpecError("field bundle: expected the bundle record object that launch writes")
-    for key in ("kind", "uri", "digest"):
-        if not isinstance(value.get(key), str) or not value.get(key):
-            raise SpecError(f"field bundle.{key}: missing; relaunch to make the bundle again")
-    if not re.fullmatch(r"sha256:[0-9a-f]{64}", value["digest"]):
-        raise SpecError(
-            f"field bundle.digest: {show(value['digest'])} is not sha256:<64 hex digits>"
-        )
-    return dict(value)
-
-
-def _check_runner(value: Any) -> dict[str, Any] | None:
-    """The optional ``runner`` object: ``{"kind": KIND, OPTION: VALUE, ...}`` (JSON values)."""
-    if value is None:
-        return None
-    if not isinstance(value, Mapping):
-        raise SpecError('field runner: expected an object such as {"kind": "docker", "image": IMG}')
-    kind = value.get("kind")
-    if not isinstance(kind, str) or not re.fullmatch(r"[a-z][a-z0-9-]{0,31}", kind):
-        raise SpecError(
-            f"field runner.kind: {show(kind)} is not a runner kind; use e.g. 'local' or 'docker'"
-        )
-    for key in value:
-        if not isinstance(key, str) or not re.fullmatch(r"[a-z][a-z0-9_]{0,63}", key):
-            raise SpecError(f"field runner: option name {show(key)} must be lower_snake_case")
-    return dict(value)
 
 
 def new_jobspec(
@@ -544,8 +308,18 @@ def new_jobspec(
     creation_time: dt.datetime | None = None,
     runner: Mapping[str, Any] | None = None,
     bundle: Mapping[str, Any] | None = None,
+    time_limit: float | str | None = None,
+    after: str | list[str] | None = None,
+    after_any: bool = False,
+    group: Mapping[str, Any] | None = None,
 ) -> JobSpec:
-    """Build and validate a spec; raises SpecError naming the bad field."""
+    """Build and validate a spec; raises SpecError naming the bad field. ``time_limit``:
+    seconds, or text as ``--time`` takes it ("2h", "1-00:00:00"); ``after``: a name, a
+    comma-separated list or a list of names."""
+    if isinstance(time_limit, str):
+        time_limit = parse_time_limit(time_limit, "time_limit")
+    if isinstance(after, str):
+        after = [part.strip() for part in after.split(",") if part.strip()]
     spec = JobSpec(
         name=name,
         command=command,
@@ -553,6 +327,10 @@ def new_jobspec(
         env_vars=dict(env_vars) if env_vars else None,
         runner=dict(runner) if runner else None,
         bundle=dict(bundle) if bundle else None,
+        time_limit=time_limit,
+        after=list(after) if after else None,
+        after_any=after_any,
+        group=dict(group) if group else None,
         metadata=JobMetadata(
             user_id=user_id,
             project_id=project_id,

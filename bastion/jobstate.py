@@ -30,6 +30,7 @@ class Outcome(enum.StrEnum):
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
     REJECTED = "REJECTED"
+    TIMEOUT = "TIMEOUT"  # stopped at its time limit (Slurm's TIMEOUT); never requeued
 
 
 class StopKind(enum.StrEnum):
@@ -38,6 +39,7 @@ class StopKind(enum.StrEnum):
     CANCEL = "cancel"  # -> CLEANING -> COMPLETED(CANCELLED)
     PREEMPT = "preempt"  # -> PENDING, new attempt later
     UPDATE = "update"  # -> PENDING, new attempt with the new spec
+    TIMEOUT = "timeout"  # its time limit passed -> CLEANING -> COMPLETED(TIMEOUT)
 
 
 @dataclass
@@ -64,6 +66,9 @@ class JobState:
     provider_preemptions: int = 0  # attempts the provider took away (not the job's failures)
     log_start: int = 0  # offset in logs/<name> where this submission's output begins
     preemptions: int = 0
+    # Seconds the job's earlier attempts of this submission ran (from RUNNING to their end):
+    # what its time limit counts, so time pending or preempted never does.
+    ran_seconds: float = 0.0
     events: list[dict[str, Any]] = field(default_factory=list)  # lifecycle, bounded
     metadata: dict[str, Any] = field(default_factory=dict)  # AXLearn-compatible extras (tier)
 

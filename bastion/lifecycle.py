@@ -12,6 +12,7 @@ job's status changes nothing.
     unfinished  SpecRefused (update unparsable) -> same         -   (reason only)
     PENDING     Admit(tier)                     -> ACTIVE       Log(start), Start(run)
     PENDING     Reject | Cancel                 -> COMPLETED    -
+    PENDING     DependencyFailed                -> COMPLETED (CANCELLED)   -
     PENDING     Wait(reason) | QuotaInvalid     -> PENDING      -   (reason only)
     ACTIVE      Started(handle)                 -> ACTIVE       -   (handle recorded)
     any         StartAgain (recorded, unstarted) -> same        Start
@@ -29,6 +30,9 @@ job's status changes nothing.
     unfinished  ActFailed                       -> same         -   (reason only)
     ACTIVE      Preempt | Update                -> ACTIVE       Stop(run)   (stop recorded)
     ACTIVE      Cancel                          -> CANCELLING   Stop(run)
+    ACTIVE      TimedOut (its time limit)       -> ACTIVE       Stop(run)   (stop recorded)
+    ACTIVE      Observed(finished), stopped for its time limit -> CLEANING or COMPLETED
+                                                                 (TIMEOUT), never requeued
     ACTIVE      Observed(finished), stopped for preempt/update -> PENDING   Log(end), Delete
     ACTIVE      Observed(preempted by provider | lost)         -> PENDING   Log(end), Delete
     ACTIVE      Observed(failed, retryable, no exit code)      -> PENDING   Log(end), Delete
@@ -51,17 +55,53 @@ it executes effects), so a daemon that dies at any point finds the attempt by it
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from bastion.jobspec import user_label
 from bastion.jobstate import JobState, Outcome, Status, StopKind
-from bastion.runners.base import AttemptPhase, Handle, Observation
+from bastion.lifecycle_observe import (
+    cancelled_before_start,
+    observed,
+    start_deferred,
+    start_failed,
+)
+from bastion.lifecycle_records import (
+    CLEANUP,
+    RUN,
+    Delete,
+    Effect,
+    Log,
+    NeedsCleanup,
+    Result,
+    Start,
+    Stop,
+    add_event,
+    attempt_record,
+    complete,
+    fmt_time,
+    history_line,
+    set_record,
+    start_marker,
+    stop_attempt,
+)
+from bastion.runners.base import Handle, Observation
 
-RUN, CLEANUP = "run", "cleanup"
-_CLEANING_NOTE = "; running the cleanup command"
+__all__ = [  # the effects and helpers re-exported: the daemon and tests name them from here
+    "CLEANUP",
+    "RUN",
+    "Delete",
+    "Effect",
+    "Log",
+    "NeedsCleanup",
+    "Result",
+    "Start",
+    "Stop",
+    "attempt_record",
+    "fmt_time",
+    "start_marker",
+]
 
 
 # -- events ----------------------------------------------------------------------------------
@@ -106,6 +146,24 @@ class Update:
 class Cancel:
     reason: str
     grace: float
+
+
+@dataclass(frozen=True)
+class TimedOut:
+    """The job's running time reached its time limit (Slurm's ``--time``): its attempt is
+    stopped as a cancel is (the stop signal, the grace, then SIGKILL) and the job ends
+    TIMEOUT, never requeued. A cancel already in progress wins."""
+
+    reason: str
+    grace: float
+
+
+@dataclass(frozen=True)
+class DependencyFailed:
+    """A job it waits for ended otherwise than required (failed, cancelled, timed out) or is
+    gone: it can never start (Slurm's DependencyNeverSatisfied), so it ends CANCELLED."""
+
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -246,6 +304,8 @@ Event = (
     | Preempt
     | Update
     | Cancel
+    | TimedOut
+    | DependencyFailed
     | Started
     | StartFailed
     | StartDeferred
@@ -274,65 +334,6 @@ def attributed(what: str, by: Any, owner: Any) -> str:
     return f"{what} by {user_label(by)} (owner {user_label(owner)})"
 
 
-# -- effects ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Start:
-    purpose: str
-
-
-@dataclass(frozen=True)
-class Stop:
-    purpose: str
-    deadline: float
-
-
-@dataclass(frozen=True)
-class Delete:
-    purpose: str
-    kind: str
-    name: str
-    handle: Handle | None
-
-
-@dataclass(frozen=True)
-class Log:
-    purpose: str
-    text: str
-
-
-@dataclass(frozen=True)
-class NeedsCleanup:
-    """The run ended and the spec has a cleanup command: the daemon names the attempt and
-    feeds back CleanupAdmit (names are the daemon's, not the table's)."""
-
-
-Effect = Start | Stop | Delete | Log | NeedsCleanup
-
-
-@dataclass
-class Result:
-    state: JobState
-    effects: list[Effect] = field(default_factory=list)
-    events: list[tuple[str, str]] = field(default_factory=list)  # (event, reason) for history
-    notes: list[tuple[str, str, int | None]] = field(default_factory=list)  # history lines only
-
-
-def fmt_time(t: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) + "Z"
-
-
-def start_marker(name: str, attempt: int, tier: int | None, now: float) -> str:
-    return (
-        f"=== [bastion] attempt {attempt} of {name} started at {fmt_time(now)} (tier {tier}) ===\n"
-    )
-
-
-def attempt_record(state: JobState, purpose: str) -> dict[str, Any] | None:
-    return state.runner if purpose == RUN else state.cleanup_runner
-
-
 # -- the table -------------------------------------------------------------------------------
 
 
@@ -358,26 +359,30 @@ def _reason(result: Result, event: Any, *_: Any) -> None:
 
 
 def _cancel_pending(result: Result, event: Cancel, now: float, *_: Any) -> None:
-    _complete(result, Outcome.CANCELLED, event.reason, now)
+    complete(result, Outcome.CANCELLED, event.reason, now)
 
 
 def _cancel_active(result: Result, event: Cancel, now: float, *_: Any) -> None:
     result.state.status = Status.CANCELLING
-    _stop(result, StopKind.CANCEL, event.reason, now, None, event.grace, force=True)
+    stop_attempt(result, StopKind.CANCEL, event.reason, now, None, event.grace, force=True)
 
 
 def _preempt(result: Result, event: Preempt, now: float, *_: Any) -> None:
     result.state.preemptions += 1
-    _stop(result, StopKind.PREEMPT, event.reason, now, event.by, event.grace)
+    stop_attempt(result, StopKind.PREEMPT, event.reason, now, event.by, event.grace)
 
 
 def _update(result: Result, event: Update, now: float, *_: Any) -> None:
-    _stop(result, StopKind.UPDATE, event.reason, now, None, event.grace)
+    stop_attempt(result, StopKind.UPDATE, event.reason, now, None, event.grace)
+
+
+def _timed_out(result: Result, event: TimedOut, now: float, *_: Any) -> None:
+    stop_attempt(result, StopKind.TIMEOUT, event.reason, now, None, event.grace, force=True)
 
 
 def _started(result: Result, event: Started, *_: Any) -> None:
     record = attempt_record(result.state, event.purpose) or {}
-    _set_record(result.state, event.purpose, {**record, "handle": event.handle})
+    set_record(result.state, event.purpose, {**record, "handle": event.handle})
 
 
 def _unstarted(state: JobState, event: Started) -> bool:
@@ -399,7 +404,7 @@ def _cleanup_admit(result: Result, event: CleanupAdmit, *_: Any) -> None:
 def _tick_cancelled(result: Result, event: Tick, now: float, job: str, cleanup: bool) -> None:
     # Cancelled while its start waits for its next try (the daemon ticks only a job with no
     # effect in flight): no attempt exists, so it ends now, not after a start.
-    _start_failed(result, StartFailed(RUN, "it was cancelled while waiting to start"), now, cleanup)
+    start_failed(result, RUN, "it was cancelled while waiting to start", now, cleanup)
 
 
 def _tick_stopping(result: Result, event: Tick, now: float, *_: Any) -> None:
@@ -418,12 +423,12 @@ def _detected(result: Result, event: Detected, *_: Any) -> None:
     state = result.state
     state.job_identity, state.spec_digest = event.identity, event.digest
     state.submission = state.submission or event.submission
-    _event(result, "PENDING", f"spec detected (job_id={event.job_id})")
+    add_event(result, "PENDING", f"spec detected (job_id={event.job_id})")
 
 
 def _spec_changed(result: Result, event: SpecChanged, *_: Any) -> None:
     result.state.spec_digest, result.state.job_identity = event.digest, event.identity
-    _event(result, "UPDATED", f"{event.what} (while pending)")
+    add_event(result, "UPDATED", f"{event.what} (while pending)")
 
 
 def _sighted(result: Result, event: Sighted, *_: Any) -> None:
@@ -451,32 +456,45 @@ ROWS: tuple[Row, ...] = (
     Row(
         Reject,
         _PENDING,
-        lambda r, e, now, *_: _complete(r, Outcome.REJECTED, e.reason, now),
+        lambda r, e, now, *_: complete(r, Outcome.REJECTED, e.reason, now),
         says="-> COMPLETED (REJECTED)",
     ),
     Row(Wait, _PENDING, _reason, says="reason only"),
     Row(Cancel, _PENDING, _cancel_pending, says="-> COMPLETED (CANCELLED)"),
+    Row(
+        DependencyFailed,
+        _PENDING,
+        lambda r, e, now, *_: complete(r, Outcome.CANCELLED, e.reason, now),
+        says="-> COMPLETED (CANCELLED)",
+    ),
     Row(Cancel, _ACTIVE, _cancel_active, says="-> CANCELLING, Stop(run)"),
     Row(Preempt, _ACTIVE, _preempt, lambda s, e: not s.stop, says="Stop(run), stop recorded"),
     Row(Update, _ACTIVE, _update, says="Stop(run), stop recorded"),
+    Row(
+        TimedOut,
+        _ACTIVE,
+        _timed_out,
+        lambda s, e: not s.stop or s.stop["kind"] != StopKind.TIMEOUT.value,
+        says="Stop(run), TIMEOUT at its end",
+    ),
     Row(Started, None, _started, _unstarted, says="handle recorded"),
     Row(
         StartFailed,
         None,
-        lambda r, e, now, job, c: _start_failed(r, e, now, c),
+        lambda r, e, now, job, c: start_failed(r, e.purpose, e.error, now, c),
         says="-> COMPLETED, Log(failed), Delete(run)",
     ),
     Row(
         StartDeferred,
         None,
-        lambda r, e, now, job, c: _start_deferred(r, e, now, c),
+        lambda r, e, now, job, c: start_deferred(r, e.purpose, e.reason, e.give_up_after, now, c),
         lambda s, e: bool(attempt_record(s, e.purpose)),
         says="reason; or gives up",
     ),
     Row(
         Observed,
         None,
-        lambda r, e, now, job, c: _observed(r, e, now, c),
+        lambda r, e, now, job, c: observed(r, e.purpose, e.observation, now, c),
         says="phase, health; at the end -> PENDING, CLEANING or COMPLETED",
     ),
     Row(
@@ -490,7 +508,7 @@ ROWS: tuple[Row, ...] = (
         Tick,
         None,
         _tick_cancelled,
-        lambda s, e: _cancelled_before_start(s),
+        lambda s, e: cancelled_before_start(s),
         says="-> COMPLETED (CANCELLED)",
     ),
     Row(
@@ -542,34 +560,10 @@ def transition(
     row.then(result, event, now, job, has_cleanup)
     for name, reason in result.events:  # an event's reason is the job's reason from now on
         new.reason = reason
-        _history(new, now, name, reason)
+        history_line(new, now, name, reason)
     for name, text, attempt in result.notes:
-        _history(new, now, name, text, attempt)
+        history_line(new, now, name, text, attempt)
     return result
-
-
-def _history(state: JobState, now: float, event: str, text: str, attempt: int | None = None):
-    state.add_event(
-        {
-            "time": now,
-            "event": event,
-            "status": state.status.value,
-            "attempt": attempt or state.attempt,
-            "reason": text,
-        }
-    )
-
-
-def _event(result: Result, event: str, reason: str) -> None:
-    result.state.reason = reason
-    result.events.append((event, reason))
-
-
-def _set_record(state: JobState, purpose: str, record: dict[str, Any] | None) -> None:
-    if purpose == RUN:
-        state.runner = record
-    else:
-        state.cleanup_runner = record
 
 
 def _admit(result: Result, event: Admit, job: str, now: float) -> None:
@@ -597,243 +591,4 @@ def _admit(result: Result, event: Admit, job: str, now: float) -> None:
         "phase": "STARTING",
     }
     result.effects += [Log(RUN, marker), Start(RUN)]
-    _event(result, "STARTED", f"attempt {state.attempt} started: {event.reason}")
-
-
-def _stop(
-    result: Result,
-    kind: StopKind,
-    reason: str,
-    now: float,
-    by: str | None,
-    grace: float,
-    force: bool = False,
-) -> None:
-    state = result.state
-    if state.stop and state.stop["kind"] == StopKind.CANCEL.value:
-        return  # a cancel already in progress wins
-    if state.stop and not force:
-        return
-    since = state.stop["since"] if state.stop else now
-    deadline = state.stop["deadline"] if state.stop else now + grace
-    state.stop = {
-        "kind": kind.value,
-        "since": since,
-        "by": by,
-        "deadline": deadline,
-        "reason": reason,
-    }
-    if state.runner:
-        result.effects.append(Stop(RUN, deadline))
-    _event(result, kind.value.upper(), reason)
-
-
-def _delete(result: Result, purpose: str, record: dict[str, Any]) -> None:
-    result.effects.append(
-        Delete(purpose, str(record["kind"]), str(record["name"]), record.get("handle"))
-    )
-
-
-def _start_failed(result: Result, event: StartFailed, now: float, has_cleanup: bool) -> None:
-    state = result.state
-    record = attempt_record(state, event.purpose)
-    if record is None:
-        return
-    _set_record(state, event.purpose, None)
-    _delete(result, event.purpose, record)
-    if event.purpose == CLEANUP:
-        note = f"{state.reason}; the cleanup command could not start: {event.error}"
-        _complete(result, state.outcome or Outcome.FAILED, note, now)
-        return
-    result.effects.append(
-        Log(RUN, f"=== [bastion] attempt {state.attempt} could not start: {event.error} ===\n")
-    )
-    stop, state.stop = state.stop, None
-    if stop and stop["kind"] == StopKind.CANCEL.value:  # cancelled before it could start
-        _complete(result, Outcome.CANCELLED, stop.get("reason", ""), now)
-        return
-    _complete(result, Outcome.FAILED, f"could not start the command: {event.error}", now)
-
-
-def _cancelled_before_start(state: JobState) -> bool:
-    record = state.runner
-    return bool(
-        state.stop
-        and state.stop["kind"] == StopKind.CANCEL.value
-        and record
-        and record.get("handle") is None
-        and record.get("deferred_since") is not None
-    )
-
-
-def _start_deferred(result: Result, event: StartDeferred, now: float, has_cleanup: bool) -> None:
-    state = result.state
-    record = attempt_record(state, event.purpose)
-    if record is None or record.get("handle") is not None:
-        return
-    stop = state.stop
-    if event.purpose == RUN and stop and stop["kind"] == StopKind.CANCEL.value:
-        _start_failed(result, StartFailed(event.purpose, event.reason), now, has_cleanup)
-        return
-    since = float(record.get("deferred_since") or now)
-    bound = event.give_up_after
-    if bound is not None and now - since >= bound:
-        error = (
-            f"{event.reason} (still failing after {now - since:.0f}s of tries; gave up: the "
-            f"daemon's start_give_up_seconds is {bound:g})"
-        )
-        _start_failed(result, StartFailed(event.purpose, error), now, has_cleanup)
-        return
-    if record.get("deferred_since") is None:
-        _set_record(state, event.purpose, {**record, "deferred_since": now})
-    until = f"; gives up at {fmt_time(since + bound)}" if bound is not None else ""
-    state.reason = f"attempt {state.attempt} waits to start: {event.reason}{until}"
-
-
-def _end_marker(state: JobState, obs: Observation, now: float) -> str:
-    if obs.phase is AttemptPhase.PREEMPTED:
-        how = f"was preempted by the provider ({obs.reason})"
-    elif obs.phase is AttemptPhase.LOST:
-        how = f"was lost ({obs.reason})"
-    elif obs.exit_code is not None:
-        how = f"exited with status {obs.exit_code}"
-    else:
-        how = f"ended: {obs.reason or 'was killed'}"
-    stop = state.stop
-    why = f"; it was stopped ({stop['kind']}: {stop.get('reason', '')})" if stop else ""
-    return f"=== [bastion] attempt {state.attempt} {how} at {fmt_time(now)}{why} ===\n"
-
-
-def _observed(result: Result, event: Observed, now: float, has_cleanup: bool) -> None:
-    state = result.state
-    obs = event.observation
-    record = attempt_record(state, event.purpose)
-    if record is None:
-        return
-    if not obs.finished:
-        if obs.workers and record.get("workers") != list(obs.workers):
-            # Each worker's health ("running", "late", "exit 1"...), for list; stable words,
-            # so the state is rewritten only when a worker's health changes.
-            record = {**record, "workers": list(obs.workers)}
-            _set_record(state, event.purpose, record)
-        if record.get("phase") != obs.phase.value:
-            _set_record(state, event.purpose, {**record, "phase": obs.phase.value})
-            if event.purpose == RUN and obs.phase is AttemptPhase.RUNNING:
-                state.running_since = now
-        if event.purpose == RUN:
-            _follow_runner(state, obs)
-        return
-    _set_record(state, event.purpose, None)
-    _delete(result, event.purpose, record)
-    if "backfill_for" in state.metadata:  # a backfill mark lasts as long as its attempt
-        state.metadata = {k: v for k, v in state.metadata.items() if k != "backfill_for"}
-    if event.purpose == CLEANUP:
-        note = "" if obs.exit_code == 0 else f" (cleanup {obs.reason or 'failed'})"
-        reason = state.reason.removesuffix(_CLEANING_NOTE)
-        _complete(result, state.outcome or Outcome.FAILED, f"{reason}{note}", now)
-        return
-    result.effects.append(Log(RUN, _end_marker(state, obs, now)))
-    stop = state.stop
-    forced = obs.exit_code in (None, 137)  # SIGKILL's status, or none (the wrapper died too)
-    if stop and forced and not stop.get("forced") and now >= float(stop["deadline"]):
-        # The runner forced it at the deadline before a tick could say so.
-        grace = float(stop["deadline"]) - float(stop["since"])
-        result.events.append(
-            ("KILLED", f"still running {grace:g}s after it was asked to stop; forced")
-        )
-    state.exit_code = obs.exit_code
-    state.end_time = now
-    stop, state.stop = state.stop, None
-    if stop and stop["kind"] == StopKind.CANCEL.value:
-        _finish_run(result, Outcome.CANCELLED, stop.get("reason", ""), now, has_cleanup)
-    elif stop:
-        what = "preempted" if stop["kind"] == StopKind.PREEMPT.value else "updated"
-        _requeue(result, f"attempt {state.attempt} {what}; waiting to restart")
-    elif obs.phase is AttemptPhase.PREEMPTED:
-        state.provider_preemptions += 1
-        _requeue(
-            result,
-            f"attempt {state.attempt} preempted by the provider ({obs.reason}); "
-            f"requeued as attempt {state.attempt + 1}",
-            event="PROVIDER_PREEMPTED",
-        )
-    elif obs.phase is AttemptPhase.LOST:
-        _requeue(
-            result,
-            f"attempt {state.attempt} lost ({obs.reason}); requeued as attempt {state.attempt + 1}",
-            event="LOST",
-        )
-    elif obs.phase is AttemptPhase.SUCCEEDED:
-        _finish_run(result, Outcome.SUCCEEDED, "command exited with status 0", now, has_cleanup)
-    elif obs.retryable and obs.exit_code is None:
-        # The provider could not give us the machines (a stockout, a queued resource past its
-        # deadline): not the job's failure, and a new attempt may get them elsewhere.
-        _requeue(
-            result,
-            f"attempt {state.attempt} could not be provisioned ({obs.reason}); "
-            f"requeued as attempt {state.attempt + 1}",
-            event="PROVISIONING_FAILED",
-        )
-    elif obs.exit_code is None and obs.reason:
-        # No status to report: the runner says what ended it (a request the cloud refused, a
-        # VM its dead man's switch deleted); "the command was killed" would mislead.
-        _finish_run(
-            result,
-            Outcome.FAILED,
-            f"attempt {state.attempt} failed: {obs.reason}",
-            now,
-            has_cleanup,
-        )
-    else:
-        how = f"exited with status {obs.exit_code}" if obs.exit_code is not None else "was killed"
-        said = obs.reason if obs.reason and obs.reason != how else ""  # e.g. which worker
-        reason = f"command {how}" + (f" ({said})" if said else "")
-        _finish_run(result, Outcome.FAILED, reason, now, has_cleanup)
-
-
-def _follow_runner(state: JobState, obs: Observation) -> None:
-    """The reason follows what the runner says now, not what it said first: while the
-    attempt waits (queued, provisioning) and, once the runner's words are the reason, while it
-    runs ("provisioning: node CREATING" must not outlive the node's creation: "running:
-    waiting for workers to start (0 of 1)", then "running: 1 of 1 workers running"). A
-    runner's words are stable between changes, so the state is rewritten only on a change.
-    A runner that goes straight to running keeps the admission's reason, as before, and a
-    stop in progress keeps its own (why it is being stopped)."""
-    prefix = f"attempt {state.attempt}: "
-    if state.stop or (obs.phase is AttemptPhase.RUNNING and not state.reason.startswith(prefix)):
-        return
-    reason = f"{prefix}{obs.phase.value.lower()}" + (f": {obs.reason}" if obs.reason else "")
-    if state.reason != reason:
-        state.reason = reason
-
-
-def _requeue(result: Result, reason: str, event: str = "REQUEUED") -> None:
-    state = result.state
-    state.status = Status.PENDING
-    state.tier = None
-    state.running_since = None
-    state.pending_since = state.end_time  # the attempt's end: when it began to wait again
-    _event(result, event, reason)
-
-
-def _finish_run(
-    result: Result, outcome: Outcome, reason: str, now: float, has_cleanup: bool
-) -> None:
-    state = result.state
-    if not has_cleanup:
-        _complete(result, outcome, reason, now)
-        return
-    state.outcome = outcome
-    state.status = Status.CLEANING
-    _event(result, "CLEANING", f"{reason}{_CLEANING_NOTE}")
-    result.effects.append(NeedsCleanup())
-
-
-def _complete(result: Result, outcome: Outcome, reason: str, now: float) -> None:
-    state = result.state
-    state.status = Status.COMPLETED
-    state.outcome = outcome
-    state.end_time = state.end_time or now
-    state.stop = None
-    state.running_since = None
-    _event(result, outcome.value, reason)
+    add_event(result, "STARTED", f"attempt {state.attempt} started: {event.reason}")

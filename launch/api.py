@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import codecs
 import concurrent.futures
-import contextlib
-import datetime as dt
 import getpass
 import json
 import os
@@ -24,16 +22,17 @@ import time
 import uuid
 import warnings
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
 from typing import Any
 
 from bastion import jobspec as _jobspec
 from bastion.bucket.specwatch import FULL_LISTING_SECONDS
 from bastion.bucket.store import Store, UnacceptableObject, resolve_root
-from bastion.jobspec import ExecLimitError, JobSpec, SpecError, check_name, shorten
+from bastion.jobspec import ExecLimitError, JobSpec, SpecError, check_name
 from bastion.jobstate import JobState, Outcome, Status
+from launch import expand, submitting
+from launch import runs as runs_
+from launch.jobinfo import JobInfo, age_seconds, brief, from_record, placed
 from launch.status import DaemonStatus, NoDaemon, NoDaemonWarning, daemon_status
-from quota.capacity import fmt_units
 
 __all__ = [
     "Client",
@@ -45,6 +44,7 @@ __all__ = [
     "NotOwner",
     "SpecError",
     "UnknownJob",
+    "age_seconds",
     "default_user",
     "new_jobspec",
 ]
@@ -110,84 +110,6 @@ def default_job_name(user: str | None = None) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
 
 
-@dataclass
-class JobInfo:
-    """A job as a user sees it: its spec (None if unreadable) and its state."""
-
-    name: str
-    spec: JobSpec | None
-    state: JobState | None  # None: the daemon has not seen the spec yet
-    finished: bool = False  # True once the daemon moved it to jobs/complete/
-    problem: str = ""  # why its spec, state or record could not be read or parsed
-    queue: str = ""  # a waiting job's place in its queue, from the daemon's queue summary
-    live_reason: str = ""  # the whole current reason (the summary has it for a queue's first)
-
-    @property
-    def workers(self) -> list[str]:
-        """Each worker's health of a running multi-host attempt ("running", "late", "lost",
-        "exit 0", "preempted", "waiting"), as the daemon last saw it; [] otherwise."""
-        if self.state is None or self.state.status is not Status.ACTIVE:
-            return []
-        return [str(w) for w in (self.state.runner or {}).get("workers") or []]
-
-    @property
-    def worker_summary(self) -> str:
-        """``4/4 running``, or ``3/4 running; late: w2``: the healthy count, then who is not."""
-        words = self.workers
-        if not words:
-            return ""
-        others: dict[str, list[int]] = {}
-        for index, word in enumerate(words):
-            if word != "running":
-                others.setdefault(word, []).append(index)
-        parts = [f"{len(words) - sum(map(len, others.values()))}/{len(words)} running"]
-        for word, indices in others.items():
-            shown = ",".join(f"w{i}" for i in indices[:4])
-            parts.append(f"{word}: {shown}" + (f",+{len(indices) - 4}" if len(indices) > 4 else ""))
-        return "; ".join(parts)
-
-    @property
-    def status(self) -> str:
-        if self.state:
-            return self.state.display_status
-        return "UNREADABLE" if self.problem else "SUBMITTED"
-
-    @property
-    def reason(self) -> str:
-        if self.problem:
-            return self.problem
-        if self.state is None:
-            return "waiting for the daemon to pick it up"
-        if self.state.status is Status.PENDING and self.live_reason:
-            return self.live_reason
-        if self.state.status is Status.PENDING and self.queue:
-            return f"{self.state.reason}; {self.queue}"
-        return self.state.reason
-
-    def to_json(self) -> dict[str, Any]:
-        """One object per job, fields named as in the spec and the state."""
-        data: dict[str, Any] = {"name": self.name, "status": self.status}
-        if self.spec:
-            meta = self.spec.metadata
-            data.update(
-                command=self.spec.command,
-                user_id=meta.user_id,
-                project_id=meta.project_id,
-                resources=meta.resources,
-                priority=meta.priority,
-                job_id=meta.job_id,
-                creation_time=meta.creation_time.isoformat() + "Z",
-                runner=self.spec.runner,
-                bundle=self.spec.bundle,  # enough to rerun the exact code
-            )
-        if self.workers:
-            data["workers"] = self.workers
-        data["state"] = self.state.to_json() if self.state else None
-        if self.problem:
-            data["problem"] = self.problem
-        return data
-
-
 class Client:
     def __init__(self, root: str | None = None, store: Store | None = None) -> None:
         self.store = store or Store(resolve_root(root))
@@ -195,8 +117,11 @@ class Client:
     # -- submit, update, cancel ------------------------------------------------------------
 
     def submit(self, spec: JobSpec) -> JobSpec:
-        """Write the spec; a NoDaemonWarning (warnings) when no daemon acts on the root."""
+        """Write the spec; a NoDaemonWarning (warnings) when no daemon acts on the root.
+        SpecError, nothing written, when a job it waits for (``after``) does not exist or the
+        wait would close a cycle."""
         spec.validate()
+        submitting.check_dependencies(self.store, [spec])
         if not self.store.submit_spec(spec.name, spec.dumps()):
             raise JobExists(
                 f"a job named {spec.name!r} is already active in "
@@ -209,12 +134,86 @@ class Client:
             warnings.warn(NoDaemonWarning(f"{spec.name} waits: {status.message}"), stacklevel=2)
         return spec
 
+    def launch(
+        self,
+        name: str,
+        command: str,
+        *,
+        user_id: str | None = None,
+        project_id: str = "default",
+        time_limit: float | str | None = None,
+        after: str | list[str] | None = None,
+        after_any: bool = False,
+        array: str | None = None,
+        sweep: str | None = None,
+        **spec_fields: Any,
+    ) -> list[JobSpec]:
+        """Build and submit a job, or with ``array`` ("0-99%8") or ``sweep`` (a sweep file's
+        path) a group of them (see launch/expand.py); the specs written. ``time_limit``:
+        seconds or "2h"; ``after``: the jobs it waits for (to succeed; ``after_any``: to
+        end). Every check runs before anything is written."""
+        template = new_jobspec(
+            name=name,
+            command=command,
+            user_id=user_id or default_user(),
+            project_id=project_id,
+            time_limit=time_limit,
+            after=after,
+            after_any=after_any,
+            **spec_fields,
+        )
+        if array is not None and sweep is not None:
+            raise SpecError("give array or sweep, not both: a group is one or the other")
+        if array is None and sweep is None:
+            return [self.submit(template)]
+        found = expand.parse_array(array) if array is not None else expand.load_sweep(sweep or "")
+        return self.submit_group(expand.expand(template, found))
+
+    def submit_group(self, specs: list[JobSpec]) -> list[JobSpec]:
+        """Write the specs of a group (in parallel), after checking them all: each valid, no
+        name active already, every dependency there and no cycle. JobExists names the ones a
+        writer took meanwhile (the others are submitted)."""
+        for spec in specs:
+            spec.validate()
+        submitting.check_dependencies(self.store, specs)
+        submitting.check_names_free(self.store, specs)
+
+        def write(spec: JobSpec) -> bool:
+            if not self.store.submit_spec(spec.name, spec.dumps()):
+                return False
+            self._mark(spec.name)
+            return True
+
+        refused = submitting.write_all(specs, write)
+        if refused:
+            names = ", ".join(s.name for s in refused[:5])
+            raise JobExists(
+                f"{len(refused)} member(s) were taken meanwhile, not submitted: {names}"
+            )
+        status = self.daemon_status()
+        if status.stopped:
+            warnings.warn(NoDaemonWarning(f"the group waits: {status.message}"), stacklevel=2)
+        return specs
+
+    def retry_failed(self, group: str) -> list[JobSpec]:
+        """Submit again the members of ``group`` that ended FAILED or TIMEOUT (their own
+        specs, as new submissions of the same names); the ones resubmitted."""
+        members = self.group_members(group)
+        if not members:
+            raise UnknownJob(f"no group named {group!r} in {self.store.root_url}")
+        specs = submitting.failed_again(members)
+        return self.submit_group(specs) if specs else []
+
+    def group_members(self, group: str) -> list[JobInfo]:
+        """Every member of an array or sweep, active and finished."""
+        return [j for j in self.list_jobs(include_completed=True) if j.group == group]
+
     def daemon_status(self) -> DaemonStatus:
         """Whether a daemon acts on this root, from its lease (``.acting``, ``.message``)."""
         try:
             return daemon_status(self.store)
         except Exception as e:
-            return DaemonStatus(None, f"could not read the lease: {_brief(e)}")
+            return DaemonStatus(None, f"could not read the lease: {brief(e)}")
 
     def update(
         self, name: str, command: str, user_id: str | None = None, force: bool = False
@@ -243,7 +242,7 @@ class Client:
         except Exception as e:
             warnings.warn(
                 f"{name} is submitted, but its submission marker could not be written "
-                f"({_brief(e)}): the daemon finds it by its full listing, within "
+                f"({brief(e)}): the daemon finds it by its full listing, within "
                 f"{FULL_LISTING_SECONDS:g}s on a large queue",
                 stacklevel=3,
             )
@@ -304,7 +303,7 @@ class Client:
         check_name(name)
         job = self._active(name)
         if job is not None:
-            return _placed([job], self.queue())[0]
+            return placed([job], self.queue())[0]
         job = self._completed(name)
         if job is None:
             raise UnknownJob(self._unknown(name))
@@ -319,7 +318,7 @@ class Client:
             if include_completed:
                 done = sorted(set(self.store.list_complete()) - set(names))
                 jobs += [job for job in pool.map(self._completed, done) if job is not None]
-        return sorted(_placed(jobs, self.queue()), key=lambda j: j.name)
+        return sorted(placed(jobs, self.queue()), key=lambda j: j.name)
 
     def queue(self) -> dict[str, Any]:
         """The daemon's queue summary (``ROOT/history/queue``): per project the waiting jobs
@@ -341,34 +340,55 @@ class Client:
         except (SpecError, UnacceptableObject) as e:
             problem = f"spec rejected: {e}"  # as the daemon will reject it
         except Exception as e:
-            problem = f"spec unreadable: {_brief(e)}"
+            problem = f"spec unreadable: {brief(e)}"
         state = None
         try:
             raw_state = self.store.read_state(name)
             state = JobState.loads(raw_state) if raw_state else None
         except Exception as e:
-            problem = problem or f"state unreadable: {_brief(e)}"
+            problem = problem or f"state unreadable: {brief(e)}"
         return JobInfo(name, spec, state, problem=problem)
 
     def _completed(self, name: str) -> JobInfo | None:
         try:
             record = self.store.read_complete(name)
-            return _from_record(name, record) if record is not None else None
+            return from_record(name, record) if record is not None else None
         except Exception as e:
             return JobInfo(
-                name, None, None, finished=True, problem=f"record unreadable: {_brief(e)}"
+                name, None, None, finished=True, problem=f"record unreadable: {brief(e)}"
             )
 
     def history(self, name: str, all_submissions: bool = False) -> list[dict[str, Any]]:
         """This submission's lifecycle events; with ``all_submissions``, every job ever run
-        under this name (from ``ROOT/history/jobs/NAME``)."""
+        under this name (from ``ROOT/history/jobs/NAME``), the active one's last."""
         if all_submissions:
             check_name(name)
             events = list(self.store.read_history(name))
+            active = self._active(name)
+            if active and active.state:  # the current run, not archived yet
+                events += active.state.events
             if events:
                 return events
         info = self.get(name)
         return list(info.state.events) if info.state else []
+
+    def runs(self, name: str) -> list[runs_.Run]:
+        """Every run of this name, oldest first (see launch/runs.py): a relaunched name keeps
+        its earlier runs' records and output."""
+        check_name(name)
+        current = self._active(name) or self._completed(name)
+        return runs_.runs_of(self.store, name, current)
+
+    def run(self, name: str, which: int) -> runs_.Run:
+        """Run ``which`` of this name: 1.. from the oldest, 0 the latest, -1 the one before."""
+        try:
+            return runs_.pick(self.runs(name), name, which)
+        except LookupError as e:
+            raise UnknownJob(str(e)) from None
+
+    def iter_run_log(self, name: str, which: int) -> Iterator[bytes]:
+        """That run's output only, in pieces of at most LOG_CHUNK bytes."""
+        yield from runs_.log_of(self.store, name, self.run(name, which), LOG_CHUNK)
 
     def read_log(self, name: str, start: int | None = None) -> bytes:
         """This submission's log so far (earlier jobs of the same name are skipped)."""
@@ -486,62 +506,3 @@ class Client:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"job {name!r} still {info.status} after {timeout}s")
             time.sleep(poll_seconds)
-
-
-def _brief(error: BaseException) -> str:
-    """An exception as one bounded line for a row of `bastion list`."""
-    return shorten(f"{type(error).__name__}: {error}".replace("\n", " "), 200)
-
-
-def _from_record(name: str, record: dict[str, Any]) -> JobInfo:
-    spec = None
-    if record.get("spec"):
-        try:
-            spec = JobSpec.from_json(record["spec"])
-        except SpecError:
-            spec = None
-    state = JobState.from_json(record["state"])
-    return JobInfo(name, spec, state, finished=state.status is Status.COMPLETED)
-
-
-def age_seconds(info: JobInfo, now: dt.datetime | None = None) -> float:
-    if info.spec is None:
-        return 0.0
-    now = now or dt.datetime.now(dt.UTC).replace(tzinfo=None)
-    return (now - info.spec.metadata.creation_time).total_seconds()
-
-
-def _placed(jobs: list[JobInfo], summary: Mapping[str, Any]) -> list[JobInfo]:
-    """Waiting jobs with their place in the queue: "3rd of 120 waiting in default"."""
-    projects = summary.get("projects")
-    if not isinstance(projects, Mapping):
-        return jobs
-    where: dict[str, str] = {}
-    live: dict[str, str] = {}
-    for project, entry in projects.items():
-        if not isinstance(entry, Mapping) or not isinstance(entry.get("order"), list):
-            continue
-        reasons = entry.get("reasons")
-        if isinstance(reasons, Mapping):
-            live.update((str(n), str(r)) for n, r in reasons.items())
-        waiting = entry.get("waiting")
-        total = f" of {waiting}" if isinstance(waiting, int) else ""
-        for i, name in enumerate(entry["order"]):
-            where[str(name)] = f"{_ordinal(i + 1)}{total} waiting in {project}"
-    free = summary.get("free")
-    tail = ""
-    if isinstance(free, Mapping) and free:
-        with contextlib.suppress(TypeError, ValueError):  # a foreign summary: no tail
-            tail = f"; {fmt_units(free, zeros=True)} free in the pool"
-    placed = []
-    for job in jobs:
-        pending = job.state is not None and job.state.status is Status.PENDING
-        if pending and job.name in where:
-            job = replace(job, queue=where[job.name] + tail, live_reason=live.get(job.name, ""))
-        placed.append(job)
-    return placed
-
-
-def _ordinal(n: int) -> str:
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"

@@ -12,6 +12,7 @@ import time
 from bastion.jobspec import JobSpec, SpecError, check_name
 from bastion.jobstate import JobState
 from bastion.policy_inputs import policy_requests
+from bastion.timelimits import fmt_duration
 from launch.api import Client, UnknownJob
 from launch.status import humanize_epochs
 from quota.config import QuotaConfig, QuotaError, default_quota, parse_quota
@@ -96,8 +97,41 @@ def explain_job(client: Client, name: str, quota_file: str | None = None) -> str
             f"the daemon's ({daemon_quota_url(client)})"
         )
     refusal = quota_refusal(client, quota_file)
-    text = _explain(client, info, name, quota_file)
+    text = _held(info, name) or _explain(client, info, name, quota_file)
+    text += _time_limit(info)
     return humanize_epochs(text + (f"\n{refusal}" if refusal else ""))
+
+
+def _held(info, name: str) -> str:
+    """A job the daemon holds back before the policy (a dependency, its group's limit): that
+    is its whole story until the hold ends."""
+    spec, state = info.spec, info.state
+    if spec is None or state is None or state.status.value != "PENDING":
+        return ""
+    if not (spec.after or (spec.group or {}).get("max_running")):
+        return ""
+    if not state.reason.startswith("waiting for "):
+        return ""
+    return (
+        f"job {name}: PENDING ({state.reason}); the daemon does not offer it to the policy "
+        "until then, so it holds no quota"
+    )
+
+
+def _time_limit(info) -> str:
+    """``time limit 2h: 1h23m left (ran 37m)``: running time only counts."""
+    spec = info.spec
+    if spec is None or spec.time_limit is None or info.state is None:
+        return ""
+    left = info.time_left()
+    limit = fmt_duration(spec.time_limit)
+    if left is None:
+        return f"\n  time limit {limit}"
+    used = spec.time_limit - left
+    return (
+        f"\n  time limit {limit}: {fmt_duration(left)} left (ran {fmt_duration(used)}; time "
+        "pending or preempted does not count)"
+    )
 
 
 def _explain(client: Client, info, name: str, quota_file: str | None) -> str:

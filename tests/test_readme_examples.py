@@ -147,3 +147,72 @@ def test_python_example_runs_as_written(user):
     claimed = re.search(r"print\(info\.status.*#\s*(.+)", code).group(1).strip()
     assert claimed in proc.stdout, proc.stdout
     assert "hello from api-1" in proc.stdout
+
+
+def _daemon(project: Path, env: dict[str, str], daemons: list, log: Path) -> None:
+    out = open(log, "wb")  # noqa: SIM115
+    daemons.append(
+        subprocess.Popen(
+            [str(BASTION), "start", "--poll_seconds=0.5"],
+            cwd=project,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    )
+    wait_for(
+        lambda: run(["bastion", "status"], project, env).returncode == 0,
+        timeout=60,
+        what="the daemon to hold the root",
+    )
+
+
+def _run_all(commands: list[list[str]], project: Path, env: dict[str, str], log: Path) -> dict:
+    outputs = {}
+    for argv in commands:
+        proc = run(argv, project, env)
+        assert proc.returncode == 0, (
+            f"README example failed: {shlex.join(argv)}\n{proc.stdout}\n{proc.stderr}\n"
+            + log.read_text(errors="replace")[-3000:]
+        )
+        outputs[shlex.join(argv)] = proc.stdout + proc.stderr
+    return outputs
+
+
+def test_job_rules_examples_run_as_written(user, tmp_path):
+    project, env, daemons = user
+    title = "Time limits, dependencies, arrays and sweeps"
+    (toml,) = re.findall(r"```toml\n(.*?)```", section(title), re.S)
+    (project / "sweep.toml").write_text(toml)
+    log = tmp_path / "daemon.out"
+    _daemon(project, env, daemons, log)
+    outputs = _run_all(shell_examples(title), project, env, log)
+    assert "submitted group grid: 4 jobs grid-0 .. grid-3, at most 2 at once" in " ".join(
+        outputs.values()
+    )
+    assert "submitted group lr: 4 jobs" in " ".join(outputs.values())
+
+    def grid_done() -> str:
+        line = run(["bastion", "list", "--group=lr"], project, env).stdout
+        return line if "4 SUCCEEDED" in line else ""
+
+    wait_for(grid_done, timeout=120, interval=1, what="the sweep to finish")
+    seen = {run(["bastion", "logs", f"lr-{i}"], project, env).stdout for i in range(4)}
+    assert any("lr=0.01 optimizer=sgd" in text for text in seen)
+    code = re.findall(r"```python\n(.*?)```", section(title), re.S)[0]
+    proc = run([sys.executable, "-c", textwrap.dedent(code)], project, env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    claimed = re.search(r"print\(\[m\.name.*#\s*(.+)", code).group(1).strip()
+    assert claimed in proc.stdout, proc.stdout
+
+
+def test_earlier_runs_examples_run_as_written(user, tmp_path):
+    project, env, daemons = user
+    log = tmp_path / "daemon.out"
+    _daemon(project, env, daemons, log)
+    outputs = _run_all(shell_examples("Earlier runs of a name"), project, env, log)
+    latest = outputs["bastion logs again"]
+    assert "second" in latest and "first" not in latest
+    previous = outputs["bastion logs again --previous"]
+    assert "first" in previous and "second" not in previous
+    assert outputs["bastion history again --all"].count("spec detected") == 2

@@ -676,3 +676,24 @@ class Store:
         if info is None or info.size != len(data):
             self._write(data, "packages", digest, filename)
         return self.url("packages", digest, filename)
+
+    # -- earlier runs of a name -----------------------------------------------------------
+    #
+    # ``ROOT/history/runs/<name>/<submission>``: each finished submission's record (its spec
+    # and final state, as jobs/complete keeps the latest one's), so a relaunched name keeps
+    # every earlier run reachable: its state's ``log_start`` says where its output begins in
+    # logs/<name>, the next run's where it ends. ``submission`` sorts by time.
+
+    def save_finished_run(self, name: str, submission: str, record: dict[str, Any]) -> None:
+        """A plain overwrite: saving again after a lost answer is harmless."""
+        self._write(
+            json.dumps(record, sort_keys=True).encode(), "history", "runs", name, submission
+        )
+
+    def list_finished_runs(self, name: str) -> list[str]:
+        """The submissions of ``name`` that finished, oldest first."""
+        return sorted(self._list(f"history/runs/{name}"))
+
+    def read_finished_run(self, name: str, submission: str) -> dict[str, Any] | None:
+        raw = self._read("history", "runs", name, submission)
+        return json.loads(raw) if raw else None

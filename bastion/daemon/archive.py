@@ -47,6 +47,7 @@ def finalize_all(ctx: Context, now: float) -> None:
             log.error("%s: could not record the finished job (will retry): %s", job.name, result)
         else:
             ctx.jobs.pop(job.name, None)  # its end was news to the policy already
+            ctx.finished_status[job.name] = job.state.display_status  # for its dependents
 
 
 def finalize(ctx: Context, job: Job, now: float) -> None:
@@ -74,6 +75,7 @@ def finalize(ctx: Context, job: Job, now: float) -> None:
     submission = f"{int(state.submit_time or now):012d}-{state.submission or 'x'}"
     if valid_name:
         ctx.store.save_history(job.name, submission, state.events)  # long-term record
+        ctx.store.save_finished_run(job.name, submission, record)  # reachable after a relaunch
     ctx.store.write_complete(job.name, record)
     ctx.store.delete_spec(job.name)
     ctx.store.delete_state(job.name)

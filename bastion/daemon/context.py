@@ -115,6 +115,9 @@ class Context:
         self.logs = LogSync(store, os.path.join(work_dir, "logs"))
         self.daemon_log = Store.daemon_log_name(socket.gethostname(), os.path.abspath(work_dir))
         self.jobs: dict[str, Job] = {}
+        # Archived jobs' statuses as their records say, for the jobs that wait for them
+        # (bastion/daemon/gates.py): read once each, forgotten when a name is archived again.
+        self.finished_status: dict[str, str | None] = {}
         self.specwatch = SpecWatch(store)  # which specs each cycle reads (markers, listing)
         self.daemon_log_synced_at = -DAEMON_LOG_SYNC_SECONDS  # the first sync is at once
         self.usage_saved_at = -USAGE_SAVE_SECONDS

@@ -10,7 +10,17 @@ import time
 from typing import Any
 
 from bastion.bucket.store import Store
-from bastion.daemon import archive, effects, ingest, observe, plan, recovery, sweep, writeback
+from bastion.daemon import (
+    archive,
+    effects,
+    gates,
+    ingest,
+    observe,
+    plan,
+    recovery,
+    sweep,
+    writeback,
+)
 from bastion.daemon.context import (
     DEFAULT_GRACE_SECONDS,
     DEFAULT_START_GIVE_UP_SECONDS,
@@ -177,6 +187,8 @@ class Daemon:
         done("requests")
         observe.observe(self.ctx, now)
         done("observe")
+        gates.enforce_time_limits(self.ctx, now)
+        done("time_limits")
         report.planned = plan.run_pass(self.ctx, now)
         done("schedule")
         writeback.write_back(self.ctx)

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from bastion import lifecycle
-from bastion.daemon import events
+from bastion.daemon import events, gates
 from bastion.daemon.context import (
     DECISION_RECORD_BYTES,
     DECISION_RECORDS_KEPT,
@@ -41,10 +41,12 @@ def run_pass(ctx: Context, now: float) -> bool:
     ctx.inputs_changed = False
     ctx.planned_config = config
     ctx.replan_at = now + REPLAN_SECONDS
-    requests = policy_requests(((j.name, j.spec, j.state) for j in ctx.jobs.values()), now)
+    held = gates.hold_back(ctx, now)  # dependencies, group limits: not offered to the policy
+    offered = (j for j in ctx.jobs.values() if j.name not in held)
+    requests = policy_requests(((j.name, j.spec, j.state) for j in offered), now)
     if config is None:
         for job in ctx.jobs.values():
-            if job.state.status is Status.PENDING:
+            if job.state.status is Status.PENDING and job.name not in held:
                 invalid = f"waiting for a valid quota file: {ctx.quota.error}"
                 events.apply(ctx, job, lifecycle.QuotaInvalid(invalid), now)
         return True

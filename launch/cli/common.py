@@ -7,6 +7,7 @@ import shlex
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from absl import flags
 
@@ -31,6 +32,14 @@ flags.DEFINE_float(
     "daemon_wait_seconds",
     30.0,
     "logs/launch --follow: give up (exit 1) after this long with no daemon acting on the root.",
+)
+flags.DEFINE_string("project_id", "default", "Project the job is charged to (list: a filter).")
+flags.DEFINE_string(
+    "user_id", None, "User id (default: $BASTION_USER, else the login name; list: a filter)."
+)
+flags.DEFINE_string("group", None, "list/cancel/launch --retry_failed: an array's or sweep's name.")
+flags.DEFINE_string(
+    "state", None, "list/cancel: only jobs in these states (PENDING,RUNNING,FAILED,...)."
 )
 flags.DEFINE_string(
     "quota_file", None, "Quota TOML URL (default: ROOT/project-quotas/project-quotas.config)."
@@ -78,6 +87,32 @@ def one_name(args: Sequence[str], verb: str) -> str:
     if len(args) != 1:
         raise UsageError(f"{verb}: give exactly one job name, e.g. bastion {verb} NAME")
     return args[0]
+
+
+def filtered(
+    jobs: Sequence[Any],
+    group: str | None = None,
+    state: str | None = None,
+    user_id: str | None = None,
+    project_id: str | None = None,
+) -> list[Any]:
+    """The jobs (JobInfo) a list or cancel filter picks; ``state``: comma-separated states
+    as `bastion list` shows them (RUNNING matches ACTIVE)."""
+    states = {s.strip().upper() for s in (state or "").split(",") if s.strip()}
+    states |= {"ACTIVE"} if "RUNNING" in states else set()
+    picked = []
+    for job in jobs:
+        meta = job.spec.metadata if job.spec else None
+        if group is not None and job.group != group:
+            continue
+        if states and job.status not in states:
+            continue
+        if user_id is not None and (meta is None or meta.user_id != user_id):
+            continue
+        if project_id is not None and (meta is None or meta.project_id != project_id):
+            continue
+        picked.append(job)
+    return picked
 
 
 def no_args(args: Sequence[str], verb: str) -> None:

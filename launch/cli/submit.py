@@ -5,14 +5,18 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import warnings
 from collections.abc import Sequence
 
 from absl import flags
 
 from bastion.bucket.store import resolve_root
-from bastion.jobspec import SpecError, parse_resources
+from bastion.jobspec import JobSpec, SpecError, parse_resources
+from bastion.timelimits import parse_time_limit
+from launch import expand
 from launch.api import (
+    Client,
     default_job_name,
     default_user,
     new_jobspec,
@@ -24,15 +28,14 @@ from launch.cli.common import (
     Verb,
     client_of,
     command_of,
+    filtered,
     follow,
     no_args,
-    one_name,
 )
 from launch.status import check_root
+from launch.submitting import SubmitRefused
 
 flags.DEFINE_string("name", None, "Job name (default: $USER-<6 hex>).")
-flags.DEFINE_string("project_id", "default", "Project the job is charged to.")
-flags.DEFINE_string("user_id", None, "User id (default: $BASTION_USER, else the login name).")
 flags.DEFINE_bool(
     "force", False, "cancel/update: act on another user's job (the history names you both)."
 )
@@ -70,6 +73,31 @@ flags.DEFINE_multi_string(
 )
 flags.DEFINE_string("source_dir", None, "launch/bundle: the directory bundled (default: cwd).")
 flags.DEFINE_bool("dry_run", False, "launch: print the spec and its bundle; write nothing.")
+flags.DEFINE_string(
+    "time",
+    None,
+    "launch: time limit of running time, as sbatch takes it (2h, 90m, 1-00:00:00, HH:MM:SS); "
+    "stopped at it (the stop signal, the grace, then SIGKILL) and ends TIMEOUT.",
+)
+flags.DEFINE_string(
+    "after", None, "launch: NAME[,NAME...]: wait until these jobs succeed (else end CANCELLED)."
+)
+flags.DEFINE_string(
+    "after_any", None, "launch: NAME[,NAME...]: wait until these jobs end, however they end."
+)
+flags.DEFINE_string(
+    "array",
+    None,
+    "launch: a group of jobs NAME-I, one per index: 0-99, 0-99%8 (at most 8 at once), 1,3,5, "
+    "0-9:2; each gets $BASTION_ARRAY_INDEX.",
+)
+flags.DEFINE_string(
+    "sweep", None, "launch: a sweep file (TOML: [axes] or [[points]]): one job per point."
+)
+flags.DEFINE_bool(
+    "retry_failed", False, "launch --group=G: submit again the members of G that FAILED/TIMEOUT."
+)
+flags.DEFINE_bool("yes", False, "cancel: cancel several jobs without asking.")
 
 
 DEFAULT_RESOURCES = {"cpu": 1}
@@ -79,13 +107,65 @@ INSTANCE_TYPE_RUNNERS = frozenset({"gke"})
 
 
 def cmd_launch(args: Sequence[str]) -> int:
+    if FLAGS.retry_failed or FLAGS.group:
+        return _retry_failed(args)
+    user = FLAGS.user_id or default_user()
+    runner, resources = _placement()
+    spec = new_jobspec(
+        name=FLAGS.name or default_job_name(user),
+        command=command_of(args, "launch"),
+        user_id=user,
+        project_id=FLAGS.project_id,
+        resources=resources,
+        priority=FLAGS.priority,
+        cleanup_command=FLAGS.cleanup_command,
+        env_vars=_env() or None,
+        runner=runner,
+        bundle=_bundle(dry_run=FLAGS.dry_run),
+        **_scheduling(),
+    )
+    specs = _members(spec)
+    if FLAGS.follow and spec.group:
+        raise UsageError("--follow follows one job; a group: bastion list --group=NAME")
+    if FLAGS.dry_run:
+        one = len(specs) == 1 and not spec.group
+        print(json.dumps(spec.to_json() if one else [s.to_json() for s in specs], indent=1))
+        return 0
+    client = _launch_client()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # said below, in the CLI's words
+        if len(specs) == 1 and not spec.group:
+            try:
+                client.submit(spec)
+            except SubmitRefused as e:  # a dependency missing or a cycle: nothing written
+                raise UsageError(f"error: {e}") from None
+        else:
+            _submit_group(client, specs)
+    if len(specs) == 1:
+        print(f"submitted {spec.name} (job_id {spec.metadata.job_id}) to {client.store.root_url}")
+    if spec.bundle:
+        print(f"  code: {spec.bundle['kind']} bundle {spec.bundle['uri']}")
+    if len(specs) == 1:
+        print(f"  follow its log:  bastion logs {spec.name} --follow")
+    _warn_if_no_daemon(client, spec.name)
+    if FLAGS.follow and len(specs) == 1:
+        return follow(client, spec.name, exit_status=True)
+    return 0
+
+
+def _env() -> dict[str, str]:
     env = {}
     for item in FLAGS.env:
         key, sep, value = item.partition("=")
         if not sep:
             raise UsageError(f"--env={item!r} is not KEY=VALUE")
         env[key] = value
-    user = FLAGS.user_id or default_user()
+    return env
+
+
+def _placement() -> tuple[dict | None, dict[str, int]]:
+    """--runner/--image/--runner_option, --instance_type and --resources as the spec's
+    runner object and resources."""
     runner = _runner_object()
     resources = _resources(FLAGS.resources)
     if FLAGS.instance_type and runner and runner["kind"] in INSTANCE_TYPE_RUNNERS:
@@ -110,21 +190,45 @@ def cmd_launch(args: Sequence[str]) -> int:
         resources = {**implied, **resources}
     elif not resources and not FLAGS["resources"].present:
         resources = dict(DEFAULT_RESOURCES)
-    spec = new_jobspec(
-        name=FLAGS.name or default_job_name(user),
-        command=command_of(args, "launch"),
-        user_id=user,
-        project_id=FLAGS.project_id,
-        resources=resources,
-        priority=FLAGS.priority,
-        cleanup_command=FLAGS.cleanup_command,
-        env_vars=env or None,
-        runner=runner,
-        bundle=_bundle(dry_run=FLAGS.dry_run),
-    )
-    if FLAGS.dry_run:
-        print(json.dumps(spec.to_json(), indent=1))
-        return 0
+    return runner, resources
+
+
+def _scheduling() -> dict:
+    """--time, --after and --after_any as spec fields; a malformed one is a usage error
+    (exit 2) that names the flag and the forms it takes."""
+    if FLAGS.after and FLAGS.after_any:
+        raise UsageError("give --after or --after_any, not both (one kind of wait per job)")
+    fields: dict = {}
+    try:
+        if FLAGS.time is not None:
+            fields["time_limit"] = parse_time_limit(FLAGS.time, "--time")
+        names = FLAGS.after or FLAGS.after_any
+        if names is not None:
+            fields["after"] = [n.strip() for n in names.split(",") if n.strip()]
+            fields["after_any"] = bool(FLAGS.after_any)
+            if not fields["after"]:
+                raise SpecError(f"--after: {names!r} names no job; give NAME[,NAME...]")
+    except SpecError as e:
+        raise UsageError(str(e)) from None
+    return fields
+
+
+def _members(spec: JobSpec) -> list[JobSpec]:
+    """The spec, or one per member of --array or --sweep (a bad range or sweep file is a
+    usage error, exit 2, naming the flag or file, the key and the fix)."""
+    if FLAGS.array is not None and FLAGS.sweep is not None:
+        raise UsageError("give --array or --sweep, not both: a group is one or the other")
+    try:
+        if FLAGS.array is not None:
+            return expand.expand(spec, expand.parse_array(FLAGS.array))
+        if FLAGS.sweep is not None:
+            return expand.expand(spec, expand.load_sweep(FLAGS.sweep))
+    except SpecError as e:
+        raise UsageError(str(e)) from None
+    return [spec]
+
+
+def _launch_client() -> Client:
     root = resolve_root(FLAGS.root)
     local = "://" not in root or root.startswith("file://")
     new_root = local and not os.path.isdir(root.removeprefix("file://"))
@@ -135,18 +239,50 @@ def cmd_launch(args: Sequence[str]) -> int:
             "or $BASTION_ROOT if you meant an existing one)",
             file=sys.stderr,
         )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # said below, in the CLI's words
-        client.submit(spec)
-    print(f"submitted {spec.name} (job_id {spec.metadata.job_id}) to {client.store.root_url}")
-    if spec.bundle:
-        print(f"  code: {spec.bundle['kind']} bundle {spec.bundle['uri']}")
-    print(f"  follow its log:  bastion logs {spec.name} --follow")
+    return client
+
+
+def _submit_group(client: Client, specs: list[JobSpec]) -> None:
+    started = time.monotonic()
+    try:
+        client.submit_group(specs)
+    except SpecError as e:  # a name taken, a dependency missing: nothing written
+        raise UsageError(f"error: {e}") from None
+    group = specs[0].group or {}
+    limit = group.get("max_running")
+    print(
+        f"submitted group {group.get('name')}: {len(specs)} jobs {specs[0].name} .. "
+        f"{specs[-1].name}"
+        + (f", at most {limit} at once" if limit else "")
+        + f" to {client.store.root_url} in {time.monotonic() - started:.1f}s"
+    )
+    print(f"  see it:  bastion list --group={group.get('name')}")
+
+
+def _warn_if_no_daemon(client: Client, name: str) -> None:
     status = client.daemon_status()
     if status.stopped:
-        print(f"bastion: warning: {spec.name} waits: {status.message}", file=sys.stderr)
-    if FLAGS.follow:
-        return follow(client, spec.name, exit_status=True)
+        print(f"bastion: warning: {name} waits: {status.message}", file=sys.stderr)
+
+
+def _retry_failed(args: Sequence[str]) -> int:
+    """launch --group=G --retry_failed: the failed members again, nothing else."""
+    if not (FLAGS.retry_failed and FLAGS.group):
+        raise UsageError("--group and --retry_failed go together: launch --group=G --retry_failed")
+    no_args(args, "launch --retry_failed")
+    client = client_of(name=FLAGS.group)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        specs = client.retry_failed(FLAGS.group)
+    if not specs:
+        print(f"no member of {FLAGS.group} failed; nothing submitted")
+        return 0
+    print(
+        f"resubmitted {len(specs)} failed member(s) of {FLAGS.group}: "
+        + ", ".join(s.name for s in specs[:10])
+        + (" ..." if len(specs) > 10 else "")
+    )
+    _warn_if_no_daemon(client, FLAGS.group)
     return 0
 
 
@@ -172,10 +308,43 @@ def cmd_update(args: Sequence[str]) -> int:
 
 
 def cmd_cancel(args: Sequence[str]) -> int:
-    name = one_name(args, "cancel")
-    client_of(name=name).cancel(name, FLAGS.user_id, force=FLAGS.force)
-    print(f"cancel requested for {name}; the daemon stops it on its next cycle")
+    """One job by name; several names; or every job a filter picks (--group, --state,
+    --project_id), asking first when it is more than one (--yes: do not ask)."""
+    filtering = FLAGS.group or FLAGS.state or FLAGS["project_id"].present
+    if not args and not filtering:
+        raise UsageError("cancel: give job names, or a filter (--group, --state, --project_id)")
+    client = client_of(name=args[0] if len(args) == 1 else None)
+    names = list(args) if args else _picked(client)
+    if not names:
+        print("no active job matches; nothing cancelled")
+        return 0
+    if len(names) > 1 and not FLAGS.yes:
+        _confirm(names)
+    for name in names:
+        client.cancel(name, FLAGS.user_id, force=FLAGS.force)
+        print(f"cancel requested for {name}; the daemon stops it on its next cycle")
     return 0
+
+
+def _picked(client: Client) -> list[str]:
+    """Active jobs the filter picks: yours (who --user_id says, else you), or anyone's with
+    --force."""
+    who = FLAGS.user_id or default_user()
+    project = FLAGS.project_id if FLAGS["project_id"].present else None
+    jobs = filtered(client.list_jobs(), FLAGS.group, FLAGS.state, project_id=project)
+    return [j.name for j in jobs if FLAGS.force or (j.spec and j.spec.metadata.user_id == who)]
+
+
+def _confirm(names: list[str]) -> None:
+    shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+    if not sys.stdin.isatty():
+        raise UsageError(
+            f"cancel: this would cancel {len(names)} jobs ({shown}) and stdin is no terminal "
+            "to ask on; pass --yes to cancel them all"
+        )
+    answer = input(f"cancel {len(names)} jobs ({shown})? [y/N] ")
+    if answer.strip().lower() not in ("y", "yes"):
+        raise UsageError("cancel: not confirmed; nothing cancelled")
 
 
 def _bundle(dry_run: bool) -> dict | None:
@@ -223,7 +392,7 @@ VERBS = (
     Verb(
         "launch",
         cmd_launch,
-        "bastion launch [flags] -- COMMAND...",
+        "bastion launch [flags] -- COMMAND... | bastion launch --group=G --retry_failed",
         (
             "Bundle the current directory and submit a job that runs COMMAND in it. Without "
             "--resources a job asks for cpu=1."
@@ -249,6 +418,13 @@ VERBS = (
             "bundler_exclude",
             "source_dir",
             "dry_run",
+            "time",
+            "after",
+            "after_any",
+            "array",
+            "sweep",
+            "group",
+            "retry_failed",
             "follow",
             "follow_poll_seconds",
             "daemon_wait_seconds",
@@ -276,12 +452,13 @@ VERBS = (
     Verb(
         "cancel",
         cmd_cancel,
-        "bastion cancel NAME",
+        "bastion cancel NAME... | --group=G | --state=S [--yes]",
         (
-            "Stop a job: SIGTERM to its process group, SIGKILL after the daemon's "
-            "--grace_seconds. Another user's job needs --force."
+            "Stop jobs: SIGTERM to each one's process group, SIGKILL after the daemon's "
+            "--grace_seconds. Several names or a filter (your jobs only) ask first unless "
+            "--yes. Another user's job needs --force."
         ),
         "bastion cancel hello",
-        ("user_id", "force"),
+        ("user_id", "force", "group", "state", "project_id", "yes"),
     ),
 )

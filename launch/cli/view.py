@@ -9,14 +9,30 @@ from collections.abc import Sequence
 
 from absl import flags
 
+from bastion.timelimits import fmt_duration
 from launch.api import (
     Client,
     JobInfo,
     age_seconds,
 )
-from launch.cli.common import FLAGS, UsageError, Verb, client_of, follow, no_args, one_name
+from launch.cli.common import (
+    FLAGS,
+    UsageError,
+    Verb,
+    client_of,
+    filtered,
+    follow,
+    no_args,
+    one_name,
+)
 
-flags.DEFINE_bool("all", False, "list: include completed jobs.")
+flags.DEFINE_bool(
+    "all", False, "list: include completed jobs and every earlier run; history: every run."
+)
+flags.DEFINE_integer(
+    "run", None, "logs: one run of the name: 1.. from the oldest, 0 the latest, -1 the previous."
+)
+flags.DEFINE_bool("previous", False, "logs: the run before the latest (--run=-1).")
 flags.DEFINE_bool("exit_status", False, "logs --follow: exit with the job's failure status.")
 flags.DEFINE_string(
     "worker", None, "logs: one worker's own output (0, 1, ...) or 'all', every attempt."
@@ -28,7 +44,9 @@ def cmd_list(args: Sequence[str]) -> int:
 
     no_args(args, "list")
     client = client_of()
-    jobs = client.list_jobs(include_completed=FLAGS.all)
+    jobs = client.list_jobs(include_completed=FLAGS.all or FLAGS.group is not None)
+    project = FLAGS.project_id if FLAGS["project_id"].present else None
+    jobs = filtered(jobs, FLAGS.group, FLAGS.state, FLAGS.user_id, project)
     notes = []
     status = client.daemon_status()
     if status.stopped:
@@ -47,23 +65,82 @@ def cmd_list(args: Sequence[str]) -> int:
     for note in notes:  # above the table on a terminal; stdout stays the table (or JSON)
         print(note, file=sys.stderr)
     sys.stderr.flush()
-    if FLAGS.json:
-        print(json.dumps([j.to_json() for j in jobs], indent=1))
+    if FLAGS.group is not None and not FLAGS.json:
+        print(group_line(FLAGS.group, jobs))
         return 0
+    runs = _earlier_runs(client, jobs) if FLAGS.all else {}
+    if FLAGS.json:
+        print(json.dumps([j.to_json() for j in _with_runs(jobs, runs)], indent=1))
+        return 0
+    _print_table(_with_runs(jobs, runs), numbered=bool(runs))
+    return 0
+
+
+def group_line(group: str, members: Sequence[JobInfo]) -> str:
+    """``sweep1  sweep  100 jobs: 8 RUNNING, 80 PENDING, 12 SUCCEEDED``: a group at a
+    glance, by the states its members show."""
+    if not members:
+        return f"{group}  no jobs in this group"
+    counts: dict[str, int] = {}
+    for job in members:
+        shown = "RUNNING" if job.status == "ACTIVE" else job.status
+        counts[shown] = counts.get(shown, 0) + 1
+    kind = (members[0].spec.group or {}).get("kind", "array") if members[0].spec else "group"
+    by_state = ", ".join(f"{n} {s}" for s, n in sorted(counts.items(), key=lambda c: -c[1]))
+    return f"{group}  {kind}  {len(members)} jobs: {by_state}"
+
+
+def _earlier_runs(client: Client, jobs: Sequence[JobInfo]) -> dict[str, list[JobInfo]]:
+    """Each name's finished runs before the one listed (a relaunched name's earlier runs)."""
+    import concurrent.futures
+
+    def earlier(job: JobInfo) -> list[JobInfo]:
+        runs = client.runs(job.name)
+        return [r.info for r in runs[:-1]]
+
+    # A name run before has output before this run's (log_start > 0): only those are asked,
+    # so a root of a thousand one-run names costs no extra request.
+    rerun = [j for j in jobs if j.state is not None and j.state.log_start > 0]
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        found = dict(zip([j.name for j in rerun], pool.map(earlier, rerun), strict=True))
+    return {name: infos for name, infos in found.items() if infos}
+
+
+def _with_runs(jobs: Sequence[JobInfo], runs: dict[str, list[JobInfo]]) -> list[JobInfo]:
+    out = []
+    for job in jobs:
+        out += runs.get(job.name, [])
+        out.append(job)
+    return out
+
+
+def _print_table(jobs: Sequence[JobInfo], numbered: bool) -> None:
     rows = [("NAME", "STATE", "PROJECT", "USER", "RESOURCES", "PRI", "AGE", "REASON")]
     rows += [_row(j) for j in jobs]
+    if numbered:  # list --all of relaunched names: which run each row is
+        count: dict[str, int] = {}
+        numbers = ["RUN"]
+        for job in jobs:
+            count[job.name] = count.get(job.name, 0) + 1
+            numbers.append(str(count[job.name]))
+        rows = [(r[0], n, *r[1:]) for r, n in zip(rows, numbers, strict=True)]
+    lefts = [j.time_left() for j in jobs]
+    if any(left is not None for left in lefts):  # time limits: what is left, before REASON
+        column = ["LEFT"] + [fmt_duration(left) if left is not None else "-" for left in lefts]
+        rows = [(*r[:-1], c, r[-1]) for r, c in zip(rows, column, strict=True)]
     if any(j.workers for j in jobs):  # multi-host jobs: each worker's health, before REASON
         health = ["WORKERS"] + [j.worker_summary or "-" for j in jobs]
         rows = [(*r[:-1], w, r[-1]) for r, w in zip(rows, health, strict=True)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[-1])
-    return 0
 
 
 def cmd_logs(args: Sequence[str]) -> int:
     name = one_name(args, "logs")
     client = client_of(name=name)
+    if FLAGS.previous or FLAGS.run is not None:
+        return _run_log(client, name)
     if FLAGS.worker is not None:
         return _worker_logs(client, name)
     if FLAGS.follow:
@@ -81,10 +158,26 @@ def cmd_logs(args: Sequence[str]) -> int:
     return 0
 
 
+def _run_log(client: Client, name: str) -> int:
+    """logs --run=K / --previous: one run's output only."""
+    if FLAGS.previous and FLAGS.run is not None:
+        raise UsageError("give --run=K or --previous, not both (--previous is --run=-1)")
+    if FLAGS.follow or FLAGS.worker is not None:
+        raise UsageError("--run and --previous show a run's log; drop --follow and --worker")
+    which = -1 if FLAGS.previous else FLAGS.run
+    run = client.run(name, which)
+    print(f"[bastion] run {run.number} of {name}: {run.info.status}", file=sys.stderr)
+    out = sys.stdout.buffer
+    for chunk in client.iter_run_log(name, which):
+        out.write(chunk)
+    out.flush()
+    return 0
+
+
 def cmd_history(args: Sequence[str]) -> int:
     name = one_name(args, "history")
     client = client_of(name=name)
-    for event in client.history(name):
+    for event in client.history(name, all_submissions=FLAGS.all):
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(event["time"]))
         print(
             f"{stamp}Z  attempt {event.get('attempt', 0)}  {event['event']:<10} "
@@ -180,33 +273,43 @@ VERBS = (
     Verb(
         "list",
         cmd_list,
-        "bastion list [--all] [--json]",
+        "bastion list [--all] [--json] [--user_id=U] [--project_id=P] [--state=S] [--group=G]",
         (
-            "Active jobs (with --all, finished ones too): name, state, project, user, resources, "
-            "priority, age, reason."
+            "Active jobs (with --all, finished ones and each earlier run of a name too): name, "
+            "state, project, user, resources, priority, age, time left, reason. --group=G: "
+            "the array or sweep as one line, its members counted by state."
         ),
         "bastion list --all",
-        ("all", "json", "quota_file"),
+        ("all", "json", "quota_file", "user_id", "project_id", "state", "group"),
     ),
     Verb(
         "logs",
         cmd_logs,
-        "bastion logs NAME [--follow] [--exit_status] [--worker=K|all]",
+        "bastion logs NAME [--follow] [--exit_status] [--worker=K|all] [--run=K | --previous]",
         (
             "A job's output (worker 0's, for a multi-host job); --follow prints lines as they are"
             " written until the job ends; --worker=K one worker's own output, --worker=all every "
-            "worker's lines prefixed [a<attempt> w<worker>]."
+            "worker's lines prefixed [a<attempt> w<worker>]; --run=K one run of a relaunched "
+            "name (1 the oldest, -1 the previous: also --previous)."
         ),
         "bastion logs hello --follow",
-        ("follow", "exit_status", "follow_poll_seconds", "daemon_wait_seconds", "worker"),
+        (
+            "follow",
+            "exit_status",
+            "follow_poll_seconds",
+            "daemon_wait_seconds",
+            "worker",
+            "run",
+            "previous",
+        ),
     ),
     Verb(
         "history",
         cmd_history,
-        "bastion history NAME",
-        "A job's lifecycle events with their times and reasons.",
+        "bastion history NAME [--all]",
+        "A job's lifecycle events with their times and reasons; --all: every run of the name.",
         "bastion history hello",
-        (),
+        ("all",),
     ),
     Verb(
         "why",
