@@ -452,6 +452,16 @@ def format_status(st: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def refuse_local_root(root: str) -> None:
+    """A VM cannot reach a directory on this machine: its daemon would never see a job."""
+    if "://" not in root or root.startswith("file://"):
+        raise VmError(
+            f"vm create: the root {root} is a directory on this machine, which a VM cannot "
+            "reach; give a bucket root the VM's service account can use: "
+            "--root=gs://BUCKET/PREFIX (or set $BASTION_ROOT)"
+        )
+
+
 def cli(
     verb: str,
     *,
@@ -474,6 +484,8 @@ def cli(
                 f"vm {verb}: bad --vm_name={name}; use 1-63 lowercase letters, digits and "
                 "dashes, starting with a letter and not ending with a dash"
             )
+        if verb == "create":
+            refuse_local_root(root)
         client, project = compute_client(project)
         cfg = VmConfig(
             name=name,

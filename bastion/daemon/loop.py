@@ -10,7 +10,17 @@ import time
 from typing import Any
 
 from bastion.bucket.store import Store
-from bastion.daemon import archive, effects, ingest, observe, plan, recovery, sweep, writeback
+from bastion.daemon import (
+    archive,
+    effects,
+    ingest,
+    observe,
+    plan,
+    publish,
+    recovery,
+    sweep,
+    writeback,
+)
 from bastion.daemon.context import (
     DEFAULT_GRACE_SECONDS,
     DEFAULT_START_GIVE_UP_SECONDS,
@@ -170,6 +180,7 @@ class Daemon:
             runner.begin_cycle()
         effects.take_in_results(self.ctx)
         self.ctx.quota.refresh()
+        publish.publish_capabilities(self.ctx)
         done("quota")
         ingest.read_specs(self.ctx, look, now)
         done("read_specs")

@@ -176,6 +176,9 @@ def exec_refusal(
 
 class Runner(abc.ABC):
     kind: str = ""
+    # The per-job options (a spec's runner object) this runner takes; None: not declared, so
+    # a client cannot check them before submitting. Published by the daemon (capabilities).
+    accepted_options: frozenset[str] | None = None
 
     @abc.abstractmethod
     def start(self, attempt: Attempt) -> Handle:

@@ -23,14 +23,16 @@ flags.DEFINE_string(
     "Bucket URL or directory holding Bastion's state "
     "(default: $BASTION_ROOT, else ~/.local/share/bastion).",
 )
-flags.DEFINE_string("image", None, "launch: container image for --runner=docker.")
-flags.DEFINE_bool("json", False, "list/simulate: print JSON.")
-flags.DEFINE_bool("follow", False, "logs/launch: keep printing until the job is finished.")
+flags.DEFINE_string(
+    "image", None, "Container image (launch: for --runner=docker; vm: the daemon's image)."
+)
+flags.DEFINE_bool("json", False, "Print JSON.")
+flags.DEFINE_bool("follow", False, "Keep printing the log until the job is finished.")
 flags.DEFINE_float("follow_poll_seconds", 1.0, "How often logs --follow polls the bucket.")
 flags.DEFINE_float(
     "daemon_wait_seconds",
     30.0,
-    "logs/launch --follow: give up (exit 1) after this long with no daemon acting on the root.",
+    "--follow: give up (exit 1) after this long with no daemon acting on the root.",
 )
 flags.DEFINE_string(
     "quota_file", None, "Quota TOML URL (default: ROOT/project-quotas/project-quotas.config)."

@@ -18,6 +18,8 @@ from launch.api import (
     new_jobspec,
 )
 from launch.bundling import instance_type_runner, make_bundle
+from launch.checks import Flags, refuse_mistakes
+from launch.cli.check import launch_check
 from launch.cli.common import (
     FLAGS,
     UsageError,
@@ -33,9 +35,7 @@ from launch.status import check_root
 flags.DEFINE_string("name", None, "Job name (default: $USER-<6 hex>).")
 flags.DEFINE_string("project_id", "default", "Project the job is charged to.")
 flags.DEFINE_string("user_id", None, "User id (default: $BASTION_USER, else the login name).")
-flags.DEFINE_bool(
-    "force", False, "cancel/update: act on another user's job (the history names you both)."
-)
+flags.DEFINE_bool("force", False, "Act on another user's job (the history names you both).")
 flags.DEFINE_string(
     "resources", "", "Resources the job needs, all at once: TYPE=N,... (e.g. v4=8,cpu=4)."
 )
@@ -43,33 +43,37 @@ flags.DEFINE_integer("priority", 5, "1 (highest) .. 5 (lowest).")
 flags.DEFINE_multi_string("env", [], "KEY=VALUE environment variable for the job (repeatable).")
 flags.DEFINE_string("cleanup_command", None, "Command run after the job ends, with its own log.")
 flags.DEFINE_string(
-    "runner", None, "launch: where the job runs: local, docker, ... (default: the daemon's)."
+    "runner", None, "Where the job runs: local, docker, ... (default: the daemon's)."
 )
 flags.DEFINE_multi_string(
-    "runner_option", [], "launch: KEY=VALUE option for the job's runner (repeatable)."
+    "runner_option", [], "KEY=VALUE option for the job's runner (repeatable)."
 )
 flags.DEFINE_string(
     "instance_type",
     None,
-    "launch: tpu-<version>-<cores> (TPU slice) or gpu-<machine type> (GPU VM); sets the runner "
+    "tpu-<version>-<cores> (TPU slice) or gpu-<machine type> (GPU VM); sets the runner "
     "and the job's resources.",
 )
-flags.DEFINE_integer("num_replicas", 1, "launch: TPU slices for --instance_type=tpu-*.")
-flags.DEFINE_bool("spot", False, "launch: ask for spot capacity for --instance_type.")
+flags.DEFINE_integer("num_replicas", 1, "TPU slices for --instance_type=tpu-*.")
+flags.DEFINE_bool("spot", False, "Ask for spot capacity for --instance_type.")
 flags.DEFINE_string(
     "bundler",
     "tar",
-    "launch/bundle: how the code travels: tar (default), docker, cloudbuild, none.",
+    "How the code travels: tar (default), docker, cloudbuild, none.",
 )
-flags.DEFINE_string("bundler_type", None, "launch/bundle: AXLearn's name for --bundler.")
+flags.DEFINE_string("bundler_type", None, "AXLearn's name for --bundler.")
+flags.DEFINE_multi_string("bundler_spec", [], "KEY=VALUE option of the bundler (repeatable).")
 flags.DEFINE_multi_string(
-    "bundler_spec", [], "launch/bundle: KEY=VALUE option of the bundler (repeatable)."
+    "bundler_exclude", [], "A path or glob left out of the bundle (repeatable)."
 )
-flags.DEFINE_multi_string(
-    "bundler_exclude", [], "launch/bundle: a path or glob left out of the bundle (repeatable)."
+flags.DEFINE_string("source_dir", None, "The directory bundled (default: cwd).")
+flags.DEFINE_bool("dry_run", False, "Print the spec and its bundle; write nothing.")
+flags.DEFINE_bool(
+    "check",
+    False,
+    "Check the job against the root's daemon (runner, project, membership, resources, bundle "
+    "size) and say what it would wait for; submit nothing.",
 )
-flags.DEFINE_string("source_dir", None, "launch/bundle: the directory bundled (default: cwd).")
-flags.DEFINE_bool("dry_run", False, "launch: print the spec and its bundle; write nothing.")
 
 
 DEFAULT_RESOURCES = {"cpu": 1}
@@ -120,8 +124,10 @@ def cmd_launch(args: Sequence[str]) -> int:
         cleanup_command=FLAGS.cleanup_command,
         env_vars=env or None,
         runner=runner,
-        bundle=_bundle(dry_run=FLAGS.dry_run),
+        bundle=_bundle(dry_run=FLAGS.dry_run or FLAGS.check),
     )
+    if FLAGS.check:
+        return launch_check(spec, FLAGS.instance_type)
     if FLAGS.dry_run:
         print(json.dumps(spec.to_json(), indent=1))
         return 0
@@ -129,6 +135,7 @@ def cmd_launch(args: Sequence[str]) -> int:
     local = "://" not in root or root.startswith("file://")
     new_root = local and not os.path.isdir(root.removeprefix("file://"))
     client = client_of(reading=False)
+    refuse_mistakes(client.store, spec, Flags(FLAGS.instance_type))
     if new_root:
         print(
             f"bastion: warning: {root} did not exist; created a new root there (check --root "
@@ -249,6 +256,7 @@ VERBS = (
             "bundler_exclude",
             "source_dir",
             "dry_run",
+            "check",
             "follow",
             "follow_poll_seconds",
             "daemon_wait_seconds",

@@ -1,0 +1,111 @@
+"""Issue 27: the first day, tried as a new user would, through the real CLI and daemon.
+
+Each test fails on the code before the issue was fixed: typos accepted with ``submitted`` and
+exit 0 then REJECTED or FAILED a cycle later, ``--runner=dokcer`` FAILED instead of REJECTED,
+``bastion lauch`` with no suggestion, no ``launch --check``, and the smaller ones below.
+"""
+
+from __future__ import annotations
+
+import json
+
+from launch import Client, new_jobspec
+
+QUOTA = """\
+[toml-schema]
+version = "1"
+[total_resources]
+cpu = 4
+v4 = 32
+[project_membership]
+default = [".*"]
+research = ["alice"]
+[project_resources.research]
+cpu = 0.5
+"""
+
+
+def published_root(b) -> None:
+    """A root whose daemon ran once with QUOTA: its capabilities are published."""
+    b.put("project-quotas", "project-quotas.config", data=QUOTA)
+    b.once()
+
+
+def test_the_daemon_publishes_runner_kinds_options_pool_and_projects(local_bastion):
+    b = local_bastion
+    published_root(b)
+    caps = json.loads(b.read("history", "capabilities"))
+    assert caps["default_runner"] == "local"
+    assert caps["runners"]["local"] == {"configured": True, "options": []}
+    assert "docker" in caps["runners"] and "tpu" in caps["runners"]
+    assert caps["pool"] == {"cpu": 4, "v4": 32}
+    assert caps["projects"] == {"default": [".*"], "research": ["alice"]}
+
+
+def test_typos_are_refused_at_submit_with_did_you_mean_exit_2_and_nothing_written(local_bastion):
+    b = local_bastion
+    published_root(b)
+    cases = {
+        ("--resources=cpus=1",): ["--resources", "cpus=1", "did you mean 'cpu'?"],
+        ("--project_id=reserch",): ["--project_id=reserch", "did you mean 'research'?"],
+        ("--instance_type=tpu-v9-32",): ["--instance_type=tpu-v9-32", "v9=32", "tpu-v4-N"],
+        ("--resources=cpu=64",): ["--resources", "cpu=64", "more than the whole pool (cpu=4)"],
+        ("--runner=dokcer",): ["--runner=dokcer", "did you mean 'docker'?"],
+        ("--runner=local", "--runner_option=bogus=1"): [
+            "--runner_option=bogus=1",
+            "local runner",
+            "no options",
+        ],
+        ("--project_id=research",): ["--user_id=tester", "not a member of project research"],
+    }
+    for args, words in cases.items():
+        proc = b.cli("launch", "--name=typo", "--bundler=none", *args, "--", "true", check=False)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert "submitted" not in proc.stdout
+        for word in words:
+            assert word in proc.stderr, (args, word, proc.stderr)
+        assert b.read("jobs", "active", "typo") is None
+    proc = b.cli("launch", "--name=fine", "--bundler=none", "--resources=cpu=1", "--", "true")
+    assert "submitted fine" in proc.stdout
+
+
+def test_nothing_published_yet_submits_as_before_with_the_warning(local_bastion):
+    b = local_bastion
+    proc = b.cli("launch", "--name=early", "--bundler=none", "--resources=cpus=1", "--", "true")
+    assert "submitted early" in proc.stdout and "no daemon has ever run" in proc.stderr
+
+
+def test_an_unknown_runner_kind_reaching_the_daemon_is_rejected_not_failed(local_bastion):
+    b = local_bastion
+    spec = new_jobspec(
+        name="typo-runner",
+        command="true",
+        user_id="tester",
+        project_id="default",
+        runner={"kind": "dokcer"},
+    )
+    Client(b.root).store.submit_spec(spec.name, spec.dumps())
+    b.once()
+    state = b.state("typo-runner") or b.complete("typo-runner")
+    text = json.dumps(state)
+    assert "REJECTED" in text and "FAILED" not in text
+    assert "did you mean 'docker'?" in text
+
+
+def test_a_misspelt_verb_suggests_the_verb(local_bastion):
+    proc = local_bastion.cli("lauch", "--", "true", check=False)
+    assert proc.returncode == 2
+    assert "unknown verb 'lauch' (did you mean 'launch'?)" in proc.stderr
+
+
+def test_launch_check_validates_against_the_root_and_submits_nothing(local_bastion):
+    b = local_bastion
+    published_root(b)
+    proc = b.cli("launch", "--check", "--name=probe", "--resources=v4=32", "--", "true")
+    assert "nothing submitted" in proc.stdout
+    assert "ok: runner" in proc.stdout and "v4=32" in proc.stdout
+    assert "code: tar bundle" in proc.stdout
+    assert "would start now" in proc.stdout
+    assert b.read("jobs", "active", "probe") is None
+    bad = b.cli("launch", "--check", "--project_id=reserch", "--", "true", check=False)
+    assert bad.returncode == 2 and "did you mean 'research'?" in bad.stderr
