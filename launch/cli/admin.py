@@ -112,6 +112,11 @@ def cmd_vm(args: Sequence[str]) -> int:
 
     if len(args) != 1 or args[0] not in ("create", "delete", "status"):
         raise UsageError("vm: bastion vm create|delete|status --vm_name=NAME --zone=ZONE")
+    if args[0] == "create":
+        try:
+            vm.refuse_local_root(resolve_root(FLAGS.root))
+        except vm.VmError as e:
+            raise UsageError(str(e)) from None
     return vm.cli(
         args[0],
         root=resolve_root(FLAGS.root),
