@@ -23,7 +23,7 @@ import os
 import time
 import uuid
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -426,8 +426,10 @@ class Client:
         poll_seconds: float = 1.0,
         timeout: float | None = None,
         no_daemon_timeout: float | None = NO_DAEMON_SECONDS,
+        on_poll: Callable[[JobInfo], None] | None = None,
     ) -> Iterator[str]:
-        """Yield log text as it is written; returns once the job is finished.
+        """Yield log text as it is written; returns once the job is finished. ``on_poll`` sees
+        the job at every poll while it is not finished (the CLI says what it waits for).
 
         A failed bucket request is retried (the bucket may be briefly unreachable); only
         ``MAX_FOLLOW_FAILURES`` failures in a row give up. When no daemon acts on the root
@@ -454,6 +456,8 @@ class Client:
                     if tail:
                         yield tail
                     return
+                if on_poll is not None:
+                    on_poll(info)
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"job {name!r} still {info.status} after {timeout}s")
                 if no_daemon_timeout is not None:

@@ -8,10 +8,15 @@ exit 0 then REJECTED or FAILED a cycle later, ``--runner=dokcer`` FAILED instead
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
 from launch import Client, new_jobspec
+from tests.harness import REPO, wait_for
 
 QUOTA = """\
 [toml-schema]
@@ -181,3 +186,51 @@ def test_cancel_of_another_users_job_needs_force_and_history_names_both(local_ba
     b.once()
     lines = [json.dumps(e) for e in Client(b.root).history("alicejob")]
     assert any("mallory" in ln and "alice" in ln for ln in lines), lines
+
+
+# -- what the screen says ----------------------------------------------------------------------
+
+
+def test_logs_follow_on_a_waiting_job_says_why_once_and_ctrl_c_says_it_keeps_running(
+    local_bastion,
+):
+    b = local_bastion
+    b.put("project-quotas", "project-quotas.config", data=QUOTA)
+    b.start()
+    b.cli("launch", "--name=hog", "--bundler=none", "--resources=cpu=4", "--", "sleep 120")
+    wait_for(lambda: (b.state("hog") or {}).get("status") == "ACTIVE", what="hog to start")
+    b.cli("launch", "--name=second", "--bundler=none", "--resources=cpu=1", "--", "echo hi")
+    follower = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "launch.cli",
+            "logs",
+            "second",
+            "--follow",
+            "--follow_poll_seconds=1",
+        ],
+        env=b.env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(
+            lambda: (b.state("second") or {}).get("status") == "PENDING",
+            what="second to wait",
+        )
+        time.sleep(3)  # many polls with the same reason
+        follower.send_signal(signal.SIGINT)
+        _, err = follower.communicate(timeout=30)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+    assert follower.returncode == 130, err
+    waits = [ln for ln in err.splitlines() if ln.startswith("bastion: second waits: ")]
+    assert 1 <= len(waits) <= 2, err  # SUBMITTED (not yet seen), then PENDING's reason
+    assert "cpu" in waits[-1]
+    assert "stopped following second; the job keeps running" in err
+    assert "bastion cancel second" in err and "Traceback" not in err
+    assert (b.state("second") or {}).get("status") == "PENDING"
