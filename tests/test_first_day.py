@@ -12,11 +12,12 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 
 from launch import Client, new_jobspec
-from tests.harness import REPO, wait_for
+from tests.harness import REPO, Bastion, wait_for
 
 QUOTA = """\
 [toml-schema]
@@ -234,3 +235,44 @@ def test_logs_follow_on_a_waiting_job_says_why_once_and_ctrl_c_says_it_keeps_run
     assert "stopped following second; the job keeps running" in err
     assert "bastion cancel second" in err and "Traceback" not in err
     assert (b.state("second") or {}).get("status") == "PENDING"
+
+
+# -- quiet, fast output on gs:// -----------------------------------------------------------
+
+
+def test_library_logging_stays_off_the_terminal_on_gs_unless_bastion_debug(gcs_emulator, tmp_path):
+    b = Bastion(tmp_path, root=f"gs://bastion-test/quiet-{uuid.uuid4().hex[:8]}")
+    try:
+        b.cli("launch", "--name=quiet", "--bundler=none", "--", "echo hi")
+        b.start()
+        b.wait_complete("quiet", timeout=90)
+        assert "hi" in b.cli("logs", "quiet").stdout
+        debug = {**b.env, "BASTION_DEBUG": "1"}
+        loud = subprocess.run(
+            [sys.executable, "-m", "launch.cli", "logs", "quiet"],
+            env=debug,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert "caching.py" in loud.stderr  # the library does log here: BASTION_DEBUG shows it
+        for verb in (("logs", "quiet"), ("list",), ("why", "quiet")):
+            proc = b.cli(*verb)
+            assert "caching.py" not in proc.stderr and "INFO" not in proc.stderr, proc.stderr
+    finally:
+        b.close()
+
+
+def test_an_unreachable_gs_root_fails_launch_and_list_in_one_line_within_the_bound(tmp_path):
+    b = Bastion(tmp_path, root="gs://bastion-test/unreachable")
+    b.env["STORAGE_EMULATOR_HOST"] = "http://127.0.0.1:9"  # nothing listens on the discard port
+    for verb in (("list",), ("launch", f"--source_dir={tmp_path}", "--", "true")):
+        started = time.monotonic()
+        proc = b.cli(*verb, check=False, timeout=120)
+        took = time.monotonic() - started
+        assert proc.returncode == 1
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1, proc.stderr
+        assert "cannot reach gs://bastion-test/unreachable within 8s" in lines[0]
+        assert took < 20, took  # the 8 s probe and Python's start; was 50 s for launch

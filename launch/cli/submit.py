@@ -83,6 +83,8 @@ INSTANCE_TYPE_RUNNERS = frozenset({"gke"})
 
 
 def cmd_launch(args: Sequence[str]) -> int:
+    if not FLAGS.dry_run:  # an unreachable root is said within the probe's bound, before bundling
+        check_root(resolve_root(FLAGS.root), reading=FLAGS.check)
     env = {}
     for item in FLAGS.env:
         key, sep, value = item.partition("=")
