@@ -12,6 +12,7 @@ import time
 from bastion.jobspec import JobSpec, SpecError, check_name
 from bastion.jobstate import JobState
 from bastion.policy_inputs import policy_requests
+from bastion.quota_source import missing_after_good
 from launch.api import Client, UnknownJob
 from launch.status import humanize_epochs
 from quota.config import QuotaConfig, QuotaError, default_quota, parse_quota
@@ -42,9 +43,12 @@ def quota_refusal(client: Client, quota_file: str | None = None) -> str | None:
     url = quota_file or daemon_quota_url(client)
     try:
         if store.url_token(url) is None:
+            if not store.read_last_good_quota():
+                return None  # never had one: the daemon runs 'default' on its pool, as said
+            problems = [missing_after_good(url)]
+        else:
+            parse_quota(store.read_url(url).decode(), source=url)
             return None
-        parse_quota(store.read_url(url).decode(), source=url)
-        return None
     except QuotaError as e:
         problems = list(e.problems) or [str(e)]
     except (OSError, UnicodeDecodeError) as e:
@@ -76,6 +80,8 @@ def load_quota(client: Client, quota_file: str | None) -> QuotaConfig:
             if not last_good:
                 raise
             return parse_quota(last_good, source="last good quota")
+    if not quota_file and (last_good := store.read_last_good_quota()):
+        return parse_quota(last_good, source="last good quota")  # as the daemon keeps it
     if quota_file:
         raise QuotaFileMissing(
             f"no quota file at {quota_file}; fix the URL, or leave --quota_file out to use "

@@ -8,6 +8,7 @@ exit 0 then REJECTED or FAILED a cycle later, ``--runner=dokcer`` FAILED instead
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -276,3 +277,27 @@ def test_an_unreachable_gs_root_fails_launch_and_list_in_one_line_within_the_bou
         assert len(lines) == 1, proc.stderr
         assert "cannot reach gs://bastion-test/unreachable within 8s" in lines[0]
         assert took < 20, took  # the 8 s probe and Python's start; was 50 s for launch
+
+
+def test_a_quota_file_deleted_after_a_good_one_keeps_the_last_good_and_warns(local_bastion):
+    b = local_bastion
+    published_root(b)
+    b.cli(
+        "launch",
+        "--name=res",
+        "--user_id=alice",
+        "--project_id=research",
+        "--bundler=none",
+        "--",
+        "sleep 30",
+    )
+    os.remove(os.path.join(b.root, "project-quotas", "project-quotas.config"))
+    b.start()
+    wait_for(lambda: "the file is gone" in b.daemon_output(), what="the daemon's warning")
+    assert "research" in json.loads(b.read("history", "capabilities"))["projects"]
+    listed = b.cli("list").stderr
+    assert "runs on the last good version" in listed and "the file is gone" in listed
+    assert "bastion quota upload FILE" in listed
+    assert "the file is gone" in b.cli("why", "res").stdout
+    state = b.state("res") or b.complete("res")
+    assert "REJECTED" not in json.dumps(state)  # research is still a project
