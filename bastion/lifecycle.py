@@ -20,6 +20,7 @@ job's status changes nothing.
                                                                  time in the record; the daemon
                                                                  retries, backing off)
     ACTIVE      StartDeferred past give_up_after -> COMPLETED   Log(failed), Delete(run)
+    ACTIVE      ... and requeue (CannotStart)   -> PENDING      Log, Delete(run) ("could not start")
     CANCELLING  StartDeferred                   -> COMPLETED (CANCELLED)   Log, Delete(run)
     CANCELLING  Tick, its start deferred        -> COMPLETED (CANCELLED)   Log, Delete(run)
     ACTIVE      Observed(queued|provisioning|running) -> ACTIVE -   (phase; running_since;
@@ -131,6 +132,12 @@ class StartDeferred:
     purpose: str
     reason: str
     give_up_after: float | None = None
+    # The runner cannot start anything now (credentials, a disabled API): past the bound the
+    # attempt ends and the job waits PENDING again, its quota free, instead of failing.
+    requeue: bool = False
+
+
+NOT_STARTED = "could not start"  # the reason a requeued job waits with starts with this
 
 
 @dataclass(frozen=True)
@@ -677,6 +684,15 @@ def _start_deferred(result: Result, event: StartDeferred, now: float, has_cleanu
         return
     since = float(record.get("deferred_since") or now)
     bound = event.give_up_after
+    if bound is not None and now - since >= bound and event.requeue and event.purpose == RUN:
+        _set_record(state, event.purpose, None)
+        _delete(result, event.purpose, record)
+        note = f"{NOT_STARTED}: {event.reason} (tried for {now - since:.0f}s)"
+        result.effects.append(Log(RUN, f"=== [bastion] attempt {state.attempt} {note} ===\n"))
+        state.end_time = now
+        again = f"; waiting, no quota held; tries again at {fmt_time(now + bound)}"
+        _requeue(result, note + again, event="NOT_STARTED")
+        return
     if bound is not None and now - since >= bound:
         error = (
             f"{event.reason} (still failing after {now - since:.0f}s of tries; gave up: the "
@@ -686,7 +702,8 @@ def _start_deferred(result: Result, event: StartDeferred, now: float, has_cleanu
         return
     if record.get("deferred_since") is None:
         _set_record(state, event.purpose, {**record, "deferred_since": now})
-    until = f"; gives up at {fmt_time(since + bound)}" if bound is not None else ""
+    ends = "lets go of its quota" if event.requeue else "gives up"
+    until = f"; {ends} at {fmt_time(since + bound)}" if bound is not None else ""
     state.reason = f"attempt {state.attempt} waits to start: {event.reason}{until}"
 
 

@@ -11,6 +11,7 @@ import time
 
 from bastion.jobspec import JobSpec, SpecError, check_name
 from bastion.jobstate import JobState
+from bastion.lifecycle import NOT_STARTED
 from bastion.policy_inputs import policy_requests
 from bastion.quota_source import missing_after_good
 from launch.api import Client, UnknownJob
@@ -102,8 +103,37 @@ def explain_job(client: Client, name: str, quota_file: str | None = None) -> str
             f"the daemon's ({daemon_quota_url(client)})"
         )
     refusal = quota_refusal(client, quota_file)
-    text = _explain(client, info, name, quota_file)
+    text = not_started(info) or _explain(client, info, name, quota_file)
+    if _never_started(info):  # admitted, but its runner has not started it: not "running"
+        text = text.replace(
+            _ADMITTED,
+            "nothing in the quota: it was admitted, but its runner has not started it (now: below)",
+        )
     return humanize_epochs(text + (f"\n{refusal}" if refusal else ""))
+
+
+_ADMITTED = "nothing: it is starting or running"  # quota.explain's words for an admitted job
+
+
+def _never_started(info) -> bool:
+    record = info.state.runner if info.state is not None else None
+    return bool(record) and record.get("handle") is None and info.state.status.value == "ACTIVE"
+
+
+def not_started(info) -> str:
+    """A job whose runner could not start it and that let go of its quota: what to fix, in
+    the runner's own words (they name it), and when it tries again; "" for any other job."""
+    state = info.state
+    if state is None or info.finished or state.status.value != "PENDING":
+        return ""
+    if not state.reason.startswith(NOT_STARTED):
+        return ""
+    kind = (info.spec.runner_kind if info.spec else None) or "the default"
+    return (
+        f"job {info.name}: PENDING, holding no quota: the {kind} runner {state.reason}\n"
+        "  to fix: what the runner's message says, on the daemon's machine; the job then starts "
+        f"by itself (or stop it: bastion cancel {info.name})"
+    )
 
 
 def _explain(client: Client, info, name: str, quota_file: str | None) -> str:

@@ -31,6 +31,7 @@ from typing import Any
 
 from bastion.bucket.store import Store
 from bastion.daemon import DEFAULT_START_GIVE_UP_SECONDS, Daemon
+from bastion.daemon.readiness import check_runners
 from bastion.lease import Lease, process_identity
 from bastion.quota_source import QuotaSource, machine_pool
 from bastion.runners.base import known_kinds
@@ -194,6 +195,7 @@ def start_daemon(
         daemon.quota.url,
         poll_seconds,
     )
+    check_runners(daemon.runners)
     daemon.ctx.info = {
         "host": socket.gethostname(),
         "pid": os.getpid(),
