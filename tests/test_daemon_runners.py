@@ -33,7 +33,7 @@ class Rig:
         self.root = tmp / "root"
         self.work_dir = str(tmp / "work")
         self.state_dir = str(tmp / "fake-attempts")
-        self.client = Client(str(self.root))
+        self.client = Client(str(self.root), expect_daemon=False)
         self.daemons: list[Daemon] = []
 
     def settings(self) -> dict[str, Any]:

@@ -301,3 +301,13 @@ def test_a_quota_file_deleted_after_a_good_one_keeps_the_last_good_and_warns(loc
     assert "the file is gone" in b.cli("why", "res").stdout
     state = b.state("res") or b.complete("res")
     assert "REJECTED" not in json.dumps(state)  # research is still a project
+
+
+def test_a_second_start_says_which_daemon_holds_the_root_and_how_to_stop_it(local_bastion):
+    b = local_bastion
+    daemon = b.start()
+    wait_for(lambda: b.cli("status", check=False).returncode == 0, what="the daemon's lease")
+    proc = b.cli("start", f"--work_dir={b.work_dir}", check=False)
+    assert proc.returncode != 0
+    assert f"a daemon (pid {daemon.pid}) already runs on {b.root}" in proc.stderr
+    assert f"kill {daemon.pid}" in proc.stderr and "bastion status" in proc.stderr

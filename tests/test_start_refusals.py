@@ -50,7 +50,7 @@ def no_credentials(tmp_path, monkeypatch):
             str(root), work_dir=str(tmp_path / "work"), gpus=[], settings=settings
         )
         try:
-            yield daemon, Client(str(root)), server
+            yield daemon, Client(str(root), expect_daemon=False), server
         finally:
             daemon.close()
 
