@@ -203,7 +203,7 @@ def instance_body(cfg: VmConfig) -> dict[str, Any]:
         "scheduling": {
             "provisioningModel": "STANDARD",
             "automaticRestart": True,
-            # Machine types with built-in GPUs cannot live-migrate (cloud.md 2.2).
+            # Machine types with built-in GPUs cannot live-migrate (Google's API documentation).
             "onHostMaintenance": "TERMINATE" if _gpu_family(cfg.machine_type) else "MIGRATE",
         },
         "metadata": {"items": metadata},

@@ -163,7 +163,7 @@ def check_root(root: str, reading: bool) -> None:
 
     thread = threading.Thread(target=probe, name="probe-root", daemon=True)
     thread.start()
-    thread.join(PROBE_SECONDS)  # the stated bound: a probe still hanging is left behind
+    thread.join(PROBE_SECONDS + 1)  # a probe still hanging then is left behind (daemon thread)
     if "names" not in result:
         error = result.get("error")
         why = f" ({brief(error)})" if error else ""

@@ -1,4 +1,4 @@
-"""cloud.md 6.6 end to end through the daemon: the real daemon in-process (``cycle`` then
+"""The cloud path end to end through the daemon: the real daemon in-process (``cycle`` then
 ``settle``), the TPU stand-in behind the real googleapiclient, the real agents started by the
 stand-in's ``on_ready`` hook (tests/test_cloud_runners.py ``Guests``), a local-directory root.
 

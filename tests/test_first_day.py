@@ -276,7 +276,7 @@ def test_an_unreachable_gs_root_fails_launch_and_list_in_one_line_within_the_bou
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1, proc.stderr
         assert "cannot reach gs://bastion-test/unreachable within 8s" in lines[0]
-        assert took < 20, took  # the 8 s probe and Python's start; was 50 s for launch
+        assert took < 30, took  # the 8 s probe and Python's start on a busy machine; was 38-76 s
 
 
 def test_a_quota_file_deleted_after_a_good_one_keeps_the_last_good_and_warns(local_bastion):

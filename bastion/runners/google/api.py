@@ -33,8 +33,8 @@ ATTEMPT_LABEL = "bastion-attempt-name"
 
 
 def retryable(error: Exception) -> bool:
-    """429 and 5xx, and a 403 whose reason is a rate limit (cloud.md 2.6: Compute answers a
-    burst of calls with 403 rateLimitExceeded, which is not a refusal of the request)."""
+    """429 and 5xx, and a 403 whose reason is a rate limit (Compute answers a burst of calls
+    with 403 rateLimitExceeded, which is not a refusal of the request)."""
     if not isinstance(error, HttpError):
         return False
     if error.status_code in RETRYABLE_STATUS:
