@@ -85,14 +85,23 @@ def test_a_job_that_cannot_start_backs_off_then_waits_pending_holding_no_quota(
             runner={"kind": "tpu", "accelerator_type": "v4-32"},
         )
     )
-    cycles = 0
+    cycles, why_while_waiting = 0, ""
     with caplog.at_level(logging.WARNING, logger="bastion.daemon"):
         deadline = time.monotonic() + 60
         while client.get("tpujob").status != "PENDING" or cycles < 3:
             assert time.monotonic() < deadline, client.get("tpujob").reason
             cycle(daemon)
             cycles += 1
+            now = client.get("tpujob")
+            if not why_while_waiting and "waits to start" in (
+                now.state.reason if now.state else ""
+            ):
+                why_while_waiting = explain_job(client, "tpujob")
             time.sleep(0.1)
+    # admitted but never started: why says so, never "starting or running"
+    assert "its runner has not started it" in why_while_waiting, why_while_waiting
+    assert "starting or running" not in why_while_waiting
+    assert "lets go of its quota at" in why_while_waiting
     tries = [r for r in caplog.records if "trying again" in r.getMessage()]
     assert 2 <= len(tries) <= 6 and cycles > len(tries) + 3, (len(tries), cycles)  # backed off
     info = client.get("tpujob")
