@@ -19,11 +19,11 @@ def launch_check(spec: JobSpec, instance_type: str | None) -> int:
     client = client_of(reading=True)
     checked = refuse_mistakes(client.store, spec, Flags(instance_type))
     units = ", ".join(f"{r}={n}" for r, n in sorted(spec.metadata.resources.items()))
-    runner = spec.runner_kind or "the daemon's default runner"
+    runner = f"runner {spec.runner_kind}" if spec.runner_kind else "the daemon's default runner"
     print(f"check of {spec.name} against {root}: nothing submitted")
     if checked:
         print(
-            f"  ok: runner {runner}, project {spec.metadata.project_id} (user "
+            f"  ok: {runner}, project {spec.metadata.project_id} (user "
             f"{spec.metadata.user_id}), resources {units}"
         )
     else:
