@@ -21,6 +21,7 @@ job's status changes nothing.
                                                                  time in the record; the daemon
                                                                  retries, backing off)
     ACTIVE      StartDeferred past give_up_after -> COMPLETED   Log(failed), Delete(run)
+    ACTIVE      ... and requeue (CannotStart)   -> PENDING      Log, Delete(run) ("could not start")
     CANCELLING  StartDeferred                   -> COMPLETED (CANCELLED)   Log, Delete(run)
     CANCELLING  Tick, its start deferred        -> COMPLETED (CANCELLED)   Log, Delete(run)
     ACTIVE      Observed(queued|provisioning|running) -> ACTIVE -   (phase; running_since;
@@ -69,6 +70,7 @@ from bastion.lifecycle_observe import (
 )
 from bastion.lifecycle_records import (
     CLEANUP,
+    NOT_STARTED,
     RUN,
     Delete,
     Effect,
@@ -90,6 +92,7 @@ from bastion.runners.base import Handle, Observation
 
 __all__ = [  # the effects and helpers re-exported: the daemon and tests name them from here
     "CLEANUP",
+    "NOT_STARTED",
     "RUN",
     "Delete",
     "Effect",
@@ -189,6 +192,9 @@ class StartDeferred:
     purpose: str
     reason: str
     give_up_after: float | None = None
+    # The runner cannot start anything now (credentials, a disabled API): past the bound the
+    # attempt ends and the job waits PENDING again, its quota free, instead of failing.
+    requeue: bool = False
 
 
 @dataclass(frozen=True)
@@ -487,7 +493,9 @@ ROWS: tuple[Row, ...] = (
     Row(
         StartDeferred,
         None,
-        lambda r, e, now, job, c: start_deferred(r, e.purpose, e.reason, e.give_up_after, now, c),
+        lambda r, e, now, job, c: start_deferred(
+            r, e.purpose, e.reason, e.give_up_after, now, c, e.requeue
+        ),
         lambda s, e: bool(attempt_record(s, e.purpose)),
         says="reason; or gives up",
     ),

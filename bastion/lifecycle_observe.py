@@ -10,6 +10,7 @@ from bastion.jobstate import JobState, Outcome, StopKind
 from bastion.lifecycle_records import (
     CLEANING_NOTE,
     CLEANUP,
+    NOT_STARTED,
     RUN,
     Log,
     Result,
@@ -66,8 +67,10 @@ def start_deferred(
     give_up_after: float | None,
     now: float,
     has_cleanup: bool,
+    requeue_on_give_up: bool = False,
 ) -> None:
-    """A start to try again (see ``lifecycle.StartDeferred``), or given up past its bound."""
+    """A start to try again (see ``lifecycle.StartDeferred``), or given up past its bound:
+    failed, or (``requeue_on_give_up``: the runner cannot start anything now) back to PENDING."""
     state = result.state
     record = attempt_record(state, purpose)
     if record is None or record.get("handle") is not None:
@@ -78,6 +81,15 @@ def start_deferred(
         return
     since = float(record.get("deferred_since") or now)
     bound = give_up_after
+    if bound is not None and now - since >= bound and requeue_on_give_up and purpose == RUN:
+        set_record(state, purpose, None)
+        delete_attempt(result, purpose, record)
+        note = f"{NOT_STARTED}: {reason} (tried for {now - since:.0f}s)"
+        result.effects.append(Log(RUN, f"=== [bastion] attempt {state.attempt} {note} ===\n"))
+        state.end_time = now
+        again = f"; waiting, no quota held; tries again at {fmt_time(now + bound)}"
+        requeue(result, note + again, event="NOT_STARTED")
+        return
     if bound is not None and now - since >= bound:
         error = (
             f"{reason} (still failing after {now - since:.0f}s of tries; gave up: the "
@@ -87,7 +99,8 @@ def start_deferred(
         return
     if record.get("deferred_since") is None:
         set_record(state, purpose, {**record, "deferred_since": now})
-    until = f"; gives up at {fmt_time(since + bound)}" if bound is not None else ""
+    ends = "lets go of its quota" if requeue_on_give_up else "gives up"
+    until = f"; {ends} at {fmt_time(since + bound)}" if bound is not None else ""
     state.reason = f"attempt {state.attempt} waits to start: {reason}{until}"
 
 

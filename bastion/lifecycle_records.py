@@ -60,6 +60,9 @@ class Result:
     notes: list[tuple[str, str, int | None]] = field(default_factory=list)  # history lines only
 
 
+NOT_STARTED = "could not start"  # the reason a requeued job waits with starts with this
+
+
 def fmt_time(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) + "Z"
 

@@ -28,12 +28,22 @@ def machine_pool(gpus: Sequence[int]) -> dict[str, int]:
     return pool
 
 
+def missing_after_good(url: str) -> str:
+    """Why the daemon keeps the last good quota although no file is there: a deleted file (or
+    one uploaded to another path) would otherwise drop every project but ``default``."""
+    return (
+        f"the file is gone (deleted, or uploaded to another path); keeping the last good quota; "
+        f"put one back with: bastion quota upload FILE (it writes {url})"
+    )
+
+
 class QuotaSource:
     def __init__(self, store: Store, url: str | None, pool: Mapping[str, int]) -> None:
         self.store = store
         self.url = url or store.default_quota_url()
         self.machine_pool = dict(pool)
         self.config: QuotaConfig | None = None
+        self.from_file = False  # the config came from a quota file (now or its last good)
         self.error = ""
         self._token: str | None = "<never read>"
         self._usage: UsageLedger | None = None
@@ -45,6 +55,12 @@ class QuotaSource:
             return
         self._token = token
         if token is None:
+            kept = self.config if self.from_file else self._last_good()
+            if kept is not None:  # deleted or moved after a good one: as an invalid file
+                self.config, self.from_file = kept, True
+                self.error = missing_after_good(self.url)
+                log.error("quota file %s: %s", self.url, self.error)
+                return
             self.config = default_quota(self.machine_pool)
             self.error = ""
             log.info(
@@ -60,6 +76,7 @@ class QuotaSource:
             self.error = "; ".join(e.problems) or str(e)
             if self.config is None:
                 self.config = self._last_good()
+                self.from_file = self.config is not None
             kept = "keeping the last good quota" if self.config else "no job will start"
             log.error("quota file %s is invalid (%s): %s", self.url, kept, self.error)
             return
@@ -67,7 +84,7 @@ class QuotaSource:
             self._token = "<unreadable>"  # try again next cycle
             log.error("could not read quota file %s: %s", self.url, e)
             return
-        self.config, self.error = config, ""
+        self.config, self.error, self.from_file = config, "", True
         try:
             self.store.write_last_good_quota(text)
         except OSError as e:

@@ -203,7 +203,7 @@ def instance_body(cfg: VmConfig) -> dict[str, Any]:
         "scheduling": {
             "provisioningModel": "STANDARD",
             "automaticRestart": True,
-            # Machine types with built-in GPUs cannot live-migrate (cloud.md 2.2).
+            # Machine types with built-in GPUs cannot live-migrate (Google's API documentation).
             "onHostMaintenance": "TERMINATE" if _gpu_family(cfg.machine_type) else "MIGRATE",
         },
         "metadata": {"items": metadata},
@@ -450,6 +450,18 @@ def format_status(st: dict[str, Any]) -> str:
         )
     lines.append(f"daemon on this VM holds the lease: {'yes' if st['holds_lease'] else 'no'}")
     return "\n".join(lines)
+
+
+def refuse_local_root(root: str) -> None:
+    """A VM cannot reach a directory on this machine: its daemon would never see a job. The
+    CLI refuses it (``bastion vm create``); the functions here take any root, so that tests
+    drive them against the Compute stand-in with a local directory."""
+    if "://" not in root or root.startswith("file://"):
+        raise VmError(
+            f"vm create: the root {root} is a directory on this machine, which a VM cannot "
+            "reach; give a bucket root the VM's service account can use: "
+            "--root=gs://BUCKET/PREFIX (or set $BASTION_ROOT)"
+        )
 
 
 def cli(

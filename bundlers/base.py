@@ -3,7 +3,7 @@
 A job must run the code the user launched, byte for byte, on every attempt (a retry after a
 preemption included), so a spec stores a :class:`Bundle` record naming content by digest, never a
 mutable name (AXLearn's ``:<job>`` tags and overwritten tarballs are the gap this closes; see
-cloud.md 4.7). The client finds bundlers by kind in its registry
+Google's API documentation). The client finds bundlers by kind in its registry
 (``launch.bundling.BUNDLERS``) with lazy imports, as the daemon finds runners, so the Docker SDK
 or googleapiclient cost nothing until a launch asks for that bundler.
 """

@@ -21,7 +21,7 @@ import os
 import time
 import uuid
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from bastion import jobspec as _jobspec
@@ -111,8 +111,13 @@ def default_job_name(user: str | None = None) -> str:
 
 
 class Client:
-    def __init__(self, root: str | None = None, store: Store | None = None) -> None:
+    def __init__(
+        self, root: str | None = None, store: Store | None = None, expect_daemon: bool = True
+    ) -> None:
+        """``expect_daemon=False``: the caller runs the daemon itself (in process, a cycle at a
+        time, as the tests do), so submit neither looks for one nor warns that none acts."""
         self.store = store or Store(resolve_root(root))
+        self.expect_daemon = expect_daemon
 
     # -- submit, update, cancel ------------------------------------------------------------
 
@@ -129,6 +134,8 @@ class Client:
                 f"`bastion update {spec.name}` to change it"
             )
         self._mark(spec.name)
+        if not self.expect_daemon:
+            return spec
         status = self.daemon_status()
         if status.stopped:
             warnings.warn(NoDaemonWarning(f"{spec.name} waits: {status.message}"), stacklevel=2)
@@ -446,8 +453,10 @@ class Client:
         poll_seconds: float = 1.0,
         timeout: float | None = None,
         no_daemon_timeout: float | None = NO_DAEMON_SECONDS,
+        on_poll: Callable[[JobInfo], None] | None = None,
     ) -> Iterator[str]:
-        """Yield log text as it is written; returns once the job is finished.
+        """Yield log text as it is written; returns once the job is finished. ``on_poll`` sees
+        the job at every poll while it is not finished (the CLI says what it waits for).
 
         A failed bucket request is retried (the bucket may be briefly unreachable); only
         ``MAX_FOLLOW_FAILURES`` failures in a row give up. When no daemon acts on the root
@@ -474,6 +483,8 @@ class Client:
                     if tail:
                         yield tail
                     return
+                if on_poll is not None:
+                    on_poll(info)
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"job {name!r} still {info.status} after {timeout}s")
                 if no_daemon_timeout is not None:

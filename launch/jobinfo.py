@@ -31,10 +31,15 @@ class JobInfo:
     @property
     def workers(self) -> list[str]:
         """Each worker's health of a running multi-host attempt ("running", "late", "lost",
-        "exit 0", "preempted", "waiting"), as the daemon last saw it; [] otherwise."""
+        "exit 0", "preempted", "waiting"), as the daemon last saw it; [] otherwise. Not while
+        the runner says the attempt is queued or provisioning: the workers it last saw then are
+        from before (WORKERS "4/4 running" beside REASON "provisioning: node CREATING")."""
         if self.state is None or self.state.status is not Status.ACTIVE:
             return []
-        return [str(w) for w in (self.state.runner or {}).get("workers") or []]
+        record = self.state.runner or {}
+        if record.get("phase") not in (None, "RUNNING"):
+            return []
+        return [str(w) for w in record.get("workers") or []]
 
     @property
     def worker_summary(self) -> str:

@@ -142,7 +142,6 @@ def check_root(root: str, reading: bool) -> None:
         if reading and not os.access(path, os.R_OK | os.X_OK):
             raise RootProblem(f"root {root} is not readable by this user; {fix}")
         return
-    store = Store(root)
     result: dict[str, Any] = {}
 
     def probe() -> None:
@@ -150,6 +149,7 @@ def check_root(root: str, reading: bool) -> None:
         deadline = time.monotonic() + PROBE_SECONDS
         while time.monotonic() < deadline:
             try:
+                store = Store(root)  # inside the bound: making a bucket's client can hang too
                 store.fs.invalidate_cache(store.root)
                 result["names"] = store.fs.ls(store.root, detail=False)
                 return
@@ -163,7 +163,7 @@ def check_root(root: str, reading: bool) -> None:
 
     thread = threading.Thread(target=probe, name="probe-root", daemon=True)
     thread.start()
-    thread.join(PROBE_SECONDS + 1)
+    thread.join(PROBE_SECONDS + 1)  # a probe still hanging then is left behind (daemon thread)
     if "names" not in result:
         error = result.get("error")
         why = f" ({brief(error)})" if error else ""

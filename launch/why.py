@@ -11,7 +11,9 @@ import time
 
 from bastion.jobspec import JobSpec, SpecError, check_name
 from bastion.jobstate import JobState
+from bastion.lifecycle import NOT_STARTED
 from bastion.policy_inputs import policy_requests
+from bastion.quota_source import missing_after_good
 from bastion.timelimits import fmt_duration
 from launch.api import Client, UnknownJob
 from launch.status import humanize_epochs
@@ -43,9 +45,12 @@ def quota_refusal(client: Client, quota_file: str | None = None) -> str | None:
     url = quota_file or daemon_quota_url(client)
     try:
         if store.url_token(url) is None:
+            if not store.read_last_good_quota():
+                return None  # never had one: the daemon runs 'default' on its pool, as said
+            problems = [missing_after_good(url)]
+        else:
+            parse_quota(store.read_url(url).decode(), source=url)
             return None
-        parse_quota(store.read_url(url).decode(), source=url)
-        return None
     except QuotaError as e:
         problems = list(e.problems) or [str(e)]
     except (OSError, UnicodeDecodeError) as e:
@@ -77,6 +82,8 @@ def load_quota(client: Client, quota_file: str | None) -> QuotaConfig:
             if not last_good:
                 raise
             return parse_quota(last_good, source="last good quota")
+    if not quota_file and (last_good := store.read_last_good_quota()):
+        return parse_quota(last_good, source="last good quota")  # as the daemon keeps it
     if quota_file:
         raise QuotaFileMissing(
             f"no quota file at {quota_file}; fix the URL, or leave --quota_file out to use "
@@ -97,7 +104,12 @@ def explain_job(client: Client, name: str, quota_file: str | None = None) -> str
             f"the daemon's ({daemon_quota_url(client)})"
         )
     refusal = quota_refusal(client, quota_file)
-    text = _held(info, name) or _explain(client, info, name, quota_file)
+    text = _held(info, name) or not_started(info) or _explain(client, info, name, quota_file)
+    if _never_started(info):  # admitted, but its runner has not started it: not "running"
+        text = text.replace(
+            _ADMITTED,
+            "nothing in the quota: it was admitted, but its runner has not started it (now: below)",
+        )
     text += _time_limit(info)
     return humanize_epochs(text + (f"\n{refusal}" if refusal else ""))
 
@@ -131,6 +143,30 @@ def _time_limit(info) -> str:
     return (
         f"\n  time limit {limit}: {fmt_duration(left)} left (ran {fmt_duration(used)}; time "
         "pending or preempted does not count)"
+    )
+
+
+_ADMITTED = "nothing: it is starting or running"  # quota.explain's words for an admitted job
+
+
+def _never_started(info) -> bool:
+    record = info.state.runner if info.state is not None else None
+    return bool(record) and record.get("handle") is None and info.state.status.value == "ACTIVE"
+
+
+def not_started(info) -> str:
+    """A job whose runner could not start it and that let go of its quota: what to fix, in
+    the runner's own words (they name it), and when it tries again; "" for any other job."""
+    state = info.state
+    if state is None or info.finished or state.status.value != "PENDING":
+        return ""
+    if not state.reason.startswith(NOT_STARTED):
+        return ""
+    kind = (info.spec.runner_kind if info.spec else None) or "the default"
+    return (
+        f"job {info.name}: PENDING, holding no quota: the {kind} runner {state.reason}\n"
+        "  to fix: what the runner's message says, on the daemon's machine; the job then starts "
+        f"by itself (or stop it: bastion cancel {info.name})"
     )
 
 

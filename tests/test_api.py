@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from launch import Client, JobExists, JobSpec, SpecError, UnknownJob, new_jobspec
+from launch import Client, JobExists, JobSpec, NoDaemonWarning, SpecError, UnknownJob, new_jobspec
 from tests.harness import wait_for
 
 
@@ -20,8 +20,10 @@ def test_python_api_round_trip(bastion):
         env_vars={"K": "V"},
     )
     assert JobSpec.loads(spec.dumps()).to_json() == spec.to_json()
-    client.submit(spec)
-    client.submit(spec)  # the same submission again (a retry) is idempotent
+    with pytest.warns(NoDaemonWarning, match="no daemon has ever run"):  # none started yet
+        client.submit(spec)
+    with pytest.warns(NoDaemonWarning):
+        client.submit(spec)  # the same submission again (a retry) is idempotent
     other = new_jobspec(name="api-job", command="true", user_id="bob", project_id="default")
     with pytest.raises(JobExists, match="already active"):
         client.submit(other)
@@ -51,7 +53,10 @@ def test_python_api_cancel_and_errors(bastion):
         client.get("never-was")
     with pytest.raises(UnknownJob):
         client.cancel("never-was")
-    client.submit(new_jobspec(name="long", command="sleep 60", user_id="u", project_id="default"))
+    with pytest.warns(NoDaemonWarning, match="no daemon has ever run"):  # started just below
+        client.submit(
+            new_jobspec(name="long", command="sleep 60", user_id="u", project_id="default")
+        )
     bastion.start()
     wait_for(lambda: client.get("long").status == "ACTIVE", what="long to run")
     client.cancel("long", user_id="u")

@@ -35,7 +35,7 @@ def _root(tmp_path: Path, jobs: int, command: str = "sleep 0.3") -> tuple[str, C
     quota = Path(root, "project-quotas", "project-quotas.config")
     quota.parent.mkdir(parents=True)
     quota.write_text(QUOTA)
-    client = Client(root)
+    client = Client(root, expect_daemon=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # no daemon yet: the tests drive its cycles themselves
         for i in range(jobs):

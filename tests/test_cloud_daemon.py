@@ -1,4 +1,4 @@
-"""cloud.md 6.6 end to end through the daemon: the real daemon in-process (``cycle`` then
+"""The cloud path end to end through the daemon: the real daemon in-process (``cycle`` then
 ``settle``), the TPU stand-in behind the real googleapiclient, the real agents started by the
 stand-in's ``on_ready`` hook (tests/test_cloud_runners.py ``Guests``), a local-directory root.
 
@@ -55,7 +55,7 @@ class Cloud:
     def __init__(self, tmp: Path, server: TpuServer, guests: Guests) -> None:
         self.tmp, self.server, self.guests = tmp, server, guests
         self.root = tmp / "root"
-        self.client = Client(str(self.root))
+        self.client = Client(str(self.root), expect_daemon=False)
         (self.root / "project-quotas").mkdir(parents=True, exist_ok=True)
         (self.root / "project-quotas" / "project-quotas.config").write_text(QUOTA)
         self.daemons: list[Daemon] = []
@@ -682,7 +682,7 @@ class AnyRootCloud(Cloud):
         super().__init__(tmp, server, guests)
         self.root = root  # type: ignore[assignment]
         self.store = Store(root)
-        self.client = Client(root)
+        self.client = Client(root, expect_daemon=False)
         quota = self.store._path("project-quotas", "project-quotas.config")
         self.store.objects.write(quota, QUOTA.encode())
 
@@ -805,7 +805,7 @@ class Boot:
     def __init__(self, tmp: Path, kind: str, root: str, server: Any, guests: Guests) -> None:
         self.tmp, self.kind, self.root, self.server, self.guests = tmp, kind, root, server, guests
         self.root_kind = "gcs" if root.startswith("gs://") else "local"
-        self.client = Client(root)
+        self.client = Client(root, expect_daemon=False)
         self.put("project-quotas/project-quotas.config", BOOT_QUOTA.encode())
         self.daemons: list[Daemon] = []
 

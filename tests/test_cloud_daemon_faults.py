@@ -1,4 +1,4 @@
-"""cloud.md 6.6 through the daemon, the faults: GPU VMs (the Compute stand-in, runner kind
+"""The cloud path through the daemon, the faults: GPU VMs (the Compute stand-in, runner kind
 ``gce``) from submit to deleted, a worker that stops heartbeating, a spot preemption, a quota
 403, and 429/5xx bursts on every kind of call (GCE and TPU) within and beyond the retry budget.
 
@@ -548,7 +548,7 @@ def test_create_whose_answer_is_lost_is_retried_into_the_same_vm_or_node(either:
 
 
 def test_gce_insert_403_rate_limit_exceeded_is_retried_not_a_failed_job(gce: Faults) -> None:
-    """Compute answers some rate limits with 403 ``rateLimitExceeded`` (cloud.md 2.6), which
+    """Compute answers some rate limits with 403 ``rateLimitExceeded`` (as Google documents), which
     googleapiclient retries like a 429; it is no quota and no error of the job."""
     limited = ApiError(
         403,

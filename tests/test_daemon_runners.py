@@ -33,7 +33,7 @@ class Rig:
         self.root = tmp / "root"
         self.work_dir = str(tmp / "work")
         self.state_dir = str(tmp / "fake-attempts")
-        self.client = Client(str(self.root))
+        self.client = Client(str(self.root), expect_daemon=False)
         self.daemons: list[Daemon] = []
 
     def settings(self) -> dict[str, Any]:
@@ -265,13 +265,15 @@ def test_start_error_completes_failed_with_the_error(rig: Rig) -> None:
     assert owned_names(rig, daemon) == []
 
 
-def test_unknown_runner_kind_fails_naming_the_kind(rig: Rig) -> None:
+def test_unknown_runner_kind_is_rejected_naming_the_kind(rig: Rig) -> None:
+    # Issue 27: a spec that names no runner kind the daemon knows can never start: REJECTED
+    # when the daemon reads it (was FAILED at its first start), nothing is ever started.
     rig.submit("nosuch-job", "echo never", kind="nosuch")
     daemon = rig.daemon()
     rig.drive(daemon, lambda: rig.finished("nosuch-job"), timeout=5.0, what="nosuch-job")
     info = rig.info("nosuch-job")
-    assert info.status == "FAILED"
-    assert "nosuch" in info.reason
+    assert info.status == "REJECTED"
+    assert "'nosuch' is not a runner kind" in info.reason and "local" in info.reason
 
 
 def test_unknown_runner_kind_leaves_nothing_to_delete(

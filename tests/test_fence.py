@@ -133,7 +133,7 @@ def test_a_daemon_whose_start_is_fenced_stops_acting_and_starts_nothing(tmp_path
         with fence.fenced(str(attempts), lease.term + 1):
             pass
         marker = tmp_path / "ran"
-        Client(str(root)).submit(
+        Client(str(root), expect_daemon=False).submit(
             new_jobspec(name="j", command=f"touch {marker}", user_id="u", project_id="default")
         )
         daemon.cycle(time.time())

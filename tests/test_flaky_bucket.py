@@ -69,7 +69,9 @@ class Rig:
         self.marker = tmp / "ran.txt"
         self.go = tmp / "go"
         self.tag = uuid.uuid4().hex
-        self.client = Client(str(self.root))  # creates the directories, like a bucket that exists
+        self.client = Client(
+            str(self.root), expect_daemon=False
+        )  # creates the directories, like a bucket that exists
         self.url = FlakyFileSystem.install(str(self.root), FailurePlan(0.0))
         self.daemons: list[Daemon] = []
         self.errors = ErrorLog()

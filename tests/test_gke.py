@@ -51,7 +51,7 @@ class Gke:
     def __init__(self, tmp: Path, kube: KubeServer, cluster: Cluster) -> None:
         self.tmp, self.kube, self.cluster = tmp, kube, cluster
         self.root = tmp / "root"
-        self.client = Client(str(self.root))
+        self.client = Client(str(self.root), expect_daemon=False)
         (self.root / "project-quotas").mkdir(parents=True, exist_ok=True)
         (self.root / "project-quotas" / "project-quotas.config").write_text(QUOTA)
         self.daemons: list[Daemon] = []

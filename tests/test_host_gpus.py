@@ -38,8 +38,6 @@ from bastion.runners.local import LocalRunner
 from launch.api import Client, new_jobspec
 from tests.harness import wait_for
 
-pytestmark = pytest.mark.filterwarnings("ignore::launch.NoDaemonWarning")  # driven in-process
-
 # -- the ledger itself --------------------------------------------------------------------------
 
 
@@ -193,7 +191,7 @@ class Rig:
         self.tmp = tmp
         self.engine = engine
         self.relay = RecordingEngine(engine.docker_host)
-        self.client = Client(str(self.root))
+        self.client = Client(str(self.root), expect_daemon=False)
         self.daemons: list[Daemon] = []
 
     def daemon(self) -> Daemon:

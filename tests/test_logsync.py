@@ -155,7 +155,7 @@ def test_a_finished_jobs_state_is_written_after_its_whole_log(
     that says so must still wait for the log's last byte (chunks made small to test it)."""
     monkeypatch.setattr(bastion.bucket.logsync, "_MAX_CHUNK", 1000)
     root = str(tmp_path / "root")
-    client = Client(store=Store(root))
+    client = Client(store=Store(root), expect_daemon=False)
     command = "head -c 20000 /dev/zero | tr '\\0' x; echo; echo done"
     client.submit(new_jobspec(name="chatty", command=command, user_id="u", project_id="default"))
     daemon = build_daemon(root, work_dir=str(tmp_path / "work"))
@@ -275,7 +275,7 @@ def test_the_bucket_log_holds_the_jobs_bytes_exactly_and_a_newline_only_it_says_
     bastion's; a job that ended its output with a newline gets no such note."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # the attempts' directory
     root = str(tmp_path / "root")
-    client = Client(store=Store(root))
+    client = Client(store=Store(root), expect_daemon=False)
     (tmp_path / "output").write_bytes(output)
     command = f"cat {tmp_path / 'output'}"
     client.submit(new_jobspec(name="exact", command=command, user_id="u", project_id="default"))

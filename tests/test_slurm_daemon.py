@@ -40,7 +40,6 @@ default = [".*"]
 cpu = 1.0
 gpu = 1.0
 """
-pytestmark = pytest.mark.filterwarnings("ignore::launch.status.NoDaemonWarning")
 CPUS = os.cpu_count() or 1  # per node: a job asking 2 * CPUS over 2 nodes fills the cluster
 
 
@@ -50,7 +49,7 @@ class Rig:
         self.root = tmp / "root"
         (self.root / "project-quotas").mkdir(parents=True)
         (self.root / "project-quotas" / "project-quotas.config").write_text(QUOTA)
-        self.client = Client(str(self.root))
+        self.client = Client(str(self.root), expect_daemon=False)
         self.daemons: list[Daemon] = []
 
     def daemon(self, work: str = "work") -> Daemon:

@@ -71,7 +71,7 @@ class Rig:
         self.store.objects.write(
             self.store._path("project-quotas", "project-quotas.config"), QUOTA.encode()
         )
-        self.client = Client(store=Store(root))
+        self.client = Client(store=Store(root), expect_daemon=False)
         self.daemon: Daemon = build_daemon(
             root,
             work_dir=str(tmp_path / "work"),

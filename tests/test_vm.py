@@ -228,7 +228,25 @@ def test_bad_vm_name_is_one_line(server, root):
     assert len(err.strip().splitlines()) == 1
 
 
-def test_cli_verb_end_to_end(server, root):
+def test_cli_vm_create_refuses_a_local_directory_root(server, root):
+    env = {**os.environ, vm.ENDPOINT_ENV: server.endpoint, "BASTION_ROOT": root}
+    flags = [f"--vm_name={NAME}", f"--zone={Z}", f"--project={P}"]
+    done = subprocess.run(
+        [sys.executable, "-m", "launch.cli", "vm", "create", *flags],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert f"the root {root} is a directory on this machine" in done.stderr
+    assert "--root=gs://" in done.stderr
+    assert not server.instances  # nothing was created
+
+
+def test_cli_verb_end_to_end(server, gcs_emulator):
+    root = f"gs://bastion-test/vm-{os.getpid()}-{time.monotonic_ns()}"
     env = {**os.environ, vm.ENDPOINT_ENV: server.endpoint, "BASTION_ROOT": root}
     base = [sys.executable, "-m", "launch.cli", "vm"]
     flags = [f"--vm_name={NAME}", f"--zone={Z}", f"--project={P}"]

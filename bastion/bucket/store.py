@@ -352,6 +352,20 @@ class Store:
         raw = self._read("history", "daemon")
         return json.loads(raw) if raw else None
 
+    def write_capabilities(self, record: dict[str, Any]) -> None:
+        """``ROOT/history/capabilities``: what the acting daemon serves (runner kinds and their
+        options, the pool's resource types, the projects), so a client checks a spec before
+        writing it instead of learning of a typo one cycle later."""
+        self._write(json.dumps(record, sort_keys=True).encode(), "history", "capabilities")
+
+    def read_capabilities(self) -> dict[str, Any] | None:
+        raw = self._read("history", "capabilities")
+        try:
+            record = json.loads(raw) if raw else None
+        except ValueError:
+            return None  # torn or foreign: as if nothing were published
+        return record if isinstance(record, dict) else None
+
     def write_last_good_quota(self, text: str) -> None:
         self._write(text.encode(), "history", "quota-last-good")
 
@@ -463,6 +477,16 @@ class Store:
         if data is None:
             raise FileNotFoundError(url)
         return data
+
+    def write_url(self, url: str, data: bytes) -> None:
+        """Replace any object whole (a quota file upload): readers see the old bytes or the
+        new, never a part (a local file is written aside and renamed into place)."""
+        self._count("write")
+        objects, path = self._objects_of(url)
+        if objects is not self.objects:
+            fs, path = fsspec.core.url_to_fs(url, **_default_options(url, {}))
+            objects = objects_for(fs)
+        objects.write(path, data)
 
     # -- runs: what remote attempts report ---------------------------------------------------
     #

@@ -145,6 +145,7 @@ class Context:
         self.recovered = False
         self.info: dict[str, Any] = {}  # published to ROOT/history/daemon when we start acting
         self.queue_written = ""  # the queue summary last written (without its time)
+        self.capabilities_written = ""  # what ROOT/history/capabilities last said
         # The policy pass runs when a job changed, the quota file did, or a time threshold of
         # the last plan passed (quota.policy.replan_by); a quiet cycle skips it.
         self.inputs_changed = True

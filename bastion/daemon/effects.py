@@ -24,6 +24,7 @@ from bastion.daemon.context import (
 from bastion.lifecycle import CLEANUP, RUN
 from bastion.runners.base import (
     Attempt,
+    CannotStart,
     Fenced,
     NoCapacity,
     RunnerError,
@@ -131,7 +132,9 @@ def effects_of(
                 except Exception as e:  # transient: the same start again, backing off
                     bound = None if isinstance(e, NoCapacity) else ctx.start_give_up_seconds
                     log.warning("%s: starting %s: %s; trying again", job_name, attempt.name, e)
-                    results.append(lifecycle.StartDeferred(effect.purpose, str(e)[:500], bound))
+                    requeue = isinstance(e, CannotStart)
+                    deferred = lifecycle.StartDeferred(effect.purpose, str(e)[:500], bound, requeue)
+                    results.append(deferred)
                     continue
                 record = {**record, "handle": handle}
                 records[effect.purpose] = record

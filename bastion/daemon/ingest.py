@@ -15,6 +15,8 @@ from bastion.daemon import events, pools
 from bastion.daemon.context import Context, Job
 from bastion.jobspec import JobSpec, SpecError, name_problem, requester, spec_changes
 from bastion.jobstate import JobState, Status
+from bastion.runners.base import known_kinds
+from bastion.suggest import did_you_mean
 
 log = logging.getLogger("bastion.daemon")
 
@@ -141,6 +143,12 @@ def parse_spec(ctx: Context, name: str, raw: bytes) -> tuple[JobSpec | None, str
         return None, (
             f"field name: spec says {spec.name[:80]!r} but its file is jobs/active/{name}; "
             "the file name is the job's key, make them equal"
+        )
+    kind = spec.runner_kind
+    if kind is not None and kind not in known_kinds():  # a typo can never start: REJECTED
+        return None, (
+            f"field runner.kind: {kind!r} is not a runner kind{did_you_mean(kind, known_kinds())}; "
+            f"use one of {', '.join(known_kinds())}"
         )
     return spec, ""
 

@@ -17,6 +17,7 @@ from bastion.daemon import (
     ingest,
     observe,
     plan,
+    publish,
     recovery,
     sweep,
     writeback,
@@ -180,6 +181,7 @@ class Daemon:
             runner.begin_cycle()
         effects.take_in_results(self.ctx)
         self.ctx.quota.refresh()
+        publish.publish_capabilities(self.ctx)
         done("quota")
         ingest.read_specs(self.ctx, look, now)
         done("read_specs")

@@ -41,7 +41,8 @@ def run_pass(ctx: Context, now: float) -> bool:
     ctx.inputs_changed = False
     ctx.planned_config = config
     ctx.replan_at = now + REPLAN_SECONDS
-    held = gates.hold_back(ctx, now)  # dependencies, group limits: not offered to the policy
+    not_started = holding(ctx, now)  # runners that could not start them: back later
+    held = gates.hold_back(ctx, now) | set(not_started)  # dependencies, group limits too
     offered = (j for j in ctx.jobs.values() if j.name not in held)
     requests = policy_requests(((j.name, j.spec, j.state) for j in offered), now)
     if config is None:
@@ -51,7 +52,9 @@ def run_pass(ctx: Context, now: float) -> bool:
                 events.apply(ctx, job, lifecycle.QuotaInvalid(invalid), now)
         return True
     plan = schedule(config, requests, ctx.quota.usage_for(requests, now), now)
-    ctx.replan_at = replan_by(config, requests, now, now + REPLAN_SECONDS)
+    ctx.replan_at = min(
+        [replan_by(config, requests, now, now + REPLAN_SECONDS), *not_started.values()]
+    )
     grace = config.scheduling.preemption_grace_seconds
     changed = []
     failed = False
@@ -81,6 +84,21 @@ def run_pass(ctx: Context, now: float) -> bool:
     record_decisions(ctx, changed, now)
     publish_queue(ctx, plan)
     return True
+
+
+def holding(ctx: Context, now: float) -> dict[str, float]:
+    """Jobs whose runner could not start them (lifecycle.NOT_STARTED) wait, holding nothing,
+    for ``start_give_up_seconds`` after they let go before the policy sees them again: else
+    it would admit them at once, and they would hold quota for another futile try. Job name
+    -> when it is seen again."""
+    held = {}
+    for job in ctx.jobs.values():
+        state = job.state
+        if state.status is Status.PENDING and state.reason.startswith(lifecycle.NOT_STARTED):
+            until = (state.end_time or 0.0) + ctx.start_give_up_seconds
+            if now < until:
+                held[job.name] = until
+    return held
 
 
 def publish_queue(ctx: Context, plan: Plan) -> None:

@@ -31,6 +31,7 @@ from typing import Any
 
 from bastion.bucket.store import Store
 from bastion.daemon import DEFAULT_START_GIVE_UP_SECONDS, Daemon
+from bastion.daemon.readiness import check_runners
 from bastion.lease import Lease, process_identity
 from bastion.quota_source import QuotaSource, machine_pool
 from bastion.runners.base import known_kinds
@@ -44,16 +45,20 @@ def default_work_dir(root: str) -> str:
     return os.path.join(base, "bastion", hashlib.sha1(root.encode()).hexdigest()[:12])
 
 
-def _lock_work_dir(work_dir: str) -> int:
-    """One daemon per work directory on this machine: a second one would start jobs twice."""
+def _lock_work_dir(work_dir: str, root: str = "") -> int:
+    """One daemon per work directory on this machine: a second one would start jobs twice.
+    The refusal says which daemon holds the root and how to stop it (after the demo, its
+    daemon holds the default root: a user following the README meets this first)."""
     fd = os.open(os.path.join(work_dir, "daemon.lock"), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+        pid = holder or "?"
         raise SystemExit(
-            f"bastion: another daemon (pid {holder or '?'}) already runs on "
-            f"{work_dir}; stop it first"
+            f"bastion: a daemon (pid {pid}) already runs on {root or work_dir} from this "
+            f"machine (work dir {work_dir}); it runs the root's jobs, so there is no need for "
+            f"another: use it (bastion status), or stop it first with: kill {pid}"
         ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
@@ -180,7 +185,7 @@ def start_daemon(
     settings = load_settings(settings_file)
     work_dir = os.path.abspath(work_dir or default_work_dir(root))
     os.makedirs(work_dir, exist_ok=True)
-    lock = _lock_work_dir(work_dir)
+    lock = _lock_work_dir(work_dir, root)
     daemon = build_daemon(
         root, work_dir, quota_file, grace_seconds, lease_seconds=lease_seconds, settings=settings
     )
@@ -194,6 +199,7 @@ def start_daemon(
         daemon.quota.url,
         poll_seconds,
     )
+    check_runners(daemon.runners)
     daemon.ctx.info = {
         "host": socket.gethostname(),
         "pid": os.getpid(),

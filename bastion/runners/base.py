@@ -142,6 +142,14 @@ class NoCapacity(TryAgain):
     clears, and the runner already backs off each zone itself."""
 
 
+class CannotStart(TryAgain):
+    """The runner cannot start anything now, whatever the job: no credentials, an API not
+    enabled, permission denied, a project that does not exist. Backed off as a transient
+    failure; after the daemon's ``start_give_up_seconds`` the attempt ends and the job waits
+    PENDING again with the reason (its quota free for others), rather than failing: nothing in
+    the job is wrong. The message says what to fix."""
+
+
 # Errors of exec(2) that no retry can cure: the same command, environment and host give the same.
 _PERMANENT_EXEC = {
     errno.E2BIG: "E2BIG",
@@ -176,6 +184,9 @@ def exec_refusal(
 
 class Runner(abc.ABC):
     kind: str = ""
+    # The per-job options (a spec's runner object) this runner takes; None: not declared, so
+    # a client cannot check them before submitting. Published by the daemon (capabilities).
+    accepted_options: frozenset[str] | None = None
 
     @abc.abstractmethod
     def start(self, attempt: Attempt) -> Handle:

@@ -105,7 +105,19 @@ class _Cursor:
     window: list[tuple[int, int]] = field(default_factory=list)  # (stamp, bytes read) >= since
 
 
+def engine_unreachable(docker_host: str | None, error: BaseException) -> str:
+    """What to fix when no engine answers: where we looked and the three ways to point us."""
+    env = os.environ.get("DOCKER_HOST")
+    where = docker_host or (f"$DOCKER_HOST={env}" if env else "the default socket")
+    return (
+        f"docker engine at {where} unreachable ({_one_line(error)}); start an engine "
+        "(scripts/docker_setup.sh sets one up), or point the daemon at a running one with "
+        "$DOCKER_HOST or the docker_host setting under [runners.docker] in --settings"
+    )
+
+
 class DockerRunner(Runner):
+    accepted_options = OPTIONS
     kind = "docker"
 
     def __init__(
@@ -316,10 +328,7 @@ class DockerRunner(Runner):
                         else:
                             self._client = docker.from_env(timeout=_CLIENT_TIMEOUT)
                     except (DockerException, requests.RequestException) as e:
-                        where = self.docker_host or "the default socket"
-                        raise RunnerError(
-                            f"docker engine at {where} unreachable: {_one_line(e)}"
-                        ) from e
+                        raise RunnerError(engine_unreachable(self.docker_host, e)) from e
         return self._client.api
 
     def _code(self, attempt: Attempt) -> str | None:

@@ -89,6 +89,7 @@ class FakeRunner(base.Runner):
     """Attempts as JSON files in ``state_dir``; phases computed from ``clock`` on each poll."""
 
     kind = "fake"
+    accepted_options = _KNOWN_OPTIONS
 
     def __init__(self, root: str, state_dir: str, clock: Callable[[], float] = time.time) -> None:
         self.prefix = base.name_prefix(root)

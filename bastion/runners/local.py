@@ -125,6 +125,7 @@ def from_settings(settings: Mapping[str, Any]) -> LocalRunner:
 
 
 class LocalRunner(Runner):
+    accepted_options = _OPTIONS
     kind = "local"
 
     def __init__(

@@ -16,33 +16,33 @@ from launch.api import (
 from launch.cli.common import FLAGS, UsageError, Verb, no_args
 from launch.status import check_root
 
-flags.DEFINE_float("poll_seconds", 3.0, "start: seconds between cycles.")
-flags.DEFINE_bool("once", False, "start: run one cycle and exit (tests, cron).")
+flags.DEFINE_float("poll_seconds", 3.0, "Seconds between cycles (simulate: between policy passes).")
+flags.DEFINE_bool("once", False, "Run one cycle and exit (tests, cron).")
 flags.DEFINE_string(
     "work_dir",
     None,
-    "start: local directory for log mirrors and attempt "
+    "Local directory for log mirrors and attempt "
     "files (default: ~/.local/state/bastion/<hash of root>).",
 )
-flags.DEFINE_float("grace_seconds", 30.0, "start: SIGTERM -> SIGKILL grace period on cancel.")
+flags.DEFINE_float("grace_seconds", 30.0, "SIGTERM -> SIGKILL grace period on cancel.")
 flags.DEFINE_float(
     "lease_seconds",
     60.0,
-    "start: a second daemon on the same root takes over only after the holder's lease stayed "
+    "A second daemon on the same root takes over only after the holder's lease stayed "
     "unrenewed this long (0: no lease, for a root only one daemon will ever use).",
 )
 flags.DEFINE_string(
     "settings",
     None,
-    "start: daemon settings TOML (default_runner, [runners.KIND] options; see the README).",
+    "Daemon settings TOML (default_runner, [runners.KIND] options; README: Settings).",
 )
-flags.DEFINE_string("vm_name", None, "vm: name of the VM that runs the daemon.")
-flags.DEFINE_string("zone", None, "vm: Compute Engine zone, e.g. us-central1-a.")
-flags.DEFINE_string("machine_type", "e2-standard-2", "vm create: machine type.")
-flags.DEFINE_string("project", None, "vm: GCP project (default: that of the credentials).")
-flags.DEFINE_string("service_account", None, "vm create: the VM's service account email.")
-flags.DEFINE_string("trace", None, "simulate: JSON-lines trace file.")
-flags.DEFINE_string("events", None, "simulate: also write every decision as JSON lines here.")
+flags.DEFINE_string("vm_name", None, "Name of the VM that runs the daemon.")
+flags.DEFINE_string("zone", None, "Compute Engine zone, e.g. us-central1-a.")
+flags.DEFINE_string("machine_type", "e2-standard-2", "Machine type of the VM (create).")
+flags.DEFINE_string("project", None, "GCP project (default: that of the credentials).")
+flags.DEFINE_string("service_account", None, "The VM's service account email (create).")
+flags.DEFINE_string("trace", None, "JSON-lines trace file.")
+flags.DEFINE_string("events", None, "Also write every decision as JSON lines here.")
 
 
 def cmd_start(args: Sequence[str]) -> int:
@@ -70,14 +70,30 @@ def cmd_start(args: Sequence[str]) -> int:
     )
 
 
+QUOTA_USAGE = "bastion quota check [FILE|ROOT] | bastion quota upload FILE"
+_PLACEHOLDERS = ("FILE", "ROOT", "FILE|ROOT")
+
+
 def cmd_quota(args: Sequence[str]) -> int:
     from quota import commands
 
-    if len(args) != 2 or args[0] != "check":
-        raise UsageError("quota: bastion quota check FILE|ROOT")
-    if _is_root(args[1]):
-        return _check_root_quota(args[1])
-    return commands.check(args[1], sys.stdout)
+    if not args or args[0] not in ("check", "upload") or len(args) > 2:
+        raise UsageError(f"quota: {QUOTA_USAGE}")
+    if args[1:2] and args[1] in _PLACEHOLDERS:
+        raise UsageError(
+            f"quota {args[0]}: {args[1]!r} is a placeholder; give a quota file's path or URL, or "
+            "a root (e.g. bastion quota check gs://my-bucket/bastion), or leave it out for --root"
+        )
+    if args[0] == "upload":
+        if len(args) != 2:
+            raise UsageError("quota upload: give the quota file, e.g. bastion quota upload q.toml")
+        from launch.quota_upload import upload
+
+        return upload(args[1], resolve_root(FLAGS.root), sys.stdout)
+    target = args[1] if len(args) == 2 else resolve_root(FLAGS.root)
+    if _is_root(target):
+        return _check_root_quota(target)
+    return commands.check(target, sys.stdout)
 
 
 def cmd_simulate(args: Sequence[str]) -> int:
@@ -96,6 +112,11 @@ def cmd_vm(args: Sequence[str]) -> int:
 
     if len(args) != 1 or args[0] not in ("create", "delete", "status"):
         raise UsageError("vm: bastion vm create|delete|status --vm_name=NAME --zone=ZONE")
+    if args[0] == "create":
+        try:
+            vm.refuse_local_root(resolve_root(FLAGS.root))
+        except vm.VmError as e:
+            raise UsageError(str(e)) from None
     return vm.cli(
         args[0],
         root=resolve_root(FLAGS.root),
@@ -164,10 +185,12 @@ VERBS = (
     Verb(
         "quota",
         cmd_quota,
-        "bastion quota check FILE|ROOT",
+        QUOTA_USAGE,
         (
             "Check a quota file (every problem with its key, or the quota per project); for a "
-            "root, the file its daemon reads and whether it runs on the last good version."
+            "root (default: --root), the file its daemon reads and whether it runs on the last "
+            "good version. upload: check FILE, then write it atomically where the root's daemon "
+            "reads it."
         ),
         "bastion quota check configs/project-quotas.toml",
         (),

@@ -12,7 +12,8 @@ from typing import Any
 from absl import flags
 
 from bastion.bucket.store import resolve_root
-from launch.api import Client, NoDaemon
+from bastion.jobstate import Status
+from launch.api import Client, JobInfo, NoDaemon
 from launch.status import RootProblem, check_root
 
 FLAGS = flags.FLAGS
@@ -24,14 +25,16 @@ flags.DEFINE_string(
     "Bucket URL or directory holding Bastion's state "
     "(default: $BASTION_ROOT, else ~/.local/share/bastion).",
 )
-flags.DEFINE_string("image", None, "launch: container image for --runner=docker.")
-flags.DEFINE_bool("json", False, "list/simulate: print JSON.")
-flags.DEFINE_bool("follow", False, "logs/launch: keep printing until the job is finished.")
+flags.DEFINE_string(
+    "image", None, "Container image (launch: for --runner=docker; vm: the daemon's image)."
+)
+flags.DEFINE_bool("json", False, "Print JSON.")
+flags.DEFINE_bool("follow", False, "Keep printing the log until the job is finished.")
 flags.DEFINE_float("follow_poll_seconds", 1.0, "How often logs --follow polls the bucket.")
 flags.DEFINE_float(
     "daemon_wait_seconds",
     30.0,
-    "logs/launch --follow: give up (exit 1) after this long with no daemon acting on the root.",
+    "--follow: give up (exit 1) after this long with no daemon acting on the root.",
 )
 flags.DEFINE_string("project_id", "default", "Project the job is charged to (list: a filter).")
 flags.DEFINE_string(
@@ -120,19 +123,50 @@ def no_args(args: Sequence[str], verb: str) -> None:
         raise UsageError(f"{verb} takes no arguments, got {' '.join(args)!r}")
 
 
+class WaitNotes:
+    """While a followed job has not started: what it waits for, on stderr, once, and again
+    whenever that changes (a silent --follow looks hung). Queue positions, which change every
+    cycle, are left out: ``bastion why NAME`` has them."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.said = ""
+
+    def seen(self, info: JobInfo) -> None:
+        if info.state is None:
+            waits = info.reason
+        elif info.state.status is Status.PENDING:
+            waits = info.state.reason or "waiting for the daemon's next decision"
+        else:
+            self.said = ""
+            return
+        if waits != self.said:
+            print(f"bastion: {self.name} waits: {waits}", file=sys.stderr, flush=True)
+            self.said = waits
+
+
 def follow(client: Client, name: str, exit_status: bool) -> int:
-    """Print the log until the job ends; with ``exit_status``, exit 0 only if it succeeded."""
+    """Print the log until the job ends; with ``exit_status``, exit 0 only if it succeeded.
+    Ctrl-C stops following only: the job goes on, and the user is told how to cancel it."""
     try:
         for text in client.follow_log(
             name,
             poll_seconds=FLAGS.follow_poll_seconds,
             no_daemon_timeout=FLAGS.daemon_wait_seconds,
+            on_poll=WaitNotes(name).seen,
         ):
             sys.stdout.write(text)
             sys.stdout.flush()
     except NoDaemon as e:
         print(f"bastion: error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(
+            f"\nbastion: stopped following {name}; the job keeps running "
+            f"(see it: bastion logs {name} --follow; stop it: bastion cancel {name})",
+            file=sys.stderr,
+        )
+        return 130
     info = client.get(name)
     if info.status == "SUCCEEDED":
         return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -11,7 +12,9 @@ from absl import app, flags
 
 from bastion.bucket.store import resolve_root
 from bastion.jobspec import ExecLimitError, SpecError
+from bastion.suggest import did_you_mean
 from launch.api import JobExists, NoDaemon, NotOwner, UnknownJob
+from launch.checks import SpecMistake
 from launch.cli import admin, submit, view
 from launch.cli.common import ABSL_FLAGS, FLAGS, UsageError, Verb
 from launch.status import RootProblem, brief
@@ -82,12 +85,21 @@ def check_verb_flags(verb: str) -> None:
             raise UsageError(f"{verb} does not take --{name}{hint}; see bastion {verb} --help")
 
 
+def quiet_libraries(verb: str) -> None:
+    """Client verbs speak in their own lines only: a library's log record (gcsfs's cache INFO
+    at every poll, retry tracebacks) never reaches the terminal unless BASTION_DEBUG=1. The
+    daemon (``start``) keeps its log, which goes to its log file as well."""
+    if verb != "start" and not os.environ.get("BASTION_DEBUG"):
+        logging.disable(logging.CRITICAL)
+
+
 def main(argv: Sequence[str]) -> int:
     if len(argv) < 2 or argv[1] not in VERBS:
-        got = f"unknown verb {argv[1]!r}; " if len(argv) >= 2 else ""
+        got = f"unknown verb {argv[1]!r}{did_you_mean(argv[1], VERBS)}; " if len(argv) >= 2 else ""
         print(f"bastion: {got}give a verb\n\n{usage(None)}", file=sys.stderr)
         return 2
     verb = argv[1]
+    quiet_libraries(verb)
     try:
         check_verb_flags(verb)
         return VERBS[verb].run(argv[2:])
@@ -96,6 +108,10 @@ def main(argv: Sequence[str]) -> int:
         return 2
     except NotOwner as e:  # refused before writing anything, as a usage error is
         print(f"bastion: error: {e.message('--force', '--user_id=')}", file=sys.stderr)
+        return 2
+    except SpecMistake as e:  # the daemon does not serve what was typed: said before writing
+        for problem in e.problems:
+            print(f"bastion: error: {problem}", file=sys.stderr)
         return 2
     except ExecLimitError as e:  # what was typed can never start: a usage error, said at once
         print(f"bastion: error: {e}", file=sys.stderr)

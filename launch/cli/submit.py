@@ -22,6 +22,8 @@ from launch.api import (
     new_jobspec,
 )
 from launch.bundling import instance_type_runner, make_bundle
+from launch.checks import Flags, refuse_mistakes
+from launch.cli.check import launch_check
 from launch.cli.common import (
     FLAGS,
     UsageError,
@@ -36,9 +38,7 @@ from launch.status import check_root
 from launch.submitting import SubmitRefused
 
 flags.DEFINE_string("name", None, "Job name (default: $USER-<6 hex>).")
-flags.DEFINE_bool(
-    "force", False, "cancel/update: act on another user's job (the history names you both)."
-)
+flags.DEFINE_bool("force", False, "Act on another user's job (the history names you both).")
 flags.DEFINE_string(
     "resources", "", "Resources the job needs, all at once: TYPE=N,... (e.g. v4=8,cpu=4)."
 )
@@ -46,58 +46,60 @@ flags.DEFINE_integer("priority", 5, "1 (highest) .. 5 (lowest).")
 flags.DEFINE_multi_string("env", [], "KEY=VALUE environment variable for the job (repeatable).")
 flags.DEFINE_string("cleanup_command", None, "Command run after the job ends, with its own log.")
 flags.DEFINE_string(
-    "runner", None, "launch: where the job runs: local, docker, ... (default: the daemon's)."
+    "runner", None, "Where the job runs: local, docker, ... (default: the daemon's)."
 )
 flags.DEFINE_multi_string(
-    "runner_option", [], "launch: KEY=VALUE option for the job's runner (repeatable)."
+    "runner_option", [], "KEY=VALUE option for the job's runner (repeatable)."
 )
 flags.DEFINE_string(
     "instance_type",
     None,
-    "launch: tpu-<version>-<cores> (TPU slice) or gpu-<machine type> (GPU VM); sets the runner "
+    "tpu-<version>-<cores> (TPU slice) or gpu-<machine type> (GPU VM); sets the runner "
     "and the job's resources.",
 )
-flags.DEFINE_integer("num_replicas", 1, "launch: TPU slices for --instance_type=tpu-*.")
-flags.DEFINE_bool("spot", False, "launch: ask for spot capacity for --instance_type.")
+flags.DEFINE_integer("num_replicas", 1, "TPU slices for --instance_type=tpu-*.")
+flags.DEFINE_bool("spot", False, "Ask for spot capacity for --instance_type.")
 flags.DEFINE_string(
     "bundler",
     "tar",
-    "launch/bundle: how the code travels: tar (default), docker, cloudbuild, none.",
+    "How the code travels: tar (default), docker, cloudbuild, none.",
 )
-flags.DEFINE_string("bundler_type", None, "launch/bundle: AXLearn's name for --bundler.")
+flags.DEFINE_string("bundler_type", None, "AXLearn's name for --bundler.")
+flags.DEFINE_multi_string("bundler_spec", [], "KEY=VALUE option of the bundler (repeatable).")
 flags.DEFINE_multi_string(
-    "bundler_spec", [], "launch/bundle: KEY=VALUE option of the bundler (repeatable)."
+    "bundler_exclude", [], "A path or glob left out of the bundle (repeatable)."
 )
-flags.DEFINE_multi_string(
-    "bundler_exclude", [], "launch/bundle: a path or glob left out of the bundle (repeatable)."
+flags.DEFINE_string("source_dir", None, "The directory bundled (default: cwd).")
+flags.DEFINE_bool("dry_run", False, "Print the spec and its bundle; write nothing.")
+flags.DEFINE_bool(
+    "check",
+    False,
+    "Check the job against the root's daemon (runner, project, membership, resources, bundle "
+    "size) and say what it would wait for; submit nothing.",
 )
-flags.DEFINE_string("source_dir", None, "launch/bundle: the directory bundled (default: cwd).")
-flags.DEFINE_bool("dry_run", False, "launch: print the spec and its bundle; write nothing.")
 flags.DEFINE_string(
     "time",
     None,
-    "launch: time limit of running time, as sbatch takes it (2h, 90m, 1-00:00:00, HH:MM:SS); "
+    "Time limit of running time, as sbatch takes it (2h, 90m, 1-00:00:00, HH:MM:SS); "
     "stopped at it (the stop signal, the grace, then SIGKILL) and ends TIMEOUT.",
 )
 flags.DEFINE_string(
-    "after", None, "launch: NAME[,NAME...]: wait until these jobs succeed (else end CANCELLED)."
+    "after", None, "NAME[,NAME...]: wait until these jobs succeed (else end CANCELLED)."
 )
 flags.DEFINE_string(
-    "after_any", None, "launch: NAME[,NAME...]: wait until these jobs end, however they end."
+    "after_any", None, "NAME[,NAME...]: wait until these jobs end, however they end."
 )
 flags.DEFINE_string(
     "array",
     None,
-    "launch: a group of jobs NAME-I, one per index: 0-99, 0-99%8 (at most 8 at once), 1,3,5, "
+    "A group of jobs NAME-I, one per index: 0-99, 0-99%8 (at most 8 at once), 1,3,5, "
     "0-9:2; each gets $BASTION_ARRAY_INDEX.",
 )
-flags.DEFINE_string(
-    "sweep", None, "launch: a sweep file (TOML: [axes] or [[points]]): one job per point."
-)
+flags.DEFINE_string("sweep", None, "A sweep file (TOML: [axes] or [[points]]): one job per point.")
 flags.DEFINE_bool(
-    "retry_failed", False, "launch --group=G: submit again the members of G that FAILED/TIMEOUT."
+    "retry_failed", False, "With --group=G: submit again the members of G that FAILED/TIMEOUT."
 )
-flags.DEFINE_bool("yes", False, "cancel: cancel several jobs without asking.")
+flags.DEFINE_bool("yes", False, "Cancel several jobs without asking.")
 
 
 DEFAULT_RESOURCES = {"cpu": 1}
@@ -109,6 +111,8 @@ INSTANCE_TYPE_RUNNERS = frozenset({"gke"})
 def cmd_launch(args: Sequence[str]) -> int:
     if FLAGS.retry_failed or FLAGS.group:
         return _retry_failed(args)
+    if not FLAGS.dry_run:  # an unreachable root is said within the probe's bound, before bundling
+        check_root(resolve_root(FLAGS.root), reading=FLAGS.check)
     user = FLAGS.user_id or default_user()
     runner, resources = _placement()
     spec = new_jobspec(
@@ -121,17 +125,20 @@ def cmd_launch(args: Sequence[str]) -> int:
         cleanup_command=FLAGS.cleanup_command,
         env_vars=_env() or None,
         runner=runner,
-        bundle=_bundle(dry_run=FLAGS.dry_run),
+        bundle=_bundle(dry_run=FLAGS.dry_run or FLAGS.check),
         **_scheduling(),
     )
     specs = _members(spec)
     if FLAGS.follow and spec.group:
         raise UsageError("--follow follows one job; a group: bastion list --group=NAME")
+    if FLAGS.check:
+        return launch_check(spec, FLAGS.instance_type)
     if FLAGS.dry_run:
         one = len(specs) == 1 and not spec.group
         print(json.dumps(spec.to_json() if one else [s.to_json() for s in specs], indent=1))
         return 0
     client = _launch_client()
+    refuse_mistakes(client.store, spec, Flags(FLAGS.instance_type))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # said below, in the CLI's words
         if len(specs) == 1 and not spec.group:
@@ -418,6 +425,7 @@ VERBS = (
             "bundler_exclude",
             "source_dir",
             "dry_run",
+            "check",
             "time",
             "after",
             "after_any",

@@ -30,13 +30,11 @@ flags.DEFINE_bool(
     "all", False, "list: include completed jobs and every earlier run; history: every run."
 )
 flags.DEFINE_integer(
-    "run", None, "logs: one run of the name: 1.. from the oldest, 0 the latest, -1 the previous."
+    "run", None, "One run of the name: 1.. from the oldest, 0 the latest, -1 the previous."
 )
-flags.DEFINE_bool("previous", False, "logs: the run before the latest (--run=-1).")
-flags.DEFINE_bool("exit_status", False, "logs --follow: exit with the job's failure status.")
-flags.DEFINE_string(
-    "worker", None, "logs: one worker's own output (0, 1, ...) or 'all', every attempt."
-)
+flags.DEFINE_bool("previous", False, "The run before the latest (--run=-1).")
+flags.DEFINE_bool("exit_status", False, "With --follow: exit with the job's failure status.")
+flags.DEFINE_string("worker", None, "One worker's own output (0, 1, ...) or 'all', every attempt.")
 
 
 def cmd_list(args: Sequence[str]) -> int:

@@ -1,1 +1,2 @@
-"""Loopback stand-ins for cloud services (cloud.md section 6.5): test code, stdlib only."""
+"""Loopback stand-ins for cloud services, modelled on Google's API documentation; used by the
+tests and scripts/sandbox.py: stdlib only."""

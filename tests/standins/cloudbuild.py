@@ -1,4 +1,4 @@
-"""Cloud Build API v1 stand-in (cloud.md 4.5 and 6.5) for the real googleapiclient.
+"""Cloud Build API v1 stand-in (Google's API documentation) for the real googleapiclient.
 
     server = CloudBuildServer(polls_per_tick=1).start()
     cb = discovery.build("cloudbuild", "v1", static_discovery=True,

@@ -1,4 +1,4 @@
-"""Shared plumbing for the loopback Google API stand-ins (cloud.md 6.5).
+"""Shared plumbing for the loopback Google API stand-ins (Google's API documentation).
 
 A stand-in is a stdlib ThreadingHTTPServer on 127.0.0.1 whose routes are (method, regex, handler)
 triples. Handlers run under one lock and return ``(status, json)`` or raise ``ApiError`` carrying a

@@ -1,4 +1,4 @@
-"""Compute Engine v1 stand-in for GPU VMs (cloud.md 2 and 6.5) for the real googleapiclient.
+"""Compute Engine v1 stand-in for GPU VMs (Google's API documentation) for the real googleapiclient.
 
     server = ComputeServer().start()
     gce = discovery.build("compute", "v1", static_discovery=True,

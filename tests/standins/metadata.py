@@ -1,4 +1,4 @@
-"""A GCE metadata-server stand-in on 127.0.0.1 (cloud.md sections 2.4, 6.4, 6.5).
+"""A GCE metadata-server stand-in on 127.0.0.1 (Google's API documentation).
 
 The in-guest agent finds the metadata server through ``GCE_METADATA_HOST`` as google-auth
 does, so pointing that variable at ``server.host`` lets the real agent read its worker number

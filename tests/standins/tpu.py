@@ -1,4 +1,4 @@
-"""Cloud TPU API v2 stand-in (cloud.md 1 and 6.5) for the real googleapiclient.
+"""Cloud TPU API v2 stand-in (Google's API documentation) for the real googleapiclient.
 
     server = TpuServer().start()
     tpu = discovery.build("tpu", "v2", static_discovery=True, credentials=AnonymousCredentials(),
@@ -71,7 +71,7 @@ def accelerator_type(node: dict) -> str:
 
 
 def hosts(acc_type: str) -> int:
-    """Worker VMs per slice (cloud.md 1.6): v2/v3/v4/v5p count TensorCores, 8 per host;
+    """Worker VMs per slice (Cloud TPU's documentation): v2/v3/v4/v5p count TensorCores, 8 per host;
     v5litepod/v6e count chips, a single host up to 8 chips, 4 per host beyond."""
     m = re.fullmatch(r"(v2|v3|v4|v5p|v5litepod|v6e)-(\d+)", acc_type)
     if not m:
@@ -267,7 +267,7 @@ class TpuServer(CapacityInjections, StandinServer):
 
     @staticmethod
     def _validate_spec(spec: dict):
-        """The API's rule for a ``nodeSpec`` (tpu.v2.json ``NodeSpec``, cloud.md 1.5): exactly
+        """The API's rule for a ``nodeSpec`` (tpu.v2.json ``NodeSpec``): exactly
         one of ``nodeId`` ("only specified when requesting a single node") and
         ``multisliceParams``, whose ``nodeCount`` is more than 1 and ``nodeIdPrefix`` given."""
         multi = spec.get("multisliceParams")

@@ -23,7 +23,7 @@ from googleapiclient import discovery
 from googleapiclient.errors import HttpError
 from googleapiclient.http import build_http
 
-from bastion.runners.base import Attempt, RunnerError
+from bastion.runners.base import Attempt, CannotStart, RunnerError
 
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 RATE_LIMIT_REASONS = frozenset({"rateLimitExceeded", "userRateLimitExceeded"})
@@ -33,8 +33,8 @@ ATTEMPT_LABEL = "bastion-attempt-name"
 
 
 def retryable(error: Exception) -> bool:
-    """429 and 5xx, and a 403 whose reason is a rate limit (cloud.md 2.6: Compute answers a
-    burst of calls with 403 rateLimitExceeded, which is not a refusal of the request)."""
+    """429 and 5xx, and a 403 whose reason is a rate limit (Compute answers a burst of calls
+    with 403 rateLimitExceeded, which is not a refusal of the request)."""
     if not isinstance(error, HttpError):
         return False
     if error.status_code in RETRYABLE_STATUS:
@@ -50,12 +50,22 @@ def build_client(api: str, version: str, endpoint: str | None, credentials: str 
     With an explicit endpoint (a stand-in) the credentials are anonymous unless
     ``credentials`` is ``"default"``; with Google's, google-auth's standard chain."""
     import google.auth
+    import google.auth.exceptions
     from google.auth.credentials import AnonymousCredentials
 
     if endpoint and credentials != "default":
         creds = AnonymousCredentials()
     else:
-        creds, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+        try:
+            creds, _ = google.auth.default(
+                scopes=["https://www.googleapis.com/auth/cloud-platform"]
+            )
+        except google.auth.exceptions.DefaultCredentialsError as e:
+            raise CannotStart(
+                f"no Google credentials for the {api} API ({_first_sentence(e)}); on the daemon's "
+                "machine run `gcloud auth application-default login`, or set "
+                "GOOGLE_APPLICATION_CREDENTIALS to a service account key file"
+            ) from None
     options = {"api_endpoint": endpoint} if endpoint else None
     return discovery.build(
         api,
@@ -64,6 +74,23 @@ def build_client(api: str, version: str, endpoint: str | None, credentials: str 
         cache_discovery=False,
         credentials=creds,
         client_options=options,
+    )
+
+
+def _first_sentence(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return text.split(". ")[0].rstrip(".")
+
+
+def refusal(error: Exception) -> CannotStart | None:
+    """A 401 or 403 that is not a rate limit (no credentials accepted, permission denied, the
+    API not enabled): nothing this daemon starts can succeed until someone fixes it."""
+    if not isinstance(error, HttpError) or error.status_code not in (401, 403) or retryable(error):
+        return None
+    return CannotStart(
+        f"the Google API refused the daemon's credentials ({error.status_code}: "
+        f"{_first_sentence(Exception(error.reason or error))}); grant its account the role "
+        "the runner needs or enable the API in the project"
     )
 
 

@@ -11,7 +11,7 @@ and ``api_endpoint`` defaulting to ``$BASTION_COMPUTE_API_ENDPOINT`` (its form e
 ``/compute/v1/``). Per-job options: ``machine_type`` (``a3-highgpu-8g``) or ``instance_type``
 (``gpu-a3-highgpu-8g``, ``gpu-g2-standard-8``, or AXLearn's ``gpu-h100-80gb-8``: see
 :func:`gpu_machine`), ``accelerator`` + ``accelerator_count`` (N1 only: the other GPU families
-have their GPUs built in, cloud.md 2.2), ``spot``.
+have their GPUs built in, Google's API documentation), ``spot``.
 
 ``max_run_seconds`` (default 604800, 7 days; 0: none) is a dead man's switch on every VM:
 ``scheduling.maxRunDuration`` with ``instanceTerminationAction: DELETE``, so the VM deletes
@@ -72,7 +72,7 @@ _STOCKOUT = frozenset(
 )
 _PROVISIONING = frozenset({"PROVISIONING", "STAGING", "PENDING"})
 MAX_RUN_SECONDS = 7 * 24 * 3600  # the default dead man's switch
-# GPUs of the G2 machine types (one to eight L4s, cloud.md 2.2)
+# GPUs of the G2 machine types (one to eight L4s, Google's API documentation)
 _G2_GPUS = {4: 1, 8: 1, 12: 1, 16: 1, 32: 1, 24: 2, 48: 4, 96: 8}
 _GONE = frozenset({"STOPPING", "TERMINATED", "SUSPENDING", "SUSPENDED", "DEPROVISIONING"})
 _SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
@@ -161,7 +161,7 @@ def instance_body(flow: ZonalProvisioner, attempt: Attempt, zone: str, max_run: 
         body["guestAccelerators"] = [
             {"acceleratorType": f"zones/{zone}/acceleratorTypes/{gpu}", "acceleratorCount": count}
         ]
-    if kind == "reserved":  # cloud.md 2.2: a named reservation, or any that fits
+    if kind == "reserved":  # Google's API documentation: a named reservation, or any that fits
         body["reservationAffinity"] = (
             {
                 "consumeReservationType": "SPECIFIC_RESERVATION",

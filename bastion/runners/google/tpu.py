@@ -72,7 +72,7 @@ def accelerator_type(options: Mapping[str, Any]) -> str:
 
 
 def hosts(acc_type: str) -> int:
-    """Worker VMs per slice (cloud.md 1.6): v2/v3/v4/v5p count TensorCores, 8 per host;
+    """Worker VMs per slice (Cloud TPU's documentation): v2/v3/v4/v5p count TensorCores, 8 per host;
     v5litepod/v6e count chips, one host up to 8 chips, 4 per host beyond."""
     m = _TYPE.fullmatch(acc_type)
     assert m, acc_type

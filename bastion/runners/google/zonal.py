@@ -99,6 +99,7 @@ from bastion.runners.google.api import (
     ATTEMPT_LABEL,
     GoogleApi,
     ours,
+    refusal,
     region_of,
     retryable,
     short_name,
@@ -336,6 +337,8 @@ class ZonalProvisioner:
                     continue
                 if retryable(e):
                     raise TryAgain(f"creating {attempt.name} in {zone}: {e}") from e
+                if (refused := refusal(e)) is not None:
+                    raise refused from e
                 raise RunnerError(f"cannot create {attempt.name} in {zone}: {e}") from e
             self.listings.invalidate(zone)
             self.store.write_provision(attempt.job, attempt.name, {**provision, "op": op})
