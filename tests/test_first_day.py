@@ -112,7 +112,7 @@ def test_launch_check_validates_against_the_root_and_submits_nothing(local_basti
     published_root(b)
     proc = b.cli("launch", "--check", "--name=probe", "--resources=v4=32", "--", "true")
     assert "nothing submitted" in proc.stdout
-    assert "ok: runner" in proc.stdout and "v4=32" in proc.stdout
+    assert "ok: the daemon's default runner" in proc.stdout and "v4=32" in proc.stdout
     assert "code: tar bundle" in proc.stdout
     assert "would start now" in proc.stdout
     assert b.read("jobs", "active", "probe") is None

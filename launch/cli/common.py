@@ -40,10 +40,10 @@ flags.DEFINE_string("project_id", "default", "Project the job is charged to (lis
 flags.DEFINE_string(
     "user_id", None, "User id (default: $BASTION_USER, else the login name; list: a filter)."
 )
-flags.DEFINE_string("group", None, "list/cancel/launch --retry_failed: an array's or sweep's name.")
 flags.DEFINE_string(
-    "state", None, "list/cancel: only jobs in these states (PENDING,RUNNING,FAILED,...)."
+    "group", None, "An array's or sweep's name (list, cancel, launch --retry_failed)."
 )
+flags.DEFINE_string("state", None, "Only jobs in these states (PENDING,RUNNING,FAILED,...).")
 flags.DEFINE_string(
     "quota_file", None, "Quota TOML URL (default: ROOT/project-quotas/project-quotas.config)."
 )

@@ -27,7 +27,7 @@ from launch.cli.common import (
 )
 
 flags.DEFINE_bool(
-    "all", False, "list: include completed jobs and every earlier run; history: every run."
+    "all", False, "Include completed jobs and every earlier run (for history: every run)."
 )
 flags.DEFINE_integer(
     "run", None, "One run of the name: 1.. from the oldest, 0 the latest, -1 the previous."
