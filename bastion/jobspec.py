@@ -263,6 +263,10 @@ class JobSpec:
     version: int = SCHEMA_VERSION
     runner: dict[str, Any] | None = None  # {"kind": "docker", "image": ...}; None: the default
     bundle: dict[str, Any] | None = None  # the code bundle's record (bundlers.Bundle.to_json)
+    # The warning before every stop Bastion decides: the signal sent first ("TERM", "USR1",
+    # ...; None: TERM) and the seconds until SIGKILL (None: the daemon's setting).
+    stop_signal: str | None = None
+    grace_seconds: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -300,6 +304,8 @@ class JobSpec:
             "metadata": self.metadata.to_json(),
             **({"runner": dict(self.runner)} if self.runner else {}),
             **({"bundle": dict(self.bundle)} if self.bundle else {}),
+            **({"stop_signal": self.stop_signal} if self.stop_signal is not None else {}),
+            **({"grace_seconds": self.grace_seconds} if self.grace_seconds is not None else {}),
             **self.extra,
         }
 
@@ -345,6 +351,8 @@ class JobSpec:
             "metadata",
             "runner",
             "bundle",
+            "stop_signal",
+            "grace_seconds",
         }
         return cls(
             name=check_name(_require(data, "name", str, "")),
@@ -357,6 +365,8 @@ class JobSpec:
             version=version,
             runner=_check_runner(data.get("runner")),
             bundle=_check_bundle(data.get("bundle")),
+            stop_signal=check_stop_signal(data.get("stop_signal"), "field stop_signal"),
+            grace_seconds=check_grace_seconds(data.get("grace_seconds"), "field grace_seconds"),
             extra={k: v for k, v in data.items() if k not in known},
         )
 
@@ -531,6 +541,38 @@ def _check_runner(value: Any) -> dict[str, Any] | None:
     return dict(value)
 
 
+# Signals a job may choose to be warned with (bash's names, without "SIG"); KILL and STOP
+# cannot be caught, so they would be no warning at all.
+STOP_SIGNALS = ("TERM", "INT", "HUP", "QUIT", "USR1", "USR2")
+MAX_GRACE_SECONDS = 24 * 3600.0
+
+
+def check_stop_signal(value: Any, where: str) -> str | None:
+    """``TERM``, ``SIGUSR1``, ``usr1`` -> the bare upper-case name; SpecError naming ``where``."""
+    if value is None:
+        return None
+    name = str(value).upper().removeprefix("SIG") if isinstance(value, str) else ""
+    if name not in STOP_SIGNALS:
+        raise SpecError(
+            f"{where}: {show(value)} is not a signal a job can be warned with; use one of "
+            f"{', '.join(STOP_SIGNALS)} (KILL and STOP cannot be caught)"
+        )
+    return name
+
+
+def check_grace_seconds(value: Any, where: str) -> float | None:
+    """Seconds between the stop signal and SIGKILL: a number from 0 to a day."""
+    if value is None:
+        return None
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not 0 <= float(value) <= MAX_GRACE_SECONDS:
+        raise SpecError(
+            f"{where}: {show(value)} is not a grace period; give seconds from 0 to "
+            f"{MAX_GRACE_SECONDS:g} (e.g. 60)"
+        )
+    return float(value)
+
+
 def new_jobspec(
     *,
     name: str,
@@ -544,6 +586,8 @@ def new_jobspec(
     creation_time: dt.datetime | None = None,
     runner: Mapping[str, Any] | None = None,
     bundle: Mapping[str, Any] | None = None,
+    stop_signal: str | None = None,
+    grace_seconds: float | None = None,
 ) -> JobSpec:
     """Build and validate a spec; raises SpecError naming the bad field."""
     spec = JobSpec(
@@ -553,6 +597,8 @@ def new_jobspec(
         env_vars=dict(env_vars) if env_vars else None,
         runner=dict(runner) if runner else None,
         bundle=dict(bundle) if bundle else None,
+        stop_signal=check_stop_signal(stop_signal, "stop_signal"),
+        grace_seconds=check_grace_seconds(grace_seconds, "grace_seconds"),
         metadata=JobMetadata(
             user_id=user_id,
             project_id=project_id,

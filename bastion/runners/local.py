@@ -47,6 +47,7 @@ from typing import Any
 import psutil
 
 from bastion import leftovers
+from bastion.outputs.supervise import JOB_GROUP_FILE, STOP_FILE, wrapper_argv
 from bastion.runners.base import (
     Attempt,
     AttemptPhase,
@@ -65,13 +66,12 @@ from bastion.runners.gpus import GpuLedger, ledger_of
 
 log = logging.getLogger(__name__)
 
-# The wrapper records its pid before the command runs, then the exit status after. `trap : TERM
-# INT` makes it wait for the command before exiting on a signal (the trap resets to the default
-# in the child on exec), so a group-wide SIGTERM still records 143.
-_WRAPPER = (
-    'printf "%s" "$$" > "$2/pid"; trap : TERM INT; bash -c "$1"; status=$?; '
-    'printf "%s" "$status" > "$2/exit.tmp" && mv "$2/exit.tmp" "$2/exit"; exit "$status"'
-)
+# The wrapper (bastion/outputs/supervise.py) records its pid before the command runs, restores
+# the job's outputs, runs the command in a process group of its own, syncs the outputs, warns
+# the job on our SIGTERM and kills it at the stop's deadline, syncs once more, then records the
+# exit status. It gets FINAL_SYNC_SECONDS past the deadline for that last sync before it is
+# killed too.
+FINAL_SYNC_SECONDS = 30.0
 _CREATE_TIME_TOLERANCE = 0.05
 LEFTOVER_GRACE = 10.0  # seconds from SIGTERM to SIGKILL for what outlived the command
 _OPTIONS: frozenset[str] = frozenset()  # the local runner takes no per-job options
@@ -225,17 +225,21 @@ class LocalRunner(Runner):
         if handle.get("host") != self.host or not self._alive(handle):
             return
         self._deadlines[handle["name"]] = deadline  # what it leaves behind gets this grace too
-        if time.time() >= deadline:
-            self._signal(handle, signal.SIGKILL)
+        if time.time() >= deadline + FINAL_SYNC_SECONDS:
+            self._kill(handle)  # the wrapper did not end the job and sync in time
         elif handle["name"] not in self._termed:
-            self._termed.add(handle["name"])
+            self._termed.add(handle["name"])  # the wrapper warns the job and kills it on time
+            with contextlib.suppress(OSError):
+                _write_json(
+                    os.path.join(self._dir(handle["name"]), STOP_FILE), {"deadline": deadline}
+                )
             self._signal(handle, signal.SIGTERM)
 
     def delete(self, handle: Handle) -> bool:
         if handle.get("host") != self.host:
             return True  # nothing of it is on this host
         if self._alive(handle):
-            self._signal(handle, signal.SIGKILL)
+            self._kill(handle)
             return False  # gone once the next call finds it dead
         self._finish(handle)
         if not self._left_behind_gone(handle):
@@ -283,19 +287,13 @@ class LocalRunner(Runner):
             **attempt.env,
             "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)),
             "BASTION_ATTEMPT_NAME": attempt.name,
+            "BASTION_OUTPUT_DIR": os.path.join(directory, "outputs"),
         }
         output = os.open(
             os.path.join(directory, "output"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
         )
         stdin = os.open(os.devnull, os.O_RDONLY)
-        argv = [
-            "/bin/sh",
-            "-c",
-            _WRAPPER,
-            f"bastion-job:{attempt.name}",
-            attempt.command,
-            directory,
-        ]
+        argv = wrapper_argv(attempt.name, attempt.command, directory)
         try:
             proc = subprocess.Popen(
                 argv,
@@ -356,7 +354,7 @@ class LocalRunner(Runner):
             "gpus": [],
         }
         pid = _read_int(os.path.join(directory, "pid"))
-        proc = self._process_of(directory, pid)
+        proc = _process_of(directory, pid)
         if proc is None and pid is None:
             return None
         if proc is None and os.path.exists(os.path.join(directory, "exit")) is False and pid:
@@ -369,19 +367,6 @@ class LocalRunner(Runner):
             }
         _write_json(os.path.join(directory, "handle.json"), handle)
         return handle
-
-    @staticmethod
-    def _process_of(directory: str, pid: int | None) -> psutil.Process | None:
-        """The wrapper process of the attempt in ``directory`` (its argv names it)."""
-        candidates = [psutil.Process(pid)] if pid and psutil.pid_exists(pid) else []
-        if not candidates:  # the kill landed between fork and the wrapper's first line
-            candidates = list(psutil.process_iter())
-        for proc in candidates:
-            with contextlib.suppress(psutil.Error):
-                cmdline = proc.cmdline()
-                if len(cmdline) >= 6 and cmdline[-1] == directory and cmdline[1] == "-c":
-                    return proc
-        return None
 
     # -- processes ---------------------------------------------------------------------------
 
@@ -407,7 +392,7 @@ class LocalRunner(Runner):
         # job that runs on.
         if os.path.exists(os.path.join(directory, "exit")):
             return False  # the command ended (its wrapper wrote this): no scan needed
-        wrapper = self._process_of(directory, None)
+        wrapper = _process_of(directory, None)
         with contextlib.suppress(psutil.Error):
             return wrapper is not None and wrapper.status() != psutil.STATUS_ZOMBIE
         return False
@@ -415,6 +400,15 @@ class LocalRunner(Runner):
     def _signal(self, handle: Handle, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(int(handle["pid"]), sig)
+
+    def _kill(self, handle: Handle) -> None:
+        """SIGKILL the wrapper's group and, while the wrapper lives (so the group is still
+        the job's), the job's own group."""
+        job_group = _read_int(os.path.join(self._dir(handle["name"]), JOB_GROUP_FILE))
+        if job_group and self._alive(handle):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(job_group, signal.SIGKILL)
+        self._signal(handle, signal.SIGKILL)
 
     def _finish(self, handle: Handle) -> None:
         """The leader is gone: forget our child (what it left behind: :meth:`_left_behind`)."""
@@ -438,7 +432,7 @@ class LocalRunner(Runner):
     def _signal_group(self, handle: Handle, sig: int) -> None:
         """Signal the finished attempt's group: what is left in it is ours."""
         pid = int(handle.get("pid") or 0)
-        if pid <= 0 or not self._leader_gone(handle):
+        if pid <= 0 or not _leader_gone(handle):
             return  # a live process that is not ours holds the pid: never signal its group
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, sig)
@@ -478,11 +472,13 @@ class LocalRunner(Runner):
         second SIGTERM means "now" to many programs). Returns the record, kept on disk."""
         name = str(handle["name"])
         termed = name in self._termed
+        job_group = _read_int(os.path.join(self._dir(name), JOB_GROUP_FILE)) or 0
+        groups = {int(handle.get("pid") or 0), job_group} - {0}  # (both got the stop's warning)
         if not termed:
             self._signal_group(handle, signal.SIGTERM)  # (unmarked members of the group too)
         signalled = set(record.get("pids") or [])
         leftovers.send(
-            [p for p in found if p.pid not in signalled and not (termed and _in_group(p, handle))],
+            [p for p in found if p.pid not in signalled and not (termed and _in_group(p, groups))],
             signal.SIGTERM,
         )
         if found:
@@ -517,21 +513,34 @@ class LocalRunner(Runner):
             leftovers.send(found, signal.SIGKILL)
         return False
 
-    @staticmethod
-    def _leader_gone(handle: Handle) -> bool:
-        """True when our leader is gone or an unreaped zombie of ours: what is left in its group
-        is ours (the kernel reuses a group id only once the group is empty)."""
-        try:
-            leader = psutil.Process(int(handle["pid"]))
-            drift = abs(leader.create_time() - float(handle["create_time"]))
-            return drift <= _CREATE_TIME_TOLERANCE and leader.status() == psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return True
-        except psutil.AccessDenied:
-            return False
-
     def _exit_status(self, handle: Handle) -> int | None:
         return _read_int(os.path.join(self._dir(handle["name"]), "exit"))
+
+
+def _process_of(directory: str, pid: int | None) -> psutil.Process | None:
+    """The wrapper process of the attempt in ``directory`` (its argv names it)."""
+    candidates = [psutil.Process(pid)] if pid and psutil.pid_exists(pid) else []
+    if not candidates:  # the kill landed between fork and the wrapper's first line
+        candidates = list(psutil.process_iter())
+    for proc in candidates:
+        with contextlib.suppress(psutil.Error):
+            cmdline = proc.cmdline()
+            if len(cmdline) >= 6 and cmdline[-1] == directory and cmdline[1] == "-c":
+                return proc
+    return None
+
+
+def _leader_gone(handle: Handle) -> bool:
+    """True when our leader is gone or an unreaped zombie of ours: what is left in its group
+    is ours (the kernel reuses a group id only once the group is empty)."""
+    try:
+        leader = psutil.Process(int(handle["pid"]))
+        drift = abs(leader.create_time() - float(handle["create_time"]))
+        return drift <= _CREATE_TIME_TOLERANCE and leader.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.AccessDenied:
+        return False
 
 
 @contextlib.contextmanager
@@ -551,9 +560,9 @@ def _claim(directory: str, name: str) -> Iterator[None]:
         os.close(fd)
 
 
-def _in_group(process: leftovers.Process, handle: Handle) -> bool:
+def _in_group(process: leftovers.Process, groups: set[int]) -> bool:
     try:
-        return os.getpgid(process.pid) == int(handle.get("pid") or 0)
+        return os.getpgid(process.pid) in groups
     except OSError:
         return False
 

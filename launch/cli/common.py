@@ -32,6 +32,16 @@ flags.DEFINE_float(
     30.0,
     "logs/launch --follow: give up (exit 1) after this long with no daemon acting on the root.",
 )
+flags.DEFINE_float(
+    "grace_seconds",
+    None,
+    "start: the daemon's default seconds from a stop's warning signal to SIGKILL (30); "
+    "launch: this job's own (default: the daemon's).",
+)
+DEFAULT_GRACE = 30.0
+flags.DEFINE_bool(
+    "yes", False, "outputs --delete: do not ask for confirmation."
+)  # start's --grace_seconds when not given
 flags.DEFINE_string(
     "quota_file", None, "Quota TOML URL (default: ROOT/project-quotas/project-quotas.config)."
 )

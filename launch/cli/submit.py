@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from absl import flags
 
 from bastion.bucket.store import resolve_root
-from bastion.jobspec import SpecError, parse_resources
+from bastion.jobspec import SpecError, check_grace_seconds, check_stop_signal, parse_resources
 from launch.api import (
     default_job_name,
     default_user,
@@ -41,6 +41,12 @@ flags.DEFINE_string(
 )
 flags.DEFINE_integer("priority", 5, "1 (highest) .. 5 (lowest).")
 flags.DEFINE_multi_string("env", [], "KEY=VALUE environment variable for the job (repeatable).")
+flags.DEFINE_string(
+    "stop_signal",
+    None,
+    "launch: the signal that warns the job before a stop (TERM, INT, HUP, QUIT, USR1, USR2; "
+    "default TERM); SIGKILL follows after --grace_seconds.",
+)
 flags.DEFINE_string("cleanup_command", None, "Command run after the job ends, with its own log.")
 flags.DEFINE_string(
     "runner", None, "launch: where the job runs: local, docker, ... (default: the daemon's)."
@@ -121,6 +127,8 @@ def cmd_launch(args: Sequence[str]) -> int:
         env_vars=env or None,
         runner=runner,
         bundle=_bundle(dry_run=FLAGS.dry_run),
+        stop_signal=check_stop_signal(FLAGS.stop_signal, "--stop_signal"),
+        grace_seconds=check_grace_seconds(FLAGS.grace_seconds, "--grace_seconds"),
     )
     if FLAGS.dry_run:
         print(json.dumps(spec.to_json(), indent=1))
@@ -237,6 +245,8 @@ VERBS = (
             "priority",
             "env",
             "cleanup_command",
+            "stop_signal",
+            "grace_seconds",
             "runner",
             "image",
             "runner_option",
@@ -278,8 +288,8 @@ VERBS = (
         cmd_cancel,
         "bastion cancel NAME",
         (
-            "Stop a job: SIGTERM to its process group, SIGKILL after the daemon's "
-            "--grace_seconds. Another user's job needs --force."
+            "Stop a job: its stop signal (SIGTERM unless it chose --stop_signal), SIGKILL after "
+            "its --grace_seconds (else the daemon's). Another user's job needs --force."
         ),
         "bastion cancel hello",
         ("user_id", "force"),
