@@ -217,3 +217,58 @@ def test_bad_stop_signal_and_grace_are_refused_at_submit(local_bastion):
     proc = b.cli("launch", "--name=x", "--grace_seconds=-1", "--", "true", check=False)
     assert proc.returncode != 0 and "--grace_seconds" in proc.stderr
     assert not b.exists("jobs", "active", "x")
+
+
+# -- bastion outputs ---------------------------------------------------------------------------
+
+
+def test_outputs_lists_downloads_only_what_changed_and_deletes(bastion, tmp_path):
+    bastion.start()
+    job = (
+        'mkdir -p "$BASTION_OUTPUT_DIR/ckpt"; echo one > "$BASTION_OUTPUT_DIR/ckpt/a"; '
+        'echo two > "$BASTION_OUTPUT_DIR/b.txt"'
+    )
+    bastion.cli("launch", "--name=made", "--", job)
+    bastion.wait_complete("made", timeout=60)
+    listing = bastion.cli("outputs", "made").stdout
+    assert "ckpt/a" in listing and "b.txt" in listing and "2 file(s)" in listing
+    target = tmp_path / "got"
+    first = bastion.cli("outputs", "made", f"--download={target}").stdout
+    assert "2 file(s) fetched" in first
+    assert (target / "ckpt" / "a").read_text() == "one\n"
+    again = bastion.cli("outputs", "made", f"--download={target}").stdout
+    assert "0 file(s) fetched" in again and "2 unchanged" in again
+    # A changed file in the bucket is fetched again, alone.
+    src = tmp_path / "src"
+    write(src / "b.txt", "three\n")
+    bastion.store.outputs.upload("made", "b.txt", str(src / "b.txt"))
+    third = bastion.cli("outputs", "made", f"--download={target}").stdout
+    assert "1 file(s) fetched" in third and (target / "b.txt").read_text() == "three\n"
+    history = bastion.cli("history", "made").stdout
+    assert "outputs: attempt 1 restored 0 file(s), 0 bytes; synced 2 file(s), 8 bytes" in history
+    refused = bastion.cli("outputs", "made", "--delete", check=False)
+    assert refused.returncode == 2 and "--yes" in refused.stderr
+    assert bastion.store.outputs.list("made")  # nothing removed without --yes
+    assert "removed" in bastion.cli("outputs", "made", "--delete", "--yes").stdout
+    assert bastion.store.outputs.list("made", worker=None) == {}
+
+
+def test_outputs_bad_input_is_a_clear_error_and_loses_nothing(local_bastion, tmp_path):
+    b = local_bastion
+    b.store  # (the root exists)
+    unknown = b.cli("outputs", "nosuchjob", check=False)
+    assert unknown.returncode == 1 and "no job named 'nosuchjob'" in unknown.stderr
+    src = tmp_path / "f"
+    write(src, "data")
+    b.store.outputs.upload("kept", "f", str(src))  # outputs of a job whose records are gone
+    assert "f" in b.cli("outputs", "kept").stdout
+    a_file = tmp_path / "not-a-dir"
+    a_file.write_text("mine")
+    proc = b.cli("outputs", "kept", f"--download={a_file}", check=False)
+    assert proc.returncode == 2 and "--download" in proc.stderr and "is a file" in proc.stderr
+    assert a_file.read_text() == "mine"
+    both = b.cli("outputs", "kept", "--delete", f"--download={tmp_path}", check=False)
+    assert both.returncode == 2 and "not both" in both.stderr
+    assert b.store.outputs.list("kept")
+    bad_name = b.cli("outputs", "../etc", check=False)
+    assert bad_name.returncode != 0 and "name" in bad_name.stderr
