@@ -255,7 +255,7 @@ def test_outputs_lists_downloads_only_what_changed_and_deletes(bastion, tmp_path
 
 def test_outputs_bad_input_is_a_clear_error_and_loses_nothing(local_bastion, tmp_path):
     b = local_bastion
-    b.store  # (the root exists)
+    assert b.store.outputs.list("nosuchjob") == {}  # (and the root exists now)
     unknown = b.cli("outputs", "nosuchjob", check=False)
     assert unknown.returncode == 1 and "no job named 'nosuchjob'" in unknown.stderr
     src = tmp_path / "f"
