@@ -59,8 +59,10 @@ class Supervisor:
     # -- signals ---------------------------------------------------------------------------
 
     def on_signal(self, signum: int, _frame: Any) -> None:
-        """The runner asked the attempt to stop: warn the job once, note the deadline."""
+        """The runner asked the attempt to stop: warn the job once, note the deadline (asked
+        again, only the deadline is read again: a second warning means "now" to many jobs)."""
         if self.stop_asked_at is not None:
+            self.deadline = self._deadline(self.stop_asked_at)
             return
         self.stop_asked_at = time.time()
         self.deadline = self._deadline(self.stop_asked_at)

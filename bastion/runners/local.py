@@ -224,15 +224,17 @@ class LocalRunner(Runner):
     def stop(self, handle: Handle, deadline: float) -> None:
         if handle.get("host") != self.host or not self._alive(handle):
             return
-        self._deadlines[handle["name"]] = deadline  # what it leaves behind gets this grace too
+        name = handle["name"]
+        told = self._deadlines.get(name)
+        self._deadlines[name] = deadline  # what it leaves behind gets this grace too
         if time.time() >= deadline + FINAL_SYNC_SECONDS:
             self._kill(handle)  # the wrapper did not end the job and sync in time
-        elif handle["name"] not in self._termed:
-            self._termed.add(handle["name"])  # the wrapper warns the job and kills it on time
+        elif name not in self._termed or told != deadline:
+            # The wrapper warns the job once and kills it at the deadline (told again when the
+            # deadline moves: a cancel that forces an update's stop)
+            self._termed.add(name)
             with contextlib.suppress(OSError):
-                _write_json(
-                    os.path.join(self._dir(handle["name"]), STOP_FILE), {"deadline": deadline}
-                )
+                _write_json(os.path.join(self._dir(name), STOP_FILE), {"deadline": deadline})
             self._signal(handle, signal.SIGTERM)
 
     def delete(self, handle: Handle) -> bool:
@@ -371,35 +373,42 @@ class LocalRunner(Runner):
     # -- processes ---------------------------------------------------------------------------
 
     def _alive(self, handle: Handle) -> bool:
+        return self._wrapper_pid(handle) > 0
+
+    def _wrapper_pid(self, handle: Handle) -> int:
+        """The pid of the attempt's live wrapper here, 0 when none: the handle's pid when it
+        is our child or its process is the wrapper, else the wrapper found by its command line.
+        The pid may be another PID namespace's (a daemon in a container started the attempt
+        and this one, outside it, adopted it), or a recycled one (another attempt's wrapper
+        now holds it): only the process found is ever signalled, never the handle's pid."""
         pid = int(handle.get("pid") or 0)
         if pid <= 0:
-            return False
+            return 0
         child = self._children.get(handle["name"])
         if child is not None and child.pid == pid:
-            return child.poll() is None  # our own child: no psutil lookup needed
+            return pid if child.poll() is None else 0  # our own child: no psutil lookup
         directory = self._dir(handle["name"])
         try:
             proc = psutil.Process(pid)
             same = abs(proc.create_time() - float(handle["create_time"])) <= _CREATE_TIME_TOLERANCE
             cmdline = proc.cmdline()  # not our child: only this attempt's wrapper counts as ours
             if same and cmdline[1:2] == ["-c"] and cmdline[-1:] == [directory]:
-                return proc.status() != psutil.STATUS_ZOMBIE
+                return pid if proc.status() != psutil.STATUS_ZOMBIE else 0
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
-        # The pid may be another PID namespace's: a daemon in a container started the attempt
-        # and this one, outside it, adopted it. The wrapper is then found by its command line,
-        # which names the attempt's directory; taking it for ended would end (or misjudge) a
-        # job that runs on.
         if os.path.exists(os.path.join(directory, "exit")):
-            return False  # the command ended (its wrapper wrote this): no scan needed
+            return 0  # the command ended (its wrapper wrote this): no scan needed
         wrapper = _process_of(directory, None)
         with contextlib.suppress(psutil.Error):
-            return wrapper is not None and wrapper.status() != psutil.STATUS_ZOMBIE
-        return False
+            if wrapper is not None and wrapper.status() != psutil.STATUS_ZOMBIE:
+                return wrapper.pid
+        return 0
 
     def _signal(self, handle: Handle, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(int(handle["pid"]), sig)
+        pid = self._wrapper_pid(handle)
+        if pid > 0:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, sig)
 
     def _kill(self, handle: Handle) -> None:
         """SIGKILL the wrapper's group and, while the wrapper lives (so the group is still
