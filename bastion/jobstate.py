@@ -64,6 +64,9 @@ class JobState:
     provider_preemptions: int = 0  # attempts the provider took away (not the job's failures)
     log_start: int = 0  # offset in logs/<name> where this submission's output begins
     preemptions: int = 0
+    # When the job last reported a checkpoint (the "time" of its BASTION_OUTPUT_DIR/.bastion/
+    # checkpoint.json, as its runner saw it); None: never. Kept across attempts.
+    last_checkpoint: float | None = None
     events: list[dict[str, Any]] = field(default_factory=list)  # lifecycle, bounded
     metadata: dict[str, Any] = field(default_factory=dict)  # AXLearn-compatible extras (tier)
 

@@ -710,6 +710,8 @@ def _observed(result: Result, event: Observed, now: float, has_cleanup: bool) ->
     record = attempt_record(state, event.purpose)
     if record is None:
         return
+    if obs.checkpoint is not None and obs.checkpoint > (state.last_checkpoint or 0.0):
+        state.last_checkpoint = obs.checkpoint  # the job's progress report (policy: lost work)
     if not obs.finished:
         if obs.workers and record.get("workers") != list(obs.workers):
             # Each worker's health ("running", "late", "exit 1"...), for list; stable words,

@@ -272,3 +272,37 @@ def test_outputs_bad_input_is_a_clear_error_and_loses_nothing(local_bastion, tmp
     assert b.store.outputs.list("kept")
     bad_name = b.cli("outputs", "../etc", check=False)
     assert bad_name.returncode != 0 and "name" in bad_name.stderr
+
+
+# -- checkpoint reports ------------------------------------------------------------------------
+
+
+def test_the_daemon_learns_a_running_jobs_last_checkpoint_and_keeps_it(local_bastion):
+    b = local_bastion
+    b.start()
+    job = (
+        'd="$BASTION_OUTPUT_DIR/.bastion"; mkdir -p "$d"; '
+        'echo \'{"step": 7, "time": 1700000000.5}\' > "$d/checkpoint.json"; '
+        "echo reported; sleep 300"
+    )
+    b.cli("launch", "--name=reporter", "--", job)
+    wait_for(
+        lambda: (b.state("reporter") or {}).get("last_checkpoint") == 1700000000.5,
+        timeout=60,
+        what="last_checkpoint on the job's state",
+    )
+    b.cli("cancel", "reporter")
+    record = b.wait_complete("reporter", timeout=60)
+    assert record["state"]["last_checkpoint"] == 1700000000.5  # kept after the attempt
+    assert b.store.outputs.read_checkpoint("reporter") == {"step": 7, "time": 1700000000.5}
+
+
+@pytest.mark.parametrize(
+    "report",
+    [None, [], {"step": 1}, {"time": "soon"}, {"time": True}, {"time": -5}, {"time": float("nan")}],
+)
+def test_a_malformed_checkpoint_report_is_ignored(report):
+    from bastion.outputs.checkpoint import checkpoint_time
+
+    assert checkpoint_time(report) is None
+    assert checkpoint_time({"step": 3, "time": 12.5}) == 12.5
