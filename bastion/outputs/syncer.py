@@ -12,6 +12,7 @@ checkpoint it names is in the bucket before the report that points at it.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import threading
@@ -50,16 +51,42 @@ class Syncer:
     periodic thread and the final sync never overlap (one lock)."""
 
     def __init__(
-        self, paths: OutputPaths, job: str, local_dir: str, worker: int = 0, attempt: int = 0
+        self,
+        paths: OutputPaths,
+        job: str,
+        local_dir: str,
+        worker: int = 0,
+        attempt: int = 0,
+        manifest_path: str | None = None,
     ) -> None:
         self.paths = paths
         self.job = job
         self.local_dir = os.path.abspath(local_dir)
         self.worker = worker
-        self.manifest: dict[str, Signature] = {}
+        # Kept on disk beside the directory when a second process syncs what a first restored
+        # (the Docker runner restores, its watcher syncs): the watcher uploads nothing restored.
+        self.manifest_path = manifest_path
+        self.manifest: dict[str, Signature] = self._load_manifest()
         self.stats = SyncStats(attempt=attempt, worker=worker)
         self._lock = threading.Lock()
         os.makedirs(self.local_dir, exist_ok=True)
+
+    def _load_manifest(self) -> dict[str, Signature]:
+        if not self.manifest_path:
+            return {}
+        try:
+            with open(self.manifest_path) as f:
+                data = json.load(f)
+            return {str(k): (int(v[0]), int(v[1])) for k, v in data.items()}
+        except (OSError, ValueError, TypeError, IndexError, AttributeError):
+            return {}
+
+    def _save_manifest(self) -> None:
+        if not self.manifest_path:
+            return
+        with open(self.manifest_path + ".tmp", "w") as f:
+            json.dump(self.manifest, f)
+        os.replace(self.manifest_path + ".tmp", self.manifest_path)
 
     # -- restore ---------------------------------------------------------------------------
 
@@ -81,6 +108,7 @@ class Syncer:
                 self.manifest[name] = (st.st_size, st.st_mtime_ns)
                 self.stats.restored_files += 1
                 self.stats.restored_bytes += remote.size
+            self._save_manifest()
         return self.stats
 
     def _local(self, name: str) -> str | None:
@@ -130,6 +158,8 @@ class Syncer:
                     self._failed("removing", removed[0], e)
             self.stats.syncs += 1
             self.stats.last_sync = time.time()
+            if changed or removed:
+                self._save_manifest()
             if final:
                 self.stats.final = not any(self.manifest.get(n) != s for n, s in current.items())
         return self.stats
