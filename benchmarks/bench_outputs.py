@@ -16,7 +16,7 @@ emulator (fake-gcs-server, tests/gcs_emulator.py; ``--root DIR`` for a local dir
    uploaded once, then restored into an empty directory, timed, ``--repeats`` times.
 
     .venv/bin/python benchmarks/bench_outputs.py [--checkpoint_mb 1024] [--scale 0.0625]
-        [--shards 16] [--period 300] [--sync_seconds 5] [--periods 3] [--keep 2]
+        [--shards 16] [--period 300] [--sync_seconds 5] [--periods 4] [--keep 2]
         [--restore_mb 1024] [--repeats 2] [--root DIR]
 """
 
@@ -77,7 +77,7 @@ def sync_cost(store: Store, args: argparse.Namespace, tmp: Path) -> None:
         requests = syncer.stats.requests - before[0]
         data = syncer.stats.synced_bytes - before[1]
         periods.append((requests, data, busy))
-    steady = periods[1:] or periods  # the first period has nothing to rotate out
+    steady = periods[args.keep :] or periods[-1:]  # the first ``keep`` rotate nothing out
     requests = sum(p[0] for p in steady) / len(steady)
     data = sum(p[1] for p in steady) / len(steady) / args.scale
     busy = sum(p[2] for p in steady) / len(steady)
@@ -139,7 +139,7 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=16)
     parser.add_argument("--period", type=float, default=300)
     parser.add_argument("--sync_seconds", type=float, default=5)
-    parser.add_argument("--periods", type=int, default=3)
+    parser.add_argument("--periods", type=int, default=4)
     parser.add_argument("--keep", type=int, default=2)
     parser.add_argument("--restore_mb", type=float, default=1024)
     parser.add_argument("--repeats", type=int, default=2)

@@ -306,3 +306,65 @@ def test_a_malformed_checkpoint_report_is_ignored(report):
 
     assert checkpoint_time(report) is None
     assert checkpoint_time({"step": 3, "time": 12.5}) == 12.5
+
+
+# -- preemption by the policy ------------------------------------------------------------------
+
+QUOTA = """\
+[toml-schema]
+version = "1"
+[total_resources]
+cpu = 4
+[project_membership]
+research = ["alice"]
+prod = ["bob"]
+[project_resources.research]
+cpu = 0.5
+[project_resources.prod]
+cpu = 0.5
+[scheduling]
+min_runtime_seconds = 0
+preemption_grace_seconds = 30
+"""
+
+
+def test_a_preempted_borrower_resumes_from_its_checkpoint_and_its_own_grace_applies(
+    local_bastion,
+):
+    b = local_bastion
+    b.put("project-quotas", "project-quotas.config", data=QUOTA)
+    b.start()
+    # prod borrows research's half; its job asks for 2 s of grace (the quota file says 30)
+    b.cli(
+        "launch",
+        "--name=borrower",
+        "--project_id=prod",
+        "--user_id=bob",
+        "--resources=cpu=4",
+        "--grace_seconds=2",
+        "--env=BASTION_SYNC_SECONDS=0.3",
+        "--",
+        RESUMABLE.replace("sleep 0.2; done", "sleep 0.2; [ $step -ge 80 ] && exit 0; done"),
+    )
+    wait_for(lambda: "ckpt.txt" in b.store.outputs.list("borrower"), what="a checkpoint")
+    time.sleep(1)
+    began = time.monotonic()
+    b.cli(
+        "launch",
+        "--name=owner",
+        "--project_id=research",
+        "--user_id=alice",
+        "--resources=cpu=2",
+        "--",
+        "echo owner runs; sleep 1",
+    )
+    wait_for(
+        lambda: ((b.state("borrower") or {}).get("preemptions") or 0) >= 1,
+        timeout=60,
+        what="the borrower to be preempted",
+    )
+    assert time.monotonic() - began < 25  # its own grace, not the quota file's 30 s
+    record = b.wait_complete("borrower", timeout=120)
+    assert record["state"]["outcome"] == "SUCCEEDED" and record["state"]["attempt"] == 2
+    starts = started_at(b.log("borrower"))
+    assert starts[0] == 0 and starts[1] > 0, starts  # attempt 2 resumed where 1 stopped
