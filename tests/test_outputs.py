@@ -291,6 +291,7 @@ def test_the_daemon_learns_a_running_jobs_last_checkpoint_and_keeps_it(local_bas
         timeout=60,
         what="last_checkpoint on the job's state",
     )
+    assert "last checkpoint" in b.cli("why", "reporter").stdout
     b.cli("cancel", "reporter")
     record = b.wait_complete("reporter", timeout=60)
     assert record["state"]["last_checkpoint"] == 1700000000.5  # kept after the attempt
