@@ -53,6 +53,7 @@ from typing import Any
 
 from bastion import leftovers
 from bastion.bucket.store import Store
+from bastion.outputs.checkpoint import read_checkpoint_time
 from bastion.outputs.supervise import stop_signal, sync_seconds
 from bastion.outputs.syncer import Periodic, Syncer
 
@@ -203,6 +204,7 @@ class Agent:
         # after it ends (bastion/outputs/), worker k's apart from worker 0's.
         self.output_dir = os.path.join(spool_dir, f"{job}.{attempt}.{worker}.outputs")
         self.syncer: Syncer | None = None
+        self._reported_checkpoint: float | None = None
 
     def _record(self, **fields: Any) -> dict[str, Any]:
         return {"worker": self.worker, "time": time.time(), **fields}
@@ -294,6 +296,23 @@ class Agent:
             ),
             deadline,
         )
+
+    def report_checkpoint(self, deadline: float) -> None:
+        """The job's progress report (``.bastion/checkpoint.json``), as a ``checkpoint``
+        record written only when its time changed: the daemon reads it once per change."""
+        when = read_checkpoint_time(self.output_dir)
+        if when is None or when == self._reported_checkpoint:
+            return
+        record = self._record(checkpoint=when)
+        record["time"] = when  # (the record's time is the checkpoint's)
+        self._retry(
+            "checkpoint",
+            lambda: self.store.write_run_record(
+                self.job, self.attempt, self.worker, "checkpoint", record
+            ),
+            deadline,
+        )
+        self._reported_checkpoint = when
 
     def run(self) -> int:
         started = self._record(
@@ -449,6 +468,7 @@ class Agent:
                 try:
                     if now >= next_beat:
                         self.heartbeat(now + 5)
+                        self.report_checkpoint(now + 5)
                         next_beat = now + self.heartbeat_seconds
                     if now >= next_chunk and os.path.getsize(self.spool) > self.uploaded:
                         self.flush(now + 5)

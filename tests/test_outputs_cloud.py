@@ -109,3 +109,22 @@ def test_gce_lost_vm_attempt_is_resumed_by_the_next(root, gce_server, gce, guest
 
 def open_text(store: Store, name: str) -> str:
     return store.fs.cat_file(f"{store.root}/outputs/train/{name}").decode().strip()
+
+
+def test_a_cloud_jobs_checkpoint_report_reaches_the_runners_observation(
+    root, gce_server, gce, guests
+):
+    report = (
+        'd="$BASTION_OUTPUT_DIR/.bastion"; mkdir -p "$d"; '
+        'echo \'{"step": 9, "time": 1700000000.25}\' > "$d/checkpoint.json"; sleep 300'
+    )
+    handle = gce.start(with_env(attempt(root, report, n=1, **A3), 1))
+    deadline = time.monotonic() + 60
+    while (seen := gce.poll(handle)).checkpoint != 1700000000.25:
+        assert time.monotonic() < deadline, seen
+        assert not seen.finished, seen
+        gce_server.tick()
+        time.sleep(0.2)
+    assert seen.phase is AttemptPhase.RUNNING
+    gce.stop(handle, time.time())
+    gce_server.tick()

@@ -486,7 +486,7 @@ class Store:
     # Names in a listing are relative to the attempt; run_name/parse_run_name are the only
     # code that builds or reads them, so readers (runners/kit/records.py) know no paths.
 
-    RUN_RECORDS = ("started", "heartbeat", "progress", "exit")
+    RUN_RECORDS = ("started", "heartbeat", "progress", "exit", "checkpoint")
 
     @staticmethod
     def run_name(worker: int, kind: str, seq: int | None = None) -> str:
@@ -596,8 +596,8 @@ class Store:
     def write_run_record(
         self, job: str, attempt: str, worker: int, kind: str, record: dict[str, Any]
     ) -> None:
-        """Replace a worker's ``heartbeat``, ``progress`` or ``exit`` record."""
-        assert kind in ("heartbeat", "progress", "exit"), kind
+        """Replace a worker's ``heartbeat``, ``progress``, ``checkpoint`` or ``exit`` record."""
+        assert kind in ("heartbeat", "progress", "exit", "checkpoint"), kind
         data = json.dumps(record, sort_keys=True).encode()
         self._write(data, *self._run_parts(job, attempt, self.run_name(worker, kind)))
 
