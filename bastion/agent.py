@@ -375,6 +375,7 @@ class Agent:
         """The worker's outputs from the bucket into its output directory (a few tries)."""
         attempt_number = int(os.environ.get("BASTION_ATTEMPT") or 0)
         syncer = Syncer(self.store.outputs, self.job, self.output_dir, self.worker, attempt_number)
+        syncer.stats.purpose = os.environ.get("BASTION_PURPOSE") or "run"
         self._retry("restoring outputs", syncer.restore, time.time() + 120)
         self.syncer = syncer
 

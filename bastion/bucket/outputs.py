@@ -135,9 +135,12 @@ class OutputPaths:
 
     # -- what each attempt restored and synced ---------------------------------------------
 
-    def write_summary(self, job: str, attempt: int, worker: int, record: dict[str, Any]) -> None:
+    def write_summary(
+        self, job: str, attempt: int, worker: int, record: dict[str, Any], purpose: str = "run"
+    ) -> None:
         self.store._count("write")
-        path = f"{self._top(job)}/{SUMMARIES}/a{int(attempt)}-w{int(worker)}.json"
+        suffix = "" if purpose == "run" else f"-{purpose}"
+        path = f"{self._top(job)}/{SUMMARIES}/a{int(attempt)}-w{int(worker)}{suffix}.json"
         data = json.dumps(record, sort_keys=True).encode()
         if _is_local(self.store):
             os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -86,7 +86,7 @@ def attempt_for(ctx: Context, job: Job, purpose: str) -> Attempt | None:
         job=job.name,
         attempt=job.state.attempt,
         command=command,
-        env=job_env(ctx, job),
+        env={**job_env(ctx, job), "BASTION_PURPOSE": purpose},  # (run or cleanup)
         resources=dict(spec.metadata.resources),
         options=spec.runner_options,
         bundle=spec.bundle,

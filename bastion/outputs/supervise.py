@@ -103,6 +103,7 @@ class Supervisor:
                     worker=0,
                     attempt=int(self.env.get("BASTION_ATTEMPT") or 0),
                 )
+                self.syncer.stats.purpose = self.env.get("BASTION_PURPOSE") or "run"
                 self.syncer.restore()
                 return None
             except Exception as e:  # the bucket is down: a few tries, then the attempt fails

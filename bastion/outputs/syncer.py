@@ -33,6 +33,7 @@ class SyncStats:
 
     attempt: int = 0
     worker: int = 0
+    purpose: str = "run"  # or "cleanup": the job's cleanup command, after its last attempt
     restored_files: int = 0
     restored_bytes: int = 0
     synced_files: int = 0

@@ -47,13 +47,14 @@ RESTORED, SYNCED = ".restored", ".synced"  # beside DIR: restored by the runner;
 CHECK_SECONDS = 1.0  # between two looks at the container
 
 
-def final_sync(root: str, job: str, attempt: int, directory: str) -> None:
+def final_sync(root: str, job: str, attempt: int, directory: str, purpose: str = "run") -> None:
     """The last sync of an attempt whose container has ended, then its summary and the
     ``.synced`` mark; by whoever holds the watch lock (the watcher, or the runner's delete
     when no watcher is left). Nothing to do without ``.restored`` or with ``.synced``."""
     if not os.path.exists(directory + RESTORED) or os.path.exists(directory + SYNCED):
         return
     syncer = _syncer(root, job, attempt, directory)
+    syncer.stats.purpose = purpose
     syncer.sync(final=True)
     syncer.write_summary()
     with open(directory + SYNCED, "w"):
@@ -95,7 +96,7 @@ def watch(args: argparse.Namespace) -> int:
             if time.monotonic() >= next_sync:
                 syncer.sync()
                 next_sync = time.monotonic() + args.sync_seconds
-        final_sync(args.root, args.job, args.attempt, args.dir)
+        final_sync(args.root, args.job, args.attempt, args.dir, args.purpose)
     return 0
 
 
@@ -108,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", required=True)
     parser.add_argument("--docker_host", default=None)
     parser.add_argument("--sync_seconds", type=float, default=SYNC_SECONDS)
+    parser.add_argument("--purpose", default="run", help="run or cleanup: names the summary")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s bastion-watch %(message)s")
     return watch(args)

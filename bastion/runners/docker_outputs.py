@@ -82,6 +82,7 @@ class DockerOutputs:
             f"--container={attempt.name}",
             f"--dir={self.dir(attempt.name)}",
             f"--sync_seconds={sync_seconds(dict(attempt.env))}",
+            f"--purpose={attempt.env.get('BASTION_PURPOSE') or 'run'}",
         ]
         if self.docker_host:
             argv.append(f"--docker_host={self.docker_host}")

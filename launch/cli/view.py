@@ -85,6 +85,7 @@ def outputs_line(summary: dict) -> str:
     """One attempt's outputs in the history: restored and synced bytes, and whether its final
     sync ran to its end."""
     worker = f" worker {summary.get('worker')}" if summary.get("worker") else ""
+    worker += " (cleanup)" if summary.get("purpose") == "cleanup" else ""
     final = "" if summary.get("final") else " (no complete final sync)"
     return (
         f"outputs: attempt {summary.get('attempt', 0)}{worker} restored "
