@@ -53,12 +53,30 @@ from typing import Any
 
 from bastion import leftovers
 from bastion.bucket.store import Store
+from bastion.outputs.checkpoint import read_checkpoint_time
+from bastion.outputs.supervise import stop_signal, sync_seconds
+from bastion.outputs.syncer import Periodic, Syncer
 
 log = logging.getLogger("bastion.agent")
 
 LEFTOVER_GRACE = 5.0  # SIGTERM to SIGKILL for what outlived the command (2 s when stopping)
 MAX_CHUNK = 8 << 20  # bound memory per upload; the rest goes in the next chunk right after
 SPOT_WINDOW_SECONDS = 30.0  # from the shutdown notice to the VM's power-off
+OUTPUT_SYNC_SECONDS = 30.0  # between syncs of the outputs ($BASTION_SYNC_SECONDS overrides)
+
+
+def job_stop_signal() -> int:
+    """The signal the job chose to be warned with ($BASTION_STOP_SIGNAL; TERM)."""
+    return stop_signal(dict(os.environ))
+
+
+def job_grace(window: float) -> float:
+    """The job's grace ($BASTION_GRACE_SECONDS), within the agent's ``window`` (the cloud's
+    own: a Spot VM is powered off 30 s after its notice, whatever the job asked for)."""
+    try:
+        return min(window, float(os.environ.get("BASTION_GRACE_SECONDS") or window))
+    except ValueError:
+        return window
 
 
 # -- the metadata server (GCE_METADATA_HOST, as google-auth finds it) -----------------------------
@@ -170,6 +188,8 @@ class Agent:
         self.worker, self.num_workers, self.command = worker, num_workers, command
         self.chunk_seconds, self.heartbeat_seconds = chunk_seconds, heartbeat_seconds
         self.grace_seconds = grace_seconds
+        env = {"BASTION_SYNC_SECONDS": str(OUTPUT_SYNC_SECONDS), **os.environ}
+        self.sync_seconds = sync_seconds(env)
         spool_dir = spool_dir or tempfile.mkdtemp(prefix="bastion-agent-")
         self.spool = os.path.join(spool_dir, f"{job}.{attempt}.{worker}.out")
         self.uploaded = 0  # spool bytes known to be in the bucket
@@ -180,6 +200,11 @@ class Agent:
         self.stop_reason = ""
         self.preempted = False
         self.stopped_at = 0.0
+        # The job's outputs: restored before the command, synced while it runs and once more
+        # after it ends (bastion/outputs/), worker k's apart from worker 0's.
+        self.output_dir = os.path.join(spool_dir, f"{job}.{attempt}.{worker}.outputs")
+        self.syncer: Syncer | None = None
+        self._reported_checkpoint: float | None = None
 
     def _record(self, **fields: Any) -> dict[str, Any]:
         return {"worker": self.worker, "time": time.time(), **fields}
@@ -272,6 +297,23 @@ class Agent:
             deadline,
         )
 
+    def report_checkpoint(self, deadline: float) -> None:
+        """The job's progress report (``.bastion/checkpoint.json``), as a ``checkpoint``
+        record written only when its time changed: the daemon reads it once per change."""
+        when = read_checkpoint_time(self.output_dir)
+        if when is None or when == self._reported_checkpoint:
+            return
+        record = self._record(checkpoint=when)
+        record["time"] = when  # (the record's time is the checkpoint's)
+        self._retry(
+            "checkpoint",
+            lambda: self.store.write_run_record(
+                self.job, self.attempt, self.worker, "checkpoint", record
+            ),
+            deadline,
+        )
+        self._reported_checkpoint = when
+
     def run(self) -> int:
         started = self._record(
             host=socket.gethostname(),
@@ -287,19 +329,35 @@ class Agent:
                 self.attempt,
             )
             return 0
-        env = dict(
-            os.environ,
-            BASTION_WORKER=str(self.worker),
-            BASTION_NUM_WORKERS=str(self.num_workers),
-            **self.slice_env,
-            **{leftovers.MARKER: self.attempt},
-        )
         cwd = None
         if self.bundle:
             try:
                 cwd = self._unpack()
             except Exception as e:  # a bundle that fails its digest never runs
                 return self._refuse(f"the job's bundle could not be used: {e}")
+        try:
+            self._restore()
+        except Exception as e:  # never start the job without its checkpoint
+            return self._refuse(f"its outputs could not be restored from the bucket: {e}")
+        proc = self._spawn(cwd)
+        periodic = Periodic(self.syncer, self.sync_seconds).start() if self.syncer else None
+        code = self._supervise(proc)
+        if periodic is not None:
+            periodic.stop()
+        left = self._end_left_behind(proc)
+        self._confirm_preemption()
+        return self._finish(code, left)
+
+    def _spawn(self, cwd: str | None) -> subprocess.Popen[bytes]:
+        env = dict(
+            os.environ,
+            BASTION_WORKER=str(self.worker),
+            BASTION_NUM_WORKERS=str(self.num_workers),
+            BASTION_OUTPUT_DIR=self.output_dir,
+            BASTION_OUTPUT_URL=self.store.outputs.url(self.job, self.worker),
+            **self.slice_env,
+            **{leftovers.MARKER: self.attempt},
+        )
         with open(self.spool, "wb") as out:
             proc = subprocess.Popen(
                 ["bash", "-c", self.command],
@@ -311,16 +369,26 @@ class Agent:
                 start_new_session=True,  # its own group: signals reach everything it started
             )
         log.info("worker %d of %s: started pid %d", self.worker, self.attempt, proc.pid)
-        code = self._supervise(proc)
-        left = self._end_left_behind(proc)
-        self._confirm_preemption()
-        # After a stop request everything must land inside the Spot window; else be patient.
+        return proc
+
+    def _restore(self) -> None:
+        """The worker's outputs from the bucket into its output directory (a few tries)."""
+        attempt_number = int(os.environ.get("BASTION_ATTEMPT") or 0)
+        syncer = Syncer(self.store.outputs, self.job, self.output_dir, self.worker, attempt_number)
+        syncer.stats.purpose = os.environ.get("BASTION_PURPOSE") or "run"
+        self._retry("restoring outputs", syncer.restore, time.time() + 120)
+        self.syncer = syncer
+
+    def _finish(self, code: int, left: list[leftovers.Process]) -> int:
+        """The last output, the outputs' final sync, then the exit record: after a stop
+        request everything must land inside the Spot window; else be patient."""
         end = self.stopped_at + SPOT_WINDOW_SECONDS - 1 if self.stop.is_set() else time.time() + 600
         end = max(end, time.time() + 3)
         try:
             self.flush(end)
         except Exception as e:  # the exit record still matters more than the last bytes
             log.error("could not upload the last output: %s", e)
+        self._final_sync(end - 2)
         reason = self.stop_reason or f"exited with status {code}"
         exit_record = self._record(
             code=code,
@@ -340,6 +408,23 @@ class Agent:
         )
         log.info("worker %d of %s: %s (code %d)", self.worker, self.attempt, reason, code)
         return code
+
+    def _final_sync(self, deadline: float) -> None:
+        """The outputs once more, after the command ended, in a thread bounded by ``deadline``
+        (the exit record must still land before the VM goes); then the attempt's summary."""
+        syncer = self.syncer
+        if syncer is None:
+            return
+
+        def final() -> None:
+            syncer.sync(final=True)
+            syncer.write_summary()
+
+        thread = threading.Thread(target=final, name="final-sync", daemon=True)
+        thread.start()
+        thread.join(max(0.0, deadline - time.time()))
+        if thread.is_alive():
+            log.error("the final sync of the outputs did not end in the window")
 
     def _unpack(self) -> str:
         """Fetch the job's code, verify its digest and extract it: the command runs in it."""
@@ -375,8 +460,8 @@ class Agent:
             now = time.time()
             if self.stop.is_set() and kill_at is None:
                 log.info("stopping the command: %s", self.stop_reason)
-                self._signal(proc, signal.SIGTERM)
-                kill_at = now + self.grace_seconds
+                self._signal(proc, job_stop_signal())
+                kill_at = now + job_grace(self.grace_seconds)
             if kill_at is not None and now >= kill_at:
                 self._signal(proc, signal.SIGKILL)
                 kill_at = float("inf")
@@ -384,6 +469,7 @@ class Agent:
                 try:
                     if now >= next_beat:
                         self.heartbeat(now + 5)
+                        self.report_checkpoint(now + 5)
                         next_beat = now + self.heartbeat_seconds
                     if now >= next_chunk and os.path.getsize(self.spool) > self.uploaded:
                         self.flush(now + 5)
@@ -412,6 +498,39 @@ class Agent:
             os.killpg(proc.pid, sig)
 
 
+def parser() -> argparse.ArgumentParser:
+    """The agent's flags (what the startup script, container or batch script passes)."""
+    p = argparse.ArgumentParser(prog="bastion agent")
+    p.add_argument("--root", required=True)
+    p.add_argument("--job", required=True)
+    p.add_argument("--attempt", required=True, help="the attempt's name")
+    p.add_argument("--worker", type=int, default=None, help="default: agent-worker-number, else 0")
+    p.add_argument("--num_workers", type=int, default=1)
+    p.add_argument(
+        "--num_slices",
+        type=int,
+        default=1,
+        help="slices of a multislice attempt; the worker's slice is tpu-env's",
+    )
+    p.add_argument(
+        "--worker_env",
+        default=None,
+        help="a variable holding the worker's index within its slice (GKE's "
+        "pod index; a Slurm step's SLURM_PROCID, one agent per node)",
+    )
+    p.add_argument(
+        "--slices_from_env",
+        action="store_true",
+        help="MEGASCALE_* come from the environment (GKE), not tpu-env",
+    )
+    p.add_argument("--chunk_seconds", type=float, default=5.0)
+    p.add_argument("--heartbeat_seconds", type=float, default=10.0)
+    p.add_argument("--grace_seconds", type=float, default=25.0)
+    p.add_argument("--spool_dir", default=None)
+    p.add_argument("--bundle", default=None, help="the job's bundle record (JSON)")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--" not in argv:
@@ -421,37 +540,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     split = argv.index("--")
-    parser = argparse.ArgumentParser(prog="bastion agent")
-    parser.add_argument("--root", required=True)
-    parser.add_argument("--job", required=True)
-    parser.add_argument("--attempt", required=True, help="the attempt's name")
-    parser.add_argument(
-        "--worker", type=int, default=None, help="default: agent-worker-number, else 0"
-    )
-    parser.add_argument("--num_workers", type=int, default=1)
-    parser.add_argument(
-        "--num_slices",
-        type=int,
-        default=1,
-        help="slices of a multislice attempt; the worker's slice is tpu-env's",
-    )
-    parser.add_argument(
-        "--worker_env",
-        default=None,
-        help="a variable holding the worker's index within its slice (GKE's "
-        "pod index; a Slurm step's SLURM_PROCID, one agent per node)",
-    )
-    parser.add_argument(
-        "--slices_from_env",
-        action="store_true",
-        help="MEGASCALE_* come from the environment (GKE), not tpu-env",
-    )
-    parser.add_argument("--chunk_seconds", type=float, default=5.0)
-    parser.add_argument("--heartbeat_seconds", type=float, default=10.0)
-    parser.add_argument("--grace_seconds", type=float, default=25.0)
-    parser.add_argument("--spool_dir", default=None)
-    parser.add_argument("--bundle", default=None, help="the job's bundle record (JSON)")
-    args = parser.parse_args(argv[:split])
+    args = parser().parse_args(argv[:split])
     command = " ".join(argv[split + 1 :])
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s bastion-agent %(levelname)s %(message)s"

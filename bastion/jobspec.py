@@ -30,8 +30,10 @@ from bastion.spec_fields import (
     MAX_SPEC_BYTES,
     check_bundle,
     check_command,
+    check_grace_seconds,
     check_resources,
     check_runner,
+    check_stop_signal,
     check_text,
     format_time,
     optional,
@@ -158,6 +160,10 @@ class JobSpec:
     after: list[str] | None = None
     after_any: bool = False
     group: dict[str, Any] | None = None
+    # The warning before every stop Bastion decides: the signal sent first ("TERM", "USR1",
+    # ...; None: TERM) and the seconds until SIGKILL (None: the daemon's setting).
+    stop_signal: str | None = None
+    grace_seconds: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -196,6 +202,8 @@ class JobSpec:
             **({"runner": dict(self.runner)} if self.runner else {}),
             **({"bundle": dict(self.bundle)} if self.bundle else {}),
             **self._scheduling_json(),
+            **({"stop_signal": self.stop_signal} if self.stop_signal is not None else {}),
+            **({"grace_seconds": self.grace_seconds} if self.grace_seconds is not None else {}),
             **self.extra,
         }
 
@@ -259,6 +267,8 @@ class JobSpec:
             "after",
             "after_any",
             "group",
+            "stop_signal",
+            "grace_seconds",
         }
         return cls(
             name=check_name(require(data, "name", str, "")),
@@ -275,6 +285,8 @@ class JobSpec:
             after=check_after(data.get("after")),
             after_any=check_after_any(data.get("after_any")),
             group=check_group(data.get("group")),
+            stop_signal=check_stop_signal(data.get("stop_signal"), "field stop_signal"),
+            grace_seconds=check_grace_seconds(data.get("grace_seconds"), "field grace_seconds"),
             extra={k: v for k, v in data.items() if k not in known},
         )
 
@@ -312,6 +324,8 @@ def new_jobspec(
     after: str | list[str] | None = None,
     after_any: bool = False,
     group: Mapping[str, Any] | None = None,
+    stop_signal: str | None = None,
+    grace_seconds: float | None = None,
 ) -> JobSpec:
     """Build and validate a spec; raises SpecError naming the bad field. ``time_limit``:
     seconds, or text as ``--time`` takes it ("2h", "1-00:00:00"); ``after``: a name, a
@@ -331,6 +345,8 @@ def new_jobspec(
         after=list(after) if after else None,
         after_any=after_any,
         group=dict(group) if group else None,
+        stop_signal=check_stop_signal(stop_signal, "stop_signal"),
+        grace_seconds=check_grace_seconds(grace_seconds, "grace_seconds"),
         metadata=JobMetadata(
             user_id=user_id,
             project_id=project_id,

@@ -69,6 +69,9 @@ class JobState:
     # Seconds the job's earlier attempts of this submission ran (from RUNNING to their end):
     # what its time limit counts, so time pending or preempted never does.
     ran_seconds: float = 0.0
+    # When the job last reported a checkpoint (the "time" of its BASTION_OUTPUT_DIR/.bastion/
+    # checkpoint.json, as its runner saw it); None: never. Kept across attempts.
+    last_checkpoint: float | None = None
     events: list[dict[str, Any]] = field(default_factory=list)  # lifecycle, bounded
     metadata: dict[str, Any] = field(default_factory=dict)  # AXLearn-compatible extras (tier)
 

@@ -125,6 +125,8 @@ def observed(result: Result, purpose: str, obs: Observation, now: float, has_cle
     record = attempt_record(state, purpose)
     if record is None:
         return
+    if obs.checkpoint is not None and obs.checkpoint > (state.last_checkpoint or 0.0):
+        state.last_checkpoint = obs.checkpoint  # the job's progress report (policy: lost work)
     if not obs.finished:
         _progress(state, purpose, record, obs, now)
         return

@@ -47,6 +47,9 @@ def job_request(name: str, spec: JobSpec | None, state: JobState, now: float) ->
         creation_time=meta.creation_time.replace(tzinfo=dt.UTC).timestamp(),
         backfill_for=tuple(state.metadata.get("backfill_for") or ()),
         preemptions=state.preemptions,
+        # The job's last progress report (BASTION_OUTPUT_DIR/.bastion/checkpoint.json): among
+        # victims of equal standing the policy takes the one that loses least work.
+        last_checkpoint=state.last_checkpoint,
         pending_since=(state.pending_since or state.submit_time or now)
         if phase is Phase.PENDING
         else None,

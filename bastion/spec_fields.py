@@ -189,3 +189,35 @@ def check_runner(value: Any) -> dict[str, Any] | None:
         if not isinstance(key, str) or not re.fullmatch(r"[a-z][a-z0-9_]{0,63}", key):
             raise SpecError(f"field runner: option name {show(key)} must be lower_snake_case")
     return dict(value)
+
+
+# Signals a job may choose to be warned with (bash's names, without "SIG"); KILL and STOP
+# cannot be caught, so they would be no warning at all.
+STOP_SIGNALS = ("TERM", "INT", "HUP", "QUIT", "USR1", "USR2")
+MAX_GRACE_SECONDS = 24 * 3600.0
+
+
+def check_stop_signal(value: Any, where: str) -> str | None:
+    """``TERM``, ``SIGUSR1``, ``usr1`` -> the bare upper-case name; SpecError naming ``where``."""
+    if value is None:
+        return None
+    name = str(value).upper().removeprefix("SIG") if isinstance(value, str) else ""
+    if name not in STOP_SIGNALS:
+        raise SpecError(
+            f"{where}: {show(value)} is not a signal a job can be warned with; use one of "
+            f"{', '.join(STOP_SIGNALS)} (KILL and STOP cannot be caught)"
+        )
+    return name
+
+
+def check_grace_seconds(value: Any, where: str) -> float | None:
+    """Seconds between the stop signal and SIGKILL: a number from 0 to a day."""
+    if value is None:
+        return None
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not 0 <= float(value) <= MAX_GRACE_SECONDS:
+        raise SpecError(
+            f"{where}: {show(value)} is not a grace period; give seconds from 0 to "
+            f"{MAX_GRACE_SECONDS:g} (e.g. 60)"
+        )
+    return float(value)

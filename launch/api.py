@@ -25,11 +25,13 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from bastion import jobspec as _jobspec
+from bastion.bucket.outputs import OutputFile
 from bastion.bucket.specwatch import FULL_LISTING_SECONDS
 from bastion.bucket.store import Store, UnacceptableObject, resolve_root
 from bastion.jobspec import ExecLimitError, JobSpec, SpecError, check_name
 from bastion.jobstate import JobState, Outcome, Status
 from launch import expand, submitting
+from launch import outputs as _outputs
 from launch import runs as runs_
 from launch.jobinfo import JobInfo, age_seconds, brief, from_record, placed
 from launch.status import DaemonStatus, NoDaemon, NoDaemonWarning, daemon_status
@@ -364,6 +366,31 @@ class Client:
             return JobInfo(
                 name, None, None, finished=True, problem=f"record unreadable: {brief(e)}"
             )
+
+    # -- outputs (launch/outputs.py) -------------------------------------------------------
+
+    def outputs(
+        self, name: str, download: str | None = None, delete: bool = False
+    ) -> dict[str, OutputFile]:
+        """The job's output files (``ROOT/outputs/NAME/``: worker k's under ``workers/<k>/``)
+        by name, with size, time and token. ``download``: also fetch them into that directory
+        (only what changed since the last download there). ``delete``: remove them all
+        (returns what was there). UnknownJob when no job of that name exists and it has no
+        outputs; OutputsError for a ``download`` target that is a file."""
+        check_name(name)
+        files = _outputs.list_outputs(self.store, name)
+        if not files and self._active(name) is None and self._completed(name) is None:
+            raise UnknownJob(f"{self._unknown(name)}, and no outputs under that name")
+        if download is not None:
+            _outputs.download(self.store, name, download)
+        if delete:
+            self.store.outputs.delete_all(name)
+        return files
+
+    def output_summaries(self, name: str) -> list[dict[str, Any]]:
+        """What each attempt's syncer restored and synced (one record per attempt and worker)."""
+        check_name(name)
+        return self.store.outputs.read_summaries(name)
 
     def history(self, name: str, all_submissions: bool = False) -> list[dict[str, Any]]:
         """This submission's lifecycle events; with ``all_submissions``, every job ever run

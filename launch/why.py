@@ -15,7 +15,7 @@ from bastion.lifecycle import NOT_STARTED
 from bastion.policy_inputs import policy_requests
 from bastion.quota_source import missing_after_good
 from bastion.timelimits import fmt_duration
-from launch.api import Client, UnknownJob
+from launch.api import Client, JobInfo, UnknownJob
 from launch.status import humanize_epochs
 from quota.config import QuotaConfig, QuotaError, default_quota, parse_quota
 from quota.policy import explain
@@ -199,7 +199,26 @@ def _explain(client: Client, info, name: str, quota_file: str | None) -> str:
     saved = store.read_usage()
     half_life = config.scheduling.usage_half_life_seconds
     ledger = usage_now(UsageLedger.from_json(saved) if saved else None, half_life, requests, now)
-    return explain(config, requests, ledger.by_user, now, name) + _where(info)
+    return (
+        explain(config, requests, ledger.by_user, now, name) + _where(info) + _progress(info, now)
+    )
+
+
+def _progress(info: JobInfo, now: float) -> str:
+    """The job's last checkpoint report ($BASTION_OUTPUT_DIR/.bastion/checkpoint.json): how
+    much work a stop would lose."""
+    when = info.state.last_checkpoint if info.state is not None else None
+    if not when:
+        return ""
+    age = max(0.0, now - float(when))
+    ago = (
+        f"{age:.0f} s"
+        if age < 120
+        else f"{age / 60:.0f} min"
+        if age < 7200
+        else f"{age / 3600:.1f} h"
+    )
+    return f"\n  last checkpoint {ago} ago"
 
 
 def _where(info) -> str:

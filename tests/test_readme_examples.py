@@ -24,14 +24,6 @@ from tests.harness import REPO, kill_all, processes_with_env, wait_for
 README = (REPO / "README.md").read_text()
 BASTION = Path(sys.executable).parent / "bastion"
 
-TRAIN_PY = """\
-import sys, time
-print("training", " ".join(sys.argv[1:]), flush=True)
-for step in range(600):
-    print("step", step, flush=True)
-    time.sleep(0.1)
-"""
-
 
 def section(title: str) -> str:
     start = README.index(f"## {title}\n")
@@ -53,6 +45,12 @@ def shell_examples(title: str) -> list[list[str]]:
     return commands
 
 
+def train_py() -> str:
+    """The train.py of "Outputs and resume": the project's train.py for every example."""
+    (code,) = re.findall(r"```python\n(.*?)```", section("Outputs and resume"), re.S)
+    return code
+
+
 def python_example() -> str:
     (code,) = re.findall(r"```python\n(.*?)```", section("Python API"), re.S)
     return code
@@ -62,7 +60,7 @@ def python_example() -> str:
 def user(tmp_path):
     project = tmp_path / "project"
     project.mkdir()
-    (project / "train.py").write_text(TRAIN_PY)
+    (project / "train.py").write_text(train_py())
     root = str(tmp_path / "root")
     env = {
         **os.environ,
@@ -216,3 +214,50 @@ def test_earlier_runs_examples_run_as_written(user, tmp_path):
     previous = outputs["bastion logs again --previous"]
     assert "first" in previous and "second" not in previous
     assert outputs["bastion history again --all"].count("spec detected") == 2
+
+
+def test_outputs_and_resume_examples_run_as_written(user, tmp_path):
+    project, env, daemons = user
+    commands = shell_examples("Outputs and resume")
+    assert commands[0] == ["bastion", "start"], commands[0]
+    out = open(tmp_path / "daemon.out", "wb")  # noqa: SIM115
+    daemons.append(
+        subprocess.Popen(commands[0], cwd=project, env=env, stdout=out, stderr=subprocess.STDOUT)
+    )
+    wait_for(
+        lambda: run(["bastion", "status"], project, env).returncode == 0,
+        timeout=60,
+        what="the daemon to hold the root",
+    )
+    outputs = {}
+    for argv in commands[1:]:
+        if argv[:2] == ["bastion", "update"]:  # a checkpoint to resume from, as a user waits
+            wait_for(
+                lambda: "ckpt.txt" in run(["bastion", "outputs", "train"], project, env).stdout,
+                timeout=60,
+                what="train's first checkpoint in the bucket",
+            )
+        if argv[:2] == ["bastion", "cancel"]:
+            wait_for(
+                lambda: (
+                    "resumed from step" in run(["bastion", "logs", "train"], project, env).stdout
+                ),
+                timeout=60,
+                what="the second attempt",
+            )
+        proc = run(argv, project, env)
+        assert proc.returncode == 0, (
+            f"README example failed: {shlex.join(argv)}\n{proc.stdout}\n{proc.stderr}\n"
+            + (tmp_path / "daemon.out").read_text(errors="replace")[-3000:]
+        )
+        outputs[argv[2] if argv[1] == "outputs" and len(argv) > 3 else shlex.join(argv)] = (
+            proc.stdout
+        )
+    log = outputs["bastion logs train"]
+    resumed = [ln for ln in log.splitlines() if ln.startswith("resumed from step")]
+    assert resumed and int(resumed[0].split()[-1]) > 0, log
+    assert "outputs: attempt 1 restored 0 file(s)" in outputs["bastion history train"]
+    assert (project / "train-out" / "ckpt.txt").exists()
+    assert "removed" in outputs["train"]  # --delete --yes
+    listed = run(["bastion", "outputs", "train"], project, env).stdout
+    assert "no outputs" in listed

@@ -29,6 +29,7 @@ from bastion.bucket.objects import (
     UnacceptableObject,
     objects_for,
 )
+from bastion.bucket.outputs import OutputPaths
 from bastion.jobspec import MAX_SPEC_BYTES
 
 __all__ = ["ObjectInfo", "PreconditionFailed", "Store", "UnacceptableObject", "resolve_root"]
@@ -88,6 +89,7 @@ class Store:
         self.objects = objects_for(self.fs, self.root)
         self.ops: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
+        self.outputs = OutputPaths(self)  # ROOT/outputs/<job>/...: bastion/bucket/outputs.py
         if isinstance(self.objects, LocalObjects):  # so a user browsing the root sees the layout
             for sub in (ACTIVE, STATES, USER_STATES, COMPLETE):
                 os.makedirs(self._path("jobs", sub), exist_ok=True)
@@ -508,7 +510,7 @@ class Store:
     # Names in a listing are relative to the attempt; run_name/parse_run_name are the only
     # code that builds or reads them, so readers (runners/kit/records.py) know no paths.
 
-    RUN_RECORDS = ("started", "heartbeat", "progress", "exit")
+    RUN_RECORDS = ("started", "heartbeat", "progress", "exit", "checkpoint")
 
     @staticmethod
     def run_name(worker: int, kind: str, seq: int | None = None) -> str:
@@ -618,8 +620,8 @@ class Store:
     def write_run_record(
         self, job: str, attempt: str, worker: int, kind: str, record: dict[str, Any]
     ) -> None:
-        """Replace a worker's ``heartbeat``, ``progress`` or ``exit`` record."""
-        assert kind in ("heartbeat", "progress", "exit"), kind
+        """Replace a worker's ``heartbeat``, ``progress``, ``checkpoint`` or ``exit`` record."""
+        assert kind in ("heartbeat", "progress", "exit", "checkpoint"), kind
         data = json.dumps(record, sort_keys=True).encode()
         self._write(data, *self._run_parts(job, attempt, self.run_name(worker, kind)))
 

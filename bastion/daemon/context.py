@@ -62,6 +62,12 @@ class Job:
     spec_json: tuple[JobSpec | None, str] = (None, "")  # the spec, serialized for its env
     reason_before_blind: str | None = None  # the reason before its attempt could not be watched
 
+    def grace(self, default: float) -> float:
+        """Seconds between the stop's warning and SIGKILL: the job's own ``grace_seconds``
+        when its spec gives one, else ``default`` (the daemon's, or the quota file's)."""
+        chosen = self.spec.grace_seconds if self.spec is not None else None
+        return default if chosen is None else chosen
+
     def unwritten(self) -> bool:
         """True when the state differs from what the bucket holds. Only a state marked changed
         since its last write is serialized to find out: a quiet cycle serializes nothing."""

@@ -87,7 +87,7 @@ def attempt_for(ctx: Context, job: Job, purpose: str) -> Attempt | None:
         job=job.name,
         attempt=job.state.attempt,
         command=command,
-        env=job_env(ctx, job),
+        env={**job_env(ctx, job), "BASTION_PURPOSE": purpose},  # (run or cleanup)
         resources=dict(spec.metadata.resources),
         options=spec.runner_options,
         bundle=spec.bundle,
@@ -264,6 +264,11 @@ def job_env(ctx: Context, job: Job) -> dict[str, str]:
         "BASTION_USER_ID": spec.metadata.user_id,
         "BASTION_TIER": "" if state.tier is None else str(state.tier),
         "BASTION_SPEC_URL": ctx.store.url("jobs", "active", job.name),
+        # Where the job's outputs live (the runner's supervisor restores and syncs them) and
+        # how it is warned before a stop (bastion/outputs/).
+        "BASTION_OUTPUT_URL": ctx.store.outputs.url(job.name),
+        "BASTION_STOP_SIGNAL": spec.stop_signal or "TERM",
+        "BASTION_GRACE_SECONDS": f"{job.grace(ctx.grace_seconds):g}",
     }
     if job.spec_json[0] is not spec:  # serialized once per spec, not once per attempt
         job.spec_json = (spec, json.dumps(spec.to_json()))

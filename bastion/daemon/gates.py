@@ -37,7 +37,7 @@ def enforce_time_limits(ctx: Context, now: float) -> None:
                 f"time limit {fmt_duration(spec.time_limit)} reached (ran {fmt_duration(used)} "
                 f"over {state.attempt} attempt{'s' if state.attempt != 1 else ''})"
             )
-            events.apply(ctx, job, lifecycle.TimedOut(reason, ctx.grace_seconds), now)
+            events.apply(ctx, job, lifecycle.TimedOut(reason, job.grace(ctx.grace_seconds)), now)
 
 
 def hold_back(ctx: Context, now: float) -> set[str]:

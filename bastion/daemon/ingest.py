@@ -127,7 +127,7 @@ def absorb_spec(
     if state.status is Status.PENDING:
         events.apply(ctx, job, lifecycle.SpecChanged(spec.identity, spec.digest(), what), now)
     elif state.status is Status.ACTIVE and state.runner:
-        update = lifecycle.Update(f"{what}; restarting with it", ctx.grace_seconds)
+        update = lifecycle.Update(f"{what}; restarting with it", job.grace(ctx.grace_seconds))
         events.apply(ctx, job, update, now)
 
 
@@ -194,5 +194,5 @@ def apply_request(ctx: Context, name: str, now: float) -> None:
         )
     else:
         why = lifecycle.attributed("cancelled", requester(request), job.spec.metadata.user_id)
-        events.apply(ctx, job, lifecycle.Cancel(why, ctx.grace_seconds), now)
+        events.apply(ctx, job, lifecycle.Cancel(why, job.grace(ctx.grace_seconds)), now)
     ctx.store.delete_request(name)

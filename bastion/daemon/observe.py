@@ -25,7 +25,10 @@ def observe(ctx: Context, now: float) -> None:
     for job in ctx.jobs.values():
         if job.gone_from_bucket and job.state.status in (Status.PENDING, Status.ACTIVE):
             events.apply(
-                ctx, job, lifecycle.Cancel("spec deleted from the bucket", ctx.grace_seconds), now
+                ctx,
+                job,
+                lifecycle.Cancel("spec deleted from the bucket", job.grace(ctx.grace_seconds)),
+                now,
             )
     work = [
         (job, purpose)

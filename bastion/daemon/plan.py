@@ -149,7 +149,7 @@ def event_for(ctx: Context, job: Job, decision: Decision, grace: float) -> lifec
             log_start=ctx.logs.total(job.name) if state.attempt == 0 else None,
         )
     if verdict is Verdict.PREEMPT:
-        return lifecycle.Preempt(decision.reason, decision.preempted_by, grace)
+        return lifecycle.Preempt(decision.reason, decision.preempted_by, job.grace(grace))
     if verdict is Verdict.REJECT:
         return lifecycle.Reject(decision.reason)
     if verdict is Verdict.WAIT:

@@ -75,6 +75,9 @@ class Observation:
     # What the runner had to do at the attempt's end that its history must say ("killed 1
     # process left behind: sleep (pid 4242)"); "" for nothing. The daemon notes it once.
     note: str = ""
+    # When the job's last checkpoint was written (epoch seconds, the "time" in its
+    # BASTION_OUTPUT_DIR/.bastion/checkpoint.json), where the runner can see it; None: unknown.
+    checkpoint: float | None = None
 
     @property
     def finished(self) -> bool:

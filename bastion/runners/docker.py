@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import calendar
 import contextlib
+import dataclasses
 import os
 import shutil
 import threading
@@ -64,6 +65,7 @@ from bastion.runners.base import (
     StartRefused,
 )
 from bastion.runners.base import root_tag as make_root_tag
+from bastion.runners.docker_outputs import DockerOutputs
 from bastion.runners.fence import fenced
 from bastion.runners.gpus import GpuLedger, ledger_of
 from bastion.runners.local import default_attempts_dir
@@ -152,12 +154,14 @@ class DockerRunner(Runner):
         self.ledger.join(self.kind, self._holding)
         self._termed: set[str] = set()  # container ids sent SIGTERM by this instance
         self._cursors: dict[str, _Cursor] = {}
+        self.outputs = DockerOutputs(root, work_dir, docker_host)  # restore, watcher, removal
 
     # -- the contract ----------------------------------------------------------------------
 
     def start(self, attempt: Attempt) -> Handle:
         options = _check_options(attempt.options)
         self._unpack(attempt)
+        attempt = dataclasses.replace(attempt, env={**attempt.env, **self.outputs.prepare(attempt)})
         count = int(attempt.resources.get("gpu", 0) or 0)
         try:
             # The host's fencing token (bastion/runners/fence.py): a stale daemon never creates
@@ -173,12 +177,17 @@ class DockerRunner(Runner):
             raise RunnerError(f"docker could not create {attempt.name}: {_one_line(e)}") from e
         try:
             if container_id is None:  # 409: it exists already
-                return self._adopt(attempt.name)
-            self._start(container_id, attempt.name, remove_on_failure=True)
+                handle = self._adopt(attempt.name)
+            else:
+                self._start(container_id, attempt.name, remove_on_failure=True)
+                handle = {"kind": self.kind, "name": attempt.name, "id": container_id}
+                handle.update(gpus=gpus, stop_signal=_stop_signal(attempt))
+                handle.update(job=attempt.job, attempt=attempt.attempt)
         except RunnerError:
             self.ledger.free(attempt.name)  # removed, or not ours: it holds no GPU of ours
             raise
-        return {"kind": self.kind, "name": attempt.name, "id": container_id, "gpus": gpus}
+        self.outputs.watch(attempt)
+        return handle
 
     def poll(self, handle: Handle) -> Observation:
         try:
@@ -194,8 +203,9 @@ class DockerRunner(Runner):
             self.ledger.free(str(handle["name"]))
         if status == "created":
             return Observation(AttemptPhase.PROVISIONING, "container created, not started yet")
+        checkpoint = self.outputs.checkpoint(str(handle["name"]))
         if status in _RUNNING:
-            return Observation(AttemptPhase.RUNNING)
+            return Observation(AttemptPhase.RUNNING, checkpoint=checkpoint)
         if status == "removing":
             return Observation(AttemptPhase.LOST, f"container {handle['name']} is being removed")
         code = int(state.get("ExitCode", -1))
@@ -208,17 +218,18 @@ class DockerRunner(Runner):
             reason += f" (signal {code - 128})"
         if state.get("Error"):
             reason += f": {_one_line(state['Error'])}"
-        return Observation(AttemptPhase.FAILED, reason, code)
+        return Observation(AttemptPhase.FAILED, reason, code, checkpoint=checkpoint)
 
     def stop(self, handle: Handle, deadline: float) -> None:
-        """SIGTERM once, SIGKILL from the deadline on; never waits (the daemon calls again)."""
+        """The job's stop signal (SIGTERM unless it chose another) once, SIGKILL from the
+        deadline on; never waits (the daemon calls again)."""
         ref = _ref(handle)
         if time.time() >= deadline:
             signal = "SIGKILL"
         elif ref in self._termed:
             return
         else:
-            signal = "SIGTERM"
+            signal = str(handle.get("stop_signal") or "SIGTERM")
         try:
             self._api().kill(ref, signal)
         except NotFound:
@@ -226,7 +237,7 @@ class DockerRunner(Runner):
         except APIError as e:
             if e.status_code != 409:  # 409: not running, nothing to signal
                 raise
-        if signal == "SIGTERM":
+        if signal != "SIGKILL":
             self._termed.add(ref)
 
     def delete(self, handle: Handle) -> bool:
@@ -243,6 +254,10 @@ class DockerRunner(Runner):
             api.inspect_container(ref)
             return False
         except NotFound:
+            if handle.get("name") and not self.outputs.release(
+                str(handle["name"]), str(handle.get("job") or ""), int(handle.get("attempt") or 0)
+            ):
+                return False  # its watcher's final sync is under way: asked again next cycle
             self.ledger.free(str(handle.get("name") or ""))
             self._termed.discard(ref)
             self._cursors.pop(ref, None)
@@ -370,6 +385,7 @@ class DockerRunner(Runner):
             "bastion.job": attempt.job,
             "bastion.attempt": str(attempt.attempt),
             "bastion.name": attempt.name,
+            "bastion.stop_signal": _stop_signal(attempt),
         }
         # tini (init) signals the whole process group, as the local runner does.
         env = {**options.get("env", {}), **attempt.env, "TINI_KILL_PROCESS_GROUP": "1"}
@@ -378,7 +394,8 @@ class DockerRunner(Runner):
             "network_mode": options.get("network") or self.network,
             "binds": self.mounts
             + list(options.get("mounts", []))
-            + ([f"{code}:{code}:rw"] if code else []),
+            + ([f"{code}:{code}:rw"] if code else [])
+            + ([self.outputs.bind(attempt.name)] if "BASTION_OUTPUT_DIR" in attempt.env else []),
             "init": True,
         }
         if gpus:
@@ -400,6 +417,7 @@ class DockerRunner(Runner):
             "user": options.get("user"),
             "working_dir": options.get("workdir") or self._code(attempt),
             "detach": True,
+            "stop_signal": _stop_signal(attempt),
             "use_config_proxy": False,  # no proxies from ~/.docker/config.json
         }
         return create, host_config
@@ -525,7 +543,17 @@ def _handle(summary: Mapping[str, Any]) -> Handle:
         "name": labels.get("bastion.name") or (names[0] if names else summary["Id"]),
         "id": summary["Id"],
         "gpus": _parse_gpus(labels.get("bastion.gpus", "")),
+        "stop_signal": labels.get("bastion.stop_signal") or "SIGTERM",
+        "job": labels.get("bastion.job") or "",
+        "attempt": int(labels.get("bastion.attempt", ""))
+        if labels.get("bastion.attempt", "").isdigit()
+        else 0,
     }
+
+
+def _stop_signal(attempt: Attempt) -> str:
+    """The engine's name of the job's stop signal (``SIGUSR1``); SIGTERM by default."""
+    return "SIG" + (attempt.env.get("BASTION_STOP_SIGNAL") or "TERM").upper().removeprefix("SIG")
 
 
 def _parse_gpus(label: str) -> list[int]:

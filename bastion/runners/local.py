@@ -31,9 +31,7 @@ the host's GPU ledger says (bastion/runners/gpus.py), shared with the Docker run
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -41,12 +39,14 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import psutil
 
 from bastion import leftovers
+from bastion.outputs.checkpoint import read_checkpoint_time
+from bastion.outputs.supervise import JOB_GROUP_FILE, STOP_FILE, wrapper_argv
 from bastion.runners.base import (
     Attempt,
     AttemptPhase,
@@ -62,17 +62,25 @@ from bastion.runners.base import (
 )
 from bastion.runners.fence import fenced
 from bastion.runners.gpus import GpuLedger, ledger_of
+from bastion.runners.localproc import (
+    CREATE_TIME_TOLERANCE,
+    claim,
+    in_group,
+    leader_gone,
+    process_of,
+    read_int,
+    read_json,
+    write_json,
+)
 
 log = logging.getLogger(__name__)
 
-# The wrapper records its pid before the command runs, then the exit status after. `trap : TERM
-# INT` makes it wait for the command before exiting on a signal (the trap resets to the default
-# in the child on exec), so a group-wide SIGTERM still records 143.
-_WRAPPER = (
-    'printf "%s" "$$" > "$2/pid"; trap : TERM INT; bash -c "$1"; status=$?; '
-    'printf "%s" "$status" > "$2/exit.tmp" && mv "$2/exit.tmp" "$2/exit"; exit "$status"'
-)
-_CREATE_TIME_TOLERANCE = 0.05
+# The wrapper (bastion/outputs/supervise.py) records its pid before the command runs, restores
+# the job's outputs, runs the command in a process group of its own, syncs the outputs, warns
+# the job on our SIGTERM and kills it at the stop's deadline, syncs once more, then records the
+# exit status. It gets FINAL_SYNC_SECONDS past the deadline for that last sync before it is
+# killed too.
+FINAL_SYNC_SECONDS = 30.0
 LEFTOVER_GRACE = 10.0  # seconds from SIGTERM to SIGKILL for what outlived the command
 _OPTIONS: frozenset[str] = frozenset()  # the local runner takes no per-job options
 
@@ -174,7 +182,7 @@ class LocalRunner(Runner):
             os.mkdir(directory)
         except FileExistsError:
             created = False
-        with _claim(directory, attempt.name):
+        with claim(directory, attempt.name):
             # Under the claim, look again: whoever held it before us may have started it, even
             # when we made the directory (a start frozen between its mkdir and its claim).
             looked = not created or os.path.exists(os.path.join(directory, "launch.json"))
@@ -206,37 +214,44 @@ class LocalRunner(Runner):
                 None,
                 True,
             )
+        checkpoint = read_checkpoint_time(os.path.join(self._dir(handle["name"]), "outputs"))
         if self._alive(handle):
-            return Observation(AttemptPhase.RUNNING)
+            return Observation(AttemptPhase.RUNNING, checkpoint=checkpoint)
         self._finish(handle)
         left = self._left_behind(handle)
         if not left.get("pids"):
             self._free_gpus(handle["name"])
         note = str(left.get("note") or "")
-        code = self._exit_status(handle)
+        code = read_int(os.path.join(self._dir(handle["name"]), "exit"))
         if code == 0:
             return Observation(AttemptPhase.SUCCEEDED, "exited with status 0", 0, note=note)
         if code is None:
-            return Observation(
-                AttemptPhase.FAILED, "was killed before it could report its status", note=note
-            )
-        return Observation(AttemptPhase.FAILED, f"exited with status {code}", code, note=note)
+            killed = "was killed before it could report its status"
+            return Observation(AttemptPhase.FAILED, killed, note=note, checkpoint=checkpoint)
+        reason = f"exited with status {code}"
+        return Observation(AttemptPhase.FAILED, reason, code, note=note, checkpoint=checkpoint)
 
     def stop(self, handle: Handle, deadline: float) -> None:
         if handle.get("host") != self.host or not self._alive(handle):
             return
-        self._deadlines[handle["name"]] = deadline  # what it leaves behind gets this grace too
-        if time.time() >= deadline:
-            self._signal(handle, signal.SIGKILL)
-        elif handle["name"] not in self._termed:
-            self._termed.add(handle["name"])
+        name = handle["name"]
+        told = self._deadlines.get(name)
+        self._deadlines[name] = deadline  # what it leaves behind gets this grace too
+        if time.time() >= deadline + FINAL_SYNC_SECONDS:
+            self._kill(handle)  # the wrapper did not end the job and sync in time
+        elif name not in self._termed or told != deadline:
+            # The wrapper warns the job once and kills it at the deadline (told again when the
+            # deadline moves: a cancel that forces an update's stop)
+            self._termed.add(name)
+            with contextlib.suppress(OSError):
+                write_json(os.path.join(self._dir(name), STOP_FILE), {"deadline": deadline})
             self._signal(handle, signal.SIGTERM)
 
     def delete(self, handle: Handle) -> bool:
         if handle.get("host") != self.host:
             return True  # nothing of it is on this host
         if self._alive(handle):
-            self._signal(handle, signal.SIGKILL)
+            self._kill(handle)
             return False  # gone once the next call finds it dead
         self._finish(handle)
         if not self._left_behind_gone(handle):
@@ -274,7 +289,7 @@ class LocalRunner(Runner):
 
     def _spawn(self, attempt: Attempt, directory: str, gpus: list[int]) -> Handle:
         handle: Handle = {"name": attempt.name, "host": self.host, "gpus": gpus}
-        _write_json(os.path.join(directory, "launch.json"), handle)
+        write_json(os.path.join(directory, "launch.json"), handle)
         work = os.path.join(directory, "work")
         os.makedirs(work, exist_ok=True)
         if attempt.bundle:
@@ -284,19 +299,13 @@ class LocalRunner(Runner):
             **attempt.env,
             "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)),
             "BASTION_ATTEMPT_NAME": attempt.name,
+            "BASTION_OUTPUT_DIR": os.path.join(directory, "outputs"),
         }
         output = os.open(
             os.path.join(directory, "output"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
         )
         stdin = os.open(os.devnull, os.O_RDONLY)
-        argv = [
-            "/bin/sh",
-            "-c",
-            _WRAPPER,
-            f"bastion-job:{attempt.name}",
-            attempt.command,
-            directory,
-        ]
+        argv = wrapper_argv(attempt.name, attempt.command, directory)
         try:
             proc = subprocess.Popen(
                 argv,
@@ -322,7 +331,7 @@ class LocalRunner(Runner):
         except psutil.NoSuchProcess:  # already gone: it cannot be confused with anything
             created = 0.0
         handle.update(pid=proc.pid, create_time=created)
-        _write_json(os.path.join(directory, "handle.json"), handle)
+        write_json(os.path.join(directory, "handle.json"), handle)
         return handle
 
     def _unpack(self, record: Mapping[str, Any], work: str) -> None:
@@ -348,16 +357,16 @@ class LocalRunner(Runner):
     def _find(self, name: str) -> Handle | None:
         """The handle of an attempt whose command ran or runs; None if it never started."""
         directory = self._dir(name)
-        recorded = _read_json(os.path.join(directory, "handle.json"))
+        recorded = read_json(os.path.join(directory, "handle.json"))
         if recorded is not None:
             return recorded
-        launch = _read_json(os.path.join(directory, "launch.json")) or {
+        launch = read_json(os.path.join(directory, "launch.json")) or {
             "name": name,
             "host": self.host,
             "gpus": [],
         }
-        pid = _read_int(os.path.join(directory, "pid"))
-        proc = self._process_of(directory, pid)
+        pid = read_int(os.path.join(directory, "pid"))
+        proc = process_of(directory, pid)
         if proc is None and pid is None:
             return None
         if proc is None and os.path.exists(os.path.join(directory, "exit")) is False and pid:
@@ -368,54 +377,57 @@ class LocalRunner(Runner):
                 "pid": proc.pid if proc else pid,
                 "create_time": proc.create_time() if proc else 0.0,
             }
-        _write_json(os.path.join(directory, "handle.json"), handle)
+        write_json(os.path.join(directory, "handle.json"), handle)
         return handle
-
-    @staticmethod
-    def _process_of(directory: str, pid: int | None) -> psutil.Process | None:
-        """The wrapper process of the attempt in ``directory`` (its argv names it)."""
-        candidates = [psutil.Process(pid)] if pid and psutil.pid_exists(pid) else []
-        if not candidates:  # the kill landed between fork and the wrapper's first line
-            candidates = list(psutil.process_iter())
-        for proc in candidates:
-            with contextlib.suppress(psutil.Error):
-                cmdline = proc.cmdline()
-                if len(cmdline) >= 6 and cmdline[-1] == directory and cmdline[1] == "-c":
-                    return proc
-        return None
 
     # -- processes ---------------------------------------------------------------------------
 
     def _alive(self, handle: Handle) -> bool:
+        return self._wrapper_pid(handle) > 0
+
+    def _wrapper_pid(self, handle: Handle) -> int:
+        """The pid of the attempt's live wrapper here, 0 when none: the handle's pid when it
+        is our child or its process is the wrapper, else the wrapper found by its command line.
+        The pid may be another PID namespace's (a daemon in a container started the attempt
+        and this one, outside it, adopted it), or a recycled one (another attempt's wrapper
+        now holds it): only the process found is ever signalled, never the handle's pid."""
         pid = int(handle.get("pid") or 0)
         if pid <= 0:
-            return False
+            return 0
         child = self._children.get(handle["name"])
         if child is not None and child.pid == pid:
-            return child.poll() is None  # our own child: no psutil lookup needed
+            return pid if child.poll() is None else 0  # our own child: no psutil lookup
         directory = self._dir(handle["name"])
         try:
             proc = psutil.Process(pid)
-            same = abs(proc.create_time() - float(handle["create_time"])) <= _CREATE_TIME_TOLERANCE
+            same = abs(proc.create_time() - float(handle["create_time"])) <= CREATE_TIME_TOLERANCE
             cmdline = proc.cmdline()  # not our child: only this attempt's wrapper counts as ours
             if same and cmdline[1:2] == ["-c"] and cmdline[-1:] == [directory]:
-                return proc.status() != psutil.STATUS_ZOMBIE
+                return pid if proc.status() != psutil.STATUS_ZOMBIE else 0
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
-        # The pid may be another PID namespace's: a daemon in a container started the attempt
-        # and this one, outside it, adopted it. The wrapper is then found by its command line,
-        # which names the attempt's directory; taking it for ended would end (or misjudge) a
-        # job that runs on.
         if os.path.exists(os.path.join(directory, "exit")):
-            return False  # the command ended (its wrapper wrote this): no scan needed
-        wrapper = self._process_of(directory, None)
+            return 0  # the command ended (its wrapper wrote this): no scan needed
+        wrapper = process_of(directory, None)
         with contextlib.suppress(psutil.Error):
-            return wrapper is not None and wrapper.status() != psutil.STATUS_ZOMBIE
-        return False
+            if wrapper is not None and wrapper.status() != psutil.STATUS_ZOMBIE:
+                return wrapper.pid
+        return 0
 
     def _signal(self, handle: Handle, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(int(handle["pid"]), sig)
+        pid = self._wrapper_pid(handle)
+        if pid > 0:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, sig)
+
+    def _kill(self, handle: Handle) -> None:
+        """SIGKILL the wrapper's group and, while the wrapper lives (so the group is still
+        the job's), the job's own group."""
+        job_group = read_int(os.path.join(self._dir(handle["name"]), JOB_GROUP_FILE))
+        if job_group and self._alive(handle):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(job_group, signal.SIGKILL)
+        self._signal(handle, signal.SIGKILL)
 
     def _finish(self, handle: Handle) -> None:
         """The leader is gone: forget our child (what it left behind: :meth:`_left_behind`)."""
@@ -439,7 +451,7 @@ class LocalRunner(Runner):
     def _signal_group(self, handle: Handle, sig: int) -> None:
         """Signal the finished attempt's group: what is left in it is ours."""
         pid = int(handle.get("pid") or 0)
-        if pid <= 0 or not self._leader_gone(handle):
+        if pid <= 0 or not leader_gone(handle):
             return  # a live process that is not ours holds the pid: never signal its group
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, sig)
@@ -452,7 +464,7 @@ class LocalRunner(Runner):
         name = str(handle["name"])
         record = self._left.get(name)
         if record is None:
-            record = _read_json(os.path.join(self._dir(name), "left_behind"))
+            record = read_json(os.path.join(self._dir(name), "left_behind"))
         if record is None:
             found = self._scanner.find(name, since=self._ended_at(handle))
             # A scan begun as the wrapper was exiting sees it, and perhaps its own `mv`: the
@@ -479,11 +491,13 @@ class LocalRunner(Runner):
         second SIGTERM means "now" to many programs). Returns the record, kept on disk."""
         name = str(handle["name"])
         termed = name in self._termed
+        job_group = read_int(os.path.join(self._dir(name), JOB_GROUP_FILE)) or 0
+        groups = {int(handle.get("pid") or 0), job_group} - {0}  # (both got the stop's warning)
         if not termed:
             self._signal_group(handle, signal.SIGTERM)  # (unmarked members of the group too)
         signalled = set(record.get("pids") or [])
         leftovers.send(
-            [p for p in found if p.pid not in signalled and not (termed and _in_group(p, handle))],
+            [p for p in found if p.pid not in signalled and not (termed and in_group(p, groups))],
             signal.SIGTERM,
         )
         if found:
@@ -496,7 +510,7 @@ class LocalRunner(Runner):
         }
         if record["pids"]:  # (nothing found: nothing a restarted daemon must finish)
             with contextlib.suppress(OSError):  # (its directory already gone: nothing to keep)
-                _write_json(os.path.join(self._dir(name), "left_behind"), record)
+                write_json(os.path.join(self._dir(name), "left_behind"), record)
         return record
 
     def _left_behind_gone(self, handle: Handle) -> bool:
@@ -517,65 +531,3 @@ class LocalRunner(Runner):
             self._signal_group(handle, signal.SIGKILL)
             leftovers.send(found, signal.SIGKILL)
         return False
-
-    @staticmethod
-    def _leader_gone(handle: Handle) -> bool:
-        """True when our leader is gone or an unreaped zombie of ours: what is left in its group
-        is ours (the kernel reuses a group id only once the group is empty)."""
-        try:
-            leader = psutil.Process(int(handle["pid"]))
-            drift = abs(leader.create_time() - float(handle["create_time"]))
-            return drift <= _CREATE_TIME_TOLERANCE and leader.status() == psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return True
-        except psutil.AccessDenied:
-            return False
-
-    def _exit_status(self, handle: Handle) -> int | None:
-        return _read_int(os.path.join(self._dir(handle["name"]), "exit"))
-
-
-@contextlib.contextmanager
-def _claim(directory: str, name: str) -> Iterator[None]:
-    """Whoever starts an attempt holds this lock from before the look for an earlier start
-    until its handle is recorded, so two daemons of one root on this host (a standby that took
-    over from a frozen holder) never both start it. A holder that is frozen keeps the others
-    waiting (TryAgain, next cycle); one that died releases it with its file descriptors."""
-    fd = os.open(os.path.join(directory, ".claim"), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise TryAgain(f"attempt {name} is being started by another process") from None
-        yield
-    finally:
-        os.close(fd)
-
-
-def _in_group(process: leftovers.Process, handle: Handle) -> bool:
-    try:
-        return os.getpgid(process.pid) == int(handle.get("pid") or 0)
-    except OSError:
-        return False
-
-
-def _write_json(path: str, data: Any) -> None:
-    with open(path + ".tmp", "w") as f:
-        json.dump(data, f)
-    os.replace(path + ".tmp", path)
-
-
-def _read_json(path: str) -> Any:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def _read_int(path: str) -> int | None:
-    try:
-        with open(path) as f:
-            return int(f.read().strip())
-    except (OSError, ValueError):
-        return None

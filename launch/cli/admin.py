@@ -13,7 +13,7 @@ from launch.api import (
     Client,
     UnknownJob,
 )
-from launch.cli.common import FLAGS, UsageError, Verb, no_args
+from launch.cli.common import DEFAULT_GRACE, FLAGS, UsageError, Verb, no_args
 from launch.status import check_root
 
 flags.DEFINE_float("poll_seconds", 3.0, "Seconds between cycles (simulate: between policy passes).")
@@ -24,7 +24,6 @@ flags.DEFINE_string(
     "Local directory for log mirrors and attempt "
     "files (default: ~/.local/state/bastion/<hash of root>).",
 )
-flags.DEFINE_float("grace_seconds", 30.0, "SIGTERM -> SIGKILL grace period on cancel.")
 flags.DEFINE_float(
     "lease_seconds",
     60.0,
@@ -64,7 +63,7 @@ def cmd_start(args: Sequence[str]) -> int:
         quota_file=FLAGS.quota_file,
         poll_seconds=FLAGS.poll_seconds,
         once=FLAGS.once,
-        grace_seconds=FLAGS.grace_seconds,
+        grace_seconds=DEFAULT_GRACE if FLAGS.grace_seconds is None else FLAGS.grace_seconds,
         lease_seconds=FLAGS.lease_seconds,
         settings_file=FLAGS.settings,
     )

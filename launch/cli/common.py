@@ -44,6 +44,16 @@ flags.DEFINE_string(
     "group", None, "An array's or sweep's name (list, cancel, launch --retry_failed)."
 )
 flags.DEFINE_string("state", None, "Only jobs in these states (PENDING,RUNNING,FAILED,...).")
+flags.DEFINE_float(
+    "grace_seconds",
+    None,
+    "Seconds from a stop's warning signal to SIGKILL: the daemon's default (start; 30), or this "
+    "job's own (launch; default: the daemon's).",
+)
+DEFAULT_GRACE = 30.0  # start's --grace_seconds when not given
+flags.DEFINE_bool(
+    "yes", False, "Do not ask for confirmation (cancel of several jobs, outputs --delete)."
+)
 flags.DEFINE_string(
     "quota_file", None, "Quota TOML URL (default: ROOT/project-quotas/project-quotas.config)."
 )

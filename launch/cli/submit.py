@@ -12,7 +12,13 @@ from collections.abc import Sequence
 from absl import flags
 
 from bastion.bucket.store import resolve_root
-from bastion.jobspec import JobSpec, SpecError, parse_resources
+from bastion.jobspec import (
+    JobSpec,
+    SpecError,
+    check_grace_seconds,
+    check_stop_signal,
+    parse_resources,
+)
 from bastion.timelimits import parse_time_limit
 from launch import expand
 from launch.api import (
@@ -44,6 +50,12 @@ flags.DEFINE_string(
 )
 flags.DEFINE_integer("priority", 5, "1 (highest) .. 5 (lowest).")
 flags.DEFINE_multi_string("env", [], "KEY=VALUE environment variable for the job (repeatable).")
+flags.DEFINE_string(
+    "stop_signal",
+    None,
+    "The signal that warns the job before a stop (TERM, INT, HUP, QUIT, USR1, USR2; "
+    "default TERM); SIGKILL follows after --grace_seconds.",
+)
 flags.DEFINE_string("cleanup_command", None, "Command run after the job ends, with its own log.")
 flags.DEFINE_string(
     "runner", None, "Where the job runs: local, docker, ... (default: the daemon's)."
@@ -99,7 +111,6 @@ flags.DEFINE_string("sweep", None, "A sweep file (TOML: [axes] or [[points]]): o
 flags.DEFINE_bool(
     "retry_failed", False, "With --group=G: submit again the members of G that FAILED/TIMEOUT."
 )
-flags.DEFINE_bool("yes", False, "Cancel several jobs without asking.")
 
 
 DEFAULT_RESOURCES = {"cpu": 1}
@@ -201,12 +212,14 @@ def _placement() -> tuple[dict | None, dict[str, int]]:
 
 
 def _scheduling() -> dict:
-    """--time, --after and --after_any as spec fields; a malformed one is a usage error
-    (exit 2) that names the flag and the forms it takes."""
+    """--time, --after, --after_any, --stop_signal and --grace_seconds as spec fields; a
+    malformed one is a usage error (exit 2) that names the flag and the forms it takes."""
     if FLAGS.after and FLAGS.after_any:
         raise UsageError("give --after or --after_any, not both (one kind of wait per job)")
     fields: dict = {}
     try:
+        fields["stop_signal"] = check_stop_signal(FLAGS.stop_signal, "--stop_signal")
+        fields["grace_seconds"] = check_grace_seconds(FLAGS.grace_seconds, "--grace_seconds")
         if FLAGS.time is not None:
             fields["time_limit"] = parse_time_limit(FLAGS.time, "--time")
         names = FLAGS.after or FLAGS.after_any
@@ -413,6 +426,8 @@ VERBS = (
             "priority",
             "env",
             "cleanup_command",
+            "stop_signal",
+            "grace_seconds",
             "runner",
             "image",
             "runner_option",
@@ -462,9 +477,9 @@ VERBS = (
         cmd_cancel,
         "bastion cancel NAME... | --group=G | --state=S [--yes]",
         (
-            "Stop jobs: SIGTERM to each one's process group, SIGKILL after the daemon's "
-            "--grace_seconds. Several names or a filter (your jobs only) ask first unless "
-            "--yes. Another user's job needs --force."
+            "Stop jobs: each one's stop signal (SIGTERM unless it chose --stop_signal), "
+            "SIGKILL after its --grace_seconds (else the daemon's). Several names or a filter "
+            "(your jobs only) ask first unless --yes. Another user's job needs --force."
         ),
         "bastion cancel hello",
         ("user_id", "force", "group", "state", "project_id", "yes"),

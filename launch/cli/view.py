@@ -172,6 +172,20 @@ def _run_log(client: Client, name: str) -> int:
     return 0
 
 
+def outputs_line(summary: dict) -> str:
+    """One attempt's outputs in the history: restored and synced bytes, and whether its final
+    sync ran to its end."""
+    worker = f" worker {summary.get('worker')}" if summary.get("worker") else ""
+    worker += " (cleanup)" if summary.get("purpose") == "cleanup" else ""
+    final = "" if summary.get("final") else " (no complete final sync)"
+    return (
+        f"outputs: attempt {summary.get('attempt', 0)}{worker} restored "
+        f"{summary.get('restored_files', 0)} file(s), {summary.get('restored_bytes', 0)} bytes; "
+        f"synced {summary.get('synced_files', 0)} file(s), {summary.get('synced_bytes', 0)} bytes "
+        f"in {summary.get('requests', 0)} request(s){final}"
+    )
+
+
 def cmd_history(args: Sequence[str]) -> int:
     name = one_name(args, "history")
     client = client_of(name=name)
@@ -181,6 +195,8 @@ def cmd_history(args: Sequence[str]) -> int:
             f"{stamp}Z  attempt {event.get('attempt', 0)}  {event['event']:<10} "
             f"{event.get('reason', '')}"
         )
+    for summary in client.output_summaries(name):  # what each attempt's syncer moved
+        print(outputs_line(summary))
     info = client.get(name)
     print(f"now: {info.status}" + (f" ({info.reason})" if info.reason else ""))
     bundle = info.spec.bundle if info.spec else None

@@ -14,13 +14,15 @@ Cost, so that a cycle costs what changed:
 - A heartbeat is never read: its listing token changing is the beat, timed on the daemon's
   own clock (``now``), so a worker's skewed clock cannot make it look lost or alive.
 - ``started`` and ``exit`` are read once, when they appear; ``progress`` (how many chunks
-  are stored) only when its token changed, i.e. when the worker wrote output; chunks are then
-  read by name, never listed. A quiet running attempt costs no request at all.
+  are stored) only when its token changed, i.e. when the worker wrote output, and
+  ``checkpoint`` (the job's last progress report) only when the job wrote a new one; chunks
+  are then read by name, never listed. A quiet running attempt costs no request at all.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from typing import Any
 
 from bastion.bucket.store import ObjectInfo, Store
@@ -72,6 +74,20 @@ class RemoteRecords:
         return now - seen[1]
 
     def observe(self, listing: dict[str, ObjectInfo], now: float) -> Observation | None:
+        """:meth:`_observe`, with the job's last checkpoint report (the latest any worker's
+        agent wrote: a ``checkpoint`` record, read only when its token changed)."""
+        seen = self._observe(listing, now)
+        if seen is None:
+            return None
+        times = [
+            (self._record(listing, w, "checkpoint") or {}).get("time")
+            for w in range(self.num_workers)
+            if Store.run_name(w, "checkpoint") in listing
+        ]
+        latest = max((float(t) for t in times if isinstance(t, int | float)), default=None)
+        return seen if latest is None else dataclasses.replace(seen, checkpoint=latest)
+
+    def _observe(self, listing: dict[str, ObjectInfo], now: float) -> Observation | None:
         """The attempt as its agents report it; None when no worker has started yet (the
         caller asks the cloud: still provisioning, or the machines are gone).
 

@@ -1,0 +1,184 @@
+"""The local runner's wrapper: the process that supervises one attempt's command.
+
+Started by :class:`bastion.runners.local.LocalRunner` as ``python -c <import and main()>
+bastion-job:<attempt> COMMAND DIRECTORY`` in a session of its own, so it outlives the daemon
+(a restarted daemon adopts the attempt by DIRECTORY, the last argument). In order:
+
+1. ``DIRECTORY/pid``: its own pid, before anything else (a daemon killed right after the
+   fork still finds the attempt).
+2. Restores ``$BASTION_OUTPUT_DIR`` from ``$BASTION_OUTPUT_URL`` (the bucket's
+   ``ROOT/outputs/<job>/``); a restore that keeps failing fails the attempt with the reason
+   rather than start the job without its checkpoint.
+3. Runs ``bash -c COMMAND`` in a process group of its own, syncing the directory back every
+   ``$BASTION_SYNC_SECONDS`` (5) in a thread.
+4. On SIGTERM (the runner's stop: its deadline is in ``DIRECTORY/stop``) or SIGINT/SIGHUP, it
+   warns the job with ``$BASTION_STOP_SIGNAL`` (TERM), waits until the deadline (else
+   ``$BASTION_GRACE_SECONDS``), then SIGKILLs the job's group. The job is in a group of its
+   own precisely so that this process is not killed with it: the final sync runs after the
+   job has ended, so a file the job finished before its grace ran out is never lost.
+5. Final sync, the attempt's summary, then ``DIRECTORY/exit`` (the status, as a shell gives
+   it: 128 + signal for a signal), and it exits with that status.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from bastion.outputs.syncer import SYNC_SECONDS, Periodic, Syncer
+
+STOP_FILE = "stop"  # {"deadline": epoch seconds}, written by the runner before its SIGTERM
+JOB_GROUP_FILE = "job_pgid"  # the job's process group, for the runner's last resort
+RESTORE_TRIES = 4
+DEFAULT_GRACE = 30.0
+
+
+def wrapper_argv(name: str, command: str, directory: str) -> list[str]:
+    """The command line the local runner starts: ``-c`` second, DIRECTORY last (how the
+    runner recognises its wrapper among processes)."""
+    code = "from bastion.outputs.supervise import main; main()"
+    return [sys.executable, "-c", code, f"bastion-job:{name}", command, directory]
+
+
+class Supervisor:
+    def __init__(self, command: str, directory: str, env: dict[str, str]) -> None:
+        self.command = command
+        self.directory = directory
+        self.env = env
+        self.child: subprocess.Popen[bytes] | None = None
+        self.stop_asked_at: float | None = None
+        self.deadline: float | None = None
+        self.syncer: Syncer | None = None
+
+    # -- signals ---------------------------------------------------------------------------
+
+    def on_signal(self, signum: int, _frame: Any) -> None:
+        """The runner asked the attempt to stop: warn the job once, note the deadline (asked
+        again, only the deadline is read again: a second warning means "now" to many jobs)."""
+        if self.stop_asked_at is not None:
+            self.deadline = self._deadline(self.stop_asked_at)
+            return
+        self.stop_asked_at = time.time()
+        self.deadline = self._deadline(self.stop_asked_at)
+        self._signal_job(stop_signal(self.env))
+
+    def _deadline(self, now: float) -> float:
+        with (
+            contextlib.suppress(OSError, ValueError, TypeError, KeyError),
+            open(os.path.join(self.directory, STOP_FILE)) as f,
+        ):
+            return float(json.load(f)["deadline"])
+        try:
+            return now + float(self.env.get("BASTION_GRACE_SECONDS") or DEFAULT_GRACE)
+        except ValueError:
+            return now + DEFAULT_GRACE
+
+    def _signal_job(self, sig: int) -> None:
+        if self.child is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.child.pid, sig)
+
+    # -- the attempt -----------------------------------------------------------------------
+
+    def restore(self) -> str | None:
+        """Restore the outputs; the reason it could not, or None."""
+        out_dir, root = self.env.get("BASTION_OUTPUT_DIR"), self.env.get("BASTION_ROOT")
+        if not out_dir or not root or not self.env.get("BASTION_OUTPUT_URL"):
+            return None  # no outputs for this attempt (a daemon that gives none)
+        from bastion.bucket.store import Store
+
+        error = ""
+        for attempt in range(RESTORE_TRIES):
+            try:
+                self.syncer = Syncer(
+                    Store(root).outputs,
+                    self.env.get("BASTION_JOB_NAME", ""),
+                    out_dir,
+                    worker=0,
+                    attempt=int(self.env.get("BASTION_ATTEMPT") or 0),
+                )
+                self.syncer.stats.purpose = self.env.get("BASTION_PURPOSE") or "run"
+                self.syncer.restore()
+                return None
+            except Exception as e:  # the bucket is down: a few tries, then the attempt fails
+                error = f"{type(e).__name__}: {e}"
+                time.sleep(min(2.0**attempt, 8.0))
+        return (
+            f"bastion: could not restore {self.env.get('BASTION_OUTPUT_URL')} into "
+            f"{out_dir} ({error}); the job was not started without its outputs"
+        )
+
+    def run(self) -> int:
+        problem = self.restore()
+        if problem:
+            print(problem, flush=True)
+            return 1
+        env = {**self.env}
+        self.child = subprocess.Popen(["bash", "-c", self.command], env=env, process_group=0)
+        _write(os.path.join(self.directory, JOB_GROUP_FILE), str(self.child.pid))
+        if self.stop_asked_at is not None:  # asked to stop while restoring
+            self._signal_job(stop_signal(self.env))
+        periodic = Periodic(self.syncer, sync_seconds(self.env)).start() if self.syncer else None
+        status = self._wait()
+        if periodic is not None:
+            periodic.stop()
+        if self.syncer is not None:
+            self.syncer.sync(final=True)
+            self.syncer.write_summary()
+        return status
+
+    def _wait(self) -> int:
+        assert self.child is not None
+        killed = False  # the job's group got SIGKILL at the deadline
+        while True:
+            try:
+                code = self.child.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if not killed and self.deadline is not None and time.time() >= self.deadline:
+                killed = True
+                self._signal_job(signal.SIGKILL)
+        return 128 - code if code < 0 else code
+
+
+def stop_signal(env: dict[str, str]) -> int:
+    name = (env.get("BASTION_STOP_SIGNAL") or "TERM").upper().removeprefix("SIG")
+    return int(getattr(signal, f"SIG{name}", signal.SIGTERM))
+
+
+def sync_seconds(env: dict[str, str]) -> float:
+    try:
+        return max(0.2, float(env.get("BASTION_SYNC_SECONDS") or SYNC_SECONDS))
+    except ValueError:
+        return SYNC_SECONDS
+
+
+def _write(path: str, text: str) -> None:
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``argv``: ``[-c, bastion-job:<attempt>, COMMAND, DIRECTORY]`` (``sys.argv``)."""
+    args = sys.argv if argv is None else argv
+    command, directory = args[-2], args[-1]
+    _write(os.path.join(directory, "pid"), str(os.getpid()))
+    supervisor = Supervisor(command, directory, dict(os.environ))
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, supervisor.on_signal)
+    try:
+        status = supervisor.run()
+    except BaseException as e:  # never leave without a status: the daemon would wait for one
+        print(f"bastion: the attempt's wrapper failed: {type(e).__name__}: {e}", flush=True)
+        status = 1
+    _write(os.path.join(directory, "exit"), str(status))
+    sys.stdout.flush()
+    os._exit(status)

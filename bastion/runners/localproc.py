@@ -1,0 +1,90 @@
+"""The local runner's small process and file helpers: finding an attempt's wrapper by its
+command line, whether a group's leader is gone, the start claim, atomic JSON records."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+
+from bastion import leftovers
+from bastion.runners.base import Handle, TryAgain
+
+CREATE_TIME_TOLERANCE = 0.05
+
+
+def process_of(directory: str, pid: int | None) -> psutil.Process | None:
+    """The wrapper process of the attempt in ``directory`` (its argv names it)."""
+    candidates = [psutil.Process(pid)] if pid and psutil.pid_exists(pid) else []
+    if not candidates:  # the kill landed between fork and the wrapper's first line
+        candidates = list(psutil.process_iter())
+    for proc in candidates:
+        with contextlib.suppress(psutil.Error):
+            cmdline = proc.cmdline()
+            if len(cmdline) >= 6 and cmdline[-1] == directory and cmdline[1] == "-c":
+                return proc
+    return None
+
+
+def leader_gone(handle: Handle) -> bool:
+    """True when our leader is gone or an unreaped zombie of ours: what is left in its group
+    is ours (the kernel reuses a group id only once the group is empty)."""
+    try:
+        leader = psutil.Process(int(handle["pid"]))
+        drift = abs(leader.create_time() - float(handle["create_time"]))
+        return drift <= CREATE_TIME_TOLERANCE and leader.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.AccessDenied:
+        return False
+
+
+@contextlib.contextmanager
+def claim(directory: str, name: str) -> Iterator[None]:
+    """Whoever starts an attempt holds this lock from before the look for an earlier start
+    until its handle is recorded, so two daemons of one root on this host (a standby that took
+    over from a frozen holder) never both start it. A holder that is frozen keeps the others
+    waiting (TryAgain, next cycle); one that died releases it with its file descriptors."""
+    fd = os.open(os.path.join(directory, ".claim"), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise TryAgain(f"attempt {name} is being started by another process") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def in_group(process: leftovers.Process, groups: set[int]) -> bool:
+    try:
+        return os.getpgid(process.pid) in groups
+    except OSError:
+        return False
+
+
+def write_json(path: str, data: Any) -> None:
+    with open(path + ".tmp", "w") as f:
+        json.dump(data, f)
+    os.replace(path + ".tmp", path)
+
+
+def read_json(path: str) -> Any:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,79 @@
+"""Outputs on the Docker runner, against the real engine: restored into a host directory bound
+into the container, synced by a watcher on the host that outlives the daemon and the job."""
+
+from __future__ import annotations
+
+import time
+
+from bastion.bucket.store import Store
+from bastion.runners.base import AttemptPhase
+from tests.test_docker_runner import attempt, docker_runner, root, wait_finished, wait_output
+
+# The fixtures of tests/test_docker_runner.py (a runner on the real engine, a local root)
+docker_runner, root = docker_runner, root
+
+RESUMABLE = (
+    'f="$BASTION_OUTPUT_DIR/ckpt.txt"; step=$(cat "$f" 2>/dev/null || echo 0); '
+    'echo "start at $step"; '
+    "trap 'sleep 1; echo $step > \"$BASTION_OUTPUT_DIR/last-words\"; exit 143' USR1; "
+    'while true; do step=$((step+1)); echo $step > "$f.tmp"; mv "$f.tmp" "$f"; sleep 0.1; done'
+)
+
+
+def env_for(store: Store, n: int) -> dict[str, str]:
+    return {
+        "BASTION_OUTPUT_URL": store.outputs.url("train"),
+        "BASTION_STOP_SIGNAL": "USR1",
+        "BASTION_SYNC_SECONDS": "0.3",
+        "BASTION_ATTEMPT": str(n),
+    }
+
+
+def start_at(runner, handle) -> int:
+    out = runner.read_output(handle, 0, 1 << 20).decode()
+    return int(next(ln for ln in out.splitlines() if ln.startswith("start at")).split()[-1])
+
+
+def test_an_updated_attempt_is_resumed_and_what_it_wrote_in_its_grace_is_kept(docker_runner, root):
+    store = Store(root)
+    first = attempt(root, RESUMABLE, job="train", n=1, env=env_for(store, 1))
+    handle = docker_runner.start(first)
+    wait_output(docker_runner, handle, b"start at 0")
+    deadline = time.time() + 60
+    while "ckpt.txt" not in store.outputs.list("train"):  # synced while it runs
+        assert time.time() < deadline
+        time.sleep(0.1)
+    docker_runner.stop(handle, time.time() + 10)  # its stop signal: USR1, then 1 s of work
+    seen = wait_finished(docker_runner, handle, timeout=20)
+    assert (seen.phase, seen.exit_code) == (AttemptPhase.FAILED, 143)
+    while not docker_runner.delete(handle):  # True only once the watcher's final sync is done
+        assert time.time() < deadline
+        time.sleep(0.1)
+    files = store.outputs.list("train")
+    assert "last-words" in files
+    last = int(store.fs.cat_file(f"{store.root}/outputs/train/last-words").decode())
+    second = attempt(root, RESUMABLE, job="train", n=2, env=env_for(store, 2))
+    handle2 = docker_runner.start(second)
+    wait_output(docker_runner, handle2, b"start at")
+    assert start_at(docker_runner, handle2) >= last > 0
+    summaries = store.outputs.read_summaries("train")
+    assert summaries[0]["attempt"] == 1 and summaries[0]["final"] and summaries[0]["synced_bytes"]
+    docker_runner.stop(handle2, time.time())
+
+
+def test_a_job_killed_at_its_deadline_keeps_what_it_wrote_before(docker_runner, root):
+    store = Store(root)
+    env = {**env_for(store, 1), "BASTION_SYNC_SECONDS": "3600"}  # only the final sync
+    job = "trap '' USR1; echo kept > \"$BASTION_OUTPUT_DIR/early\"; echo ready; sleep 300"
+    handle = docker_runner.start(attempt(root, job, job="train", n=1, env=env))
+    wait_output(docker_runner, handle, b"ready")
+    deadline = time.time() + 1
+    while not docker_runner.poll(handle).finished:
+        docker_runner.stop(handle, deadline)
+        time.sleep(0.1)
+    assert docker_runner.poll(handle).exit_code == 137
+    end = time.time() + 30
+    while not docker_runner.delete(handle):
+        assert time.time() < end
+        time.sleep(0.1)
+    assert "early" in store.outputs.list("train")
