@@ -29,6 +29,7 @@ from bastion.bucket.objects import (
     UnacceptableObject,
     objects_for,
 )
+from bastion.bucket.status_paths import ReportObjects
 from bastion.jobspec import MAX_SPEC_BYTES
 
 __all__ = ["ObjectInfo", "PreconditionFailed", "Store", "UnacceptableObject", "resolve_root"]
@@ -88,6 +89,7 @@ class Store:
         self.objects = objects_for(self.fs, self.root)
         self.ops: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
+        self.reports = ReportObjects(self)  # ROOT/usage/ (the ledger) and ROOT/status/ (page)
         if isinstance(self.objects, LocalObjects):  # so a user browsing the root sees the layout
             for sub in (ACTIVE, STATES, USER_STATES, COMPLETE):
                 os.makedirs(self._path("jobs", sub), exist_ok=True)

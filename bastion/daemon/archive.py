@@ -47,6 +47,7 @@ def finalize_all(ctx: Context, now: float) -> None:
             log.error("%s: could not record the finished job (will retry): %s", job.name, result)
         else:
             ctx.jobs.pop(job.name, None)  # its end was news to the policy already
+            ctx.ledger.forget(job.name)  # its last attempt's end is in the ledger already
 
 
 def finalize(ctx: Context, job: Job, now: float) -> None:

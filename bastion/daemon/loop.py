@@ -140,6 +140,7 @@ class Daemon:
         self.ctx.queue_written = ""
         self.ctx.inputs_changed = True
         self.ctx.specwatch.forget()
+        self.ctx.ledger.reset()  # acting again: its first pass records every attempt anew
 
     def settle(self, timeout: float = 60.0) -> None:
         """Wait for the effects in flight and take in their results (tests, shutdown)."""

@@ -1,0 +1,83 @@
+"""Where the usage ledger and the status page live in the bucket: ``ROOT/usage/`` and
+``ROOT/status/``.
+
+A small namespace composed into ``Store`` (``store.reports``), so the store stays the only code
+that knows bucket paths without the big class growing a method per object. It goes through the
+store's counted primitives, so its requests show in ``Store.ops`` like every other.
+
+Layout::
+
+    ROOT/usage/<YYYY-MM-DD>/<session>.jsonl   one object per UTC day per daemon session,
+                                              appended to as attempts start and end
+    ROOT/status/index.html                    the status page (static: HTML, inline SVG, CSS)
+    ROOT/status/status.json                   the same data, for tools
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bastion.bucket.store import ObjectInfo, Store
+
+USAGE, STATUS = "usage", "status"
+PAGE, PAGE_DATA = "index.html", "status.json"
+_DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+_SESSION = re.compile(r"^[0-9a-f]{8,32}\.jsonl$")
+
+
+class ReportObjects:
+    """The usage ledger's objects and the status page's, through ``store``'s primitives."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    # -- the usage ledger ------------------------------------------------------------------
+
+    @staticmethod
+    def ledger_object(session: str) -> str:
+        return f"{session}.jsonl"
+
+    def append_usage(self, day: str, session: str, data: bytes, size: int | None) -> None:
+        """Add lines to this session's object of ``day``; ``size`` is what this session wrote
+        to it so far (0: not yet; None: unknown), which saves a request per append on GCS."""
+        if not _DAY.match(day):
+            raise ValueError(f"usage day {day!r} is not YYYY-MM-DD")
+        self._store._append(data, USAGE, day, self.ledger_object(session), size=size)
+
+    def usage_days(self) -> list[str]:
+        """The days that have ledger objects, oldest first (anything else there is ignored)."""
+        return sorted(d.rstrip("/") for d in self._store._list(USAGE) if _DAY.match(d.rstrip("/")))
+
+    def usage_objects(self, day: str) -> dict[str, ObjectInfo]:
+        return {
+            name: info
+            for name, info in self._store._list(f"{USAGE}/{day}").items()
+            if _SESSION.match(name)
+        }
+
+    def read_usage_object(self, day: str, name: str) -> bytes:
+        return self._store._read(USAGE, day, name) or b""
+
+    def usage_url(self) -> str:
+        return self._store.url(USAGE)
+
+    # -- the status page -------------------------------------------------------------------
+
+    def write_page(self, html: bytes, data: dict[str, Any]) -> None:
+        """The data first, then the page: a reader of both never sees a page newer than
+        its data."""
+        self._store._write(json.dumps(data, sort_keys=True).encode(), STATUS, PAGE_DATA)
+        self._store._write(html, STATUS, PAGE)
+
+    def read_page(self) -> bytes | None:
+        return self._store._read(STATUS, PAGE)
+
+    def read_page_data(self) -> dict[str, Any] | None:
+        raw = self._store._read(STATUS, PAGE_DATA)
+        return json.loads(raw) if raw else None
+
+    def page_url(self) -> str:
+        return self._store.url(STATUS, PAGE)
