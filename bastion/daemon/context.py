@@ -23,6 +23,7 @@ from bastion.jobstate import JobState
 from bastion.lease import Lease
 from bastion.quota_source import QuotaSource
 from bastion.runners.instances import Runners
+from bastion.status.publisher import PagePublisher
 from bastion.usage.ledger import LedgerWriter
 
 log = logging.getLogger("bastion.daemon")
@@ -121,6 +122,8 @@ class Context:
         self.usage_saved_at = -USAGE_SAVE_SECONDS
         self.usage_unsaved = False
         self.ledger = LedgerWriter()  # attempts' records in ROOT/usage/ (bastion usage)
+        self.page: PagePublisher | None = PagePublisher(store)  # ROOT/status/ (None: off)
+        self.page_queue: tuple[str, dict[str, Any] | None] = ("", None)  # summary, parsed
         self.cycles = 0
         self.decision_records = 0
         # Two pools: the cycle's own requests (spec reads, watches, write-backs) must not queue

@@ -10,7 +10,17 @@ import time
 from typing import Any
 
 from bastion.bucket.store import Store
-from bastion.daemon import archive, effects, ingest, observe, plan, recovery, sweep, writeback
+from bastion.daemon import (
+    archive,
+    effects,
+    ingest,
+    observe,
+    plan,
+    publish,
+    recovery,
+    sweep,
+    writeback,
+)
 from bastion.daemon.context import (
     DEFAULT_GRACE_SECONDS,
     DEFAULT_START_GIVE_UP_SECONDS,
@@ -190,6 +200,8 @@ class Daemon:
             done("upkeep")
         archive.finalize_all(self.ctx, now)
         done("finalize")
+        publish.offer_page(self.ctx, now)  # rendered and written in the background
+        done("status_page")
         consumed = self.ctx.specwatch.hand_off()  # submission markers taken in: deleted at leisure
         if consumed:
             effects.submit(self.ctx, self.ctx.specwatch.delete, consumed)

@@ -72,12 +72,12 @@ def attempt_record(
     }
     if not ended:
         return record
-    outcome, preempted = _how_it_ended(state)
+    outcome, preempted, reason = _how_it_ended(state)
     record.update(
         end=float(state.end_time or start),
         outcome=outcome,
         preempted=preempted,
-        reason=state.reason[:REASON_CHARS],
+        reason=reason[:REASON_CHARS],
     )
     checkpoint = last_checkpoint(state)
     if preempted and checkpoint is not None and start <= checkpoint <= record["end"]:
@@ -94,18 +94,19 @@ def _admitted_borrowing(state: JobState) -> bool:
     return False
 
 
-def _how_it_ended(state: JobState) -> tuple[str, bool]:
-    """The outcome of the last attempt and whether a preemption (the policy's reclaim or the
-    provider's) ended it. A finished job's outcome is in its state; a requeued one's is the
-    last of its attempt's history events that says why."""
+def _how_it_ended(state: JobState) -> tuple[str, bool, str]:
+    """The outcome of the last attempt, whether a preemption (the policy's reclaim or the
+    provider's) ended it, and why. A finished job's outcome and reason are in its state; a
+    requeued one's are those of its attempt's history event that says why it stopped (the
+    state's reason has moved on to why it waits again)."""
     if state.status in (Status.COMPLETED, Status.CLEANING) and state.outcome is not None:
-        return state.outcome.value, False
+        return state.outcome.value, False, state.reason
     mine = [e for e in state.events if e.get("attempt") == state.attempt]
-    preempted = any(e.get("event") in PREEMPTION_EVENTS for e in mine)
-    if preempted:
-        return "PREEMPTED", True
+    for event in mine:
+        if event.get("event") in PREEMPTION_EVENTS:
+            return "PREEMPTED", True, str(event.get("reason", ""))
     for event in reversed(mine):
         outcome = _REQUEUE_OUTCOMES.get(str(event.get("event")))
         if outcome:
-            return outcome, False
-    return "REQUEUED", False
+            return outcome, False, str(event.get("reason", ""))
+    return "REQUEUED", False, state.reason

@@ -63,10 +63,13 @@ class Attempt:
         )
 
 
-def merge(records: Iterable[Mapping[str, Any]]) -> dict[str, Attempt]:
+def merge(
+    records: Iterable[Mapping[str, Any]], into: dict[str, Attempt] | None = None
+) -> dict[str, Attempt]:
     """Attempts by id: an ``end`` record wins over ``open`` ones; the tier and borrowing an
-    ``open`` record saw fill in an ``end`` that lost them. Unreadable records are skipped."""
-    attempts: dict[str, Attempt] = {}
+    ``open`` record saw fill in an ``end`` that lost them. Unreadable records are skipped.
+    ``into``: attempts merged so far, updated in place (the page adds each cycle's records)."""
+    attempts: dict[str, Attempt] = {} if into is None else into
     for r in records:
         try:
             if r.get("kind") not in (OPEN, END):

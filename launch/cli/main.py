@@ -12,11 +12,11 @@ from absl import app, flags
 from bastion.bucket.store import resolve_root
 from bastion.jobspec import ExecLimitError, SpecError
 from launch.api import JobExists, NoDaemon, NotOwner, UnknownJob
-from launch.cli import admin, submit, usage, view
+from launch.cli import admin, status, submit, usage, view
 from launch.cli.common import ABSL_FLAGS, FLAGS, UsageError, Verb
 from launch.status import RootProblem, brief
 
-VERB_MODULES = (admin, submit, view, usage)
+VERB_MODULES = (admin, submit, view, status, usage)
 _ORDER = ("start", "launch", "bundle", "list", "logs", "cancel", "history", "update", "why")
 _ALL = {v.name: v for module in VERB_MODULES for v in module.VERBS}
 # Help lists the verbs in the order a user meets them; verbs added later come after.
