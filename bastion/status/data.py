@@ -97,7 +97,8 @@ def queue_rows(
     for project in sorted(set(by_project) | {p for p in summary if summary[p].get("waiting")}):
         facts = summary.get(project) or {}
         order = [n for n in facts.get("order") or [] if n in pending]
-        order += [n for n in by_project.get(project, []) if n not in set(order)]
+        ordered = set(order)  # jobs the summary has not ordered yet (new, or past its 1,000)
+        order += [n for n in by_project.get(project, []) if n not in ordered]
         reasons = facts.get("reasons") or {}
         shown = []
         for position, name in enumerate(order[:QUEUE_SHOWN], start=1):

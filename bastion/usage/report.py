@@ -51,7 +51,7 @@ class Attempt:
             job=str(r.get("job", "")),
             project=str(r.get("project", "")),
             user=str(r.get("user", "")),
-            resources={str(k): int(v) for k, v in dict(r.get("resources") or {}).items()},
+            resources=dict(r.get("resources") or {}),
             tier=r.get("tier"),
             start=float(r["start"]),
             end=float(r["end"]) if r.get("kind") == END else None,
@@ -68,38 +68,62 @@ def merge(
 ) -> dict[str, Attempt]:
     """Attempts by id: an ``end`` record wins over ``open`` ones; the tier and borrowing an
     ``open`` record saw fill in an ``end`` that lost them. Unreadable records are skipped.
-    ``into``: attempts merged so far, updated in place (the page adds each cycle's records)."""
-    attempts: dict[str, Attempt] = {} if into is None else into
+    ``into``: attempts merged so far, updated in place (the page adds each cycle's records).
+
+    Records are chosen as dicts first and made Attempts once per id: a month's ledger is
+    hundreds of thousands of lines."""
+    chosen: dict[str, Mapping[str, Any]] = {}
     for r in records:
+        kind = r.get("kind")
+        if kind != END and kind != OPEN:
+            continue
+        rid = r.get("id")
+        known = chosen.get(rid)  # type: ignore[arg-type]
+        if known is None:
+            chosen[rid] = r  # type: ignore[index]
+            continue
+        final, other = (r, known) if kind == END and known.get("kind") != END else (known, r)
+        if (final.get("tier") is None and other.get("tier") is not None) or (
+            other.get("borrowed") and not final.get("borrowed")
+        ):
+            final = {
+                **final,
+                "tier": final.get("tier") if final.get("tier") is not None else other.get("tier"),
+                "borrowed": bool(final.get("borrowed") or other.get("borrowed")),
+            }
+        chosen[rid] = final  # type: ignore[index]
+    attempts: dict[str, Attempt] = {} if into is None else into
+    for rid, r in chosen.items():
         try:
-            if r.get("kind") not in (OPEN, END):
-                continue
             attempt = Attempt.from_record(r)
         except (KeyError, TypeError, ValueError):
             continue
-        known = attempts.get(attempt.id)
-        if known is None:
-            attempts[attempt.id] = attempt
-            continue
-        final = attempt if attempt.end is not None and known.end is None else known
-        attempts[attempt.id] = dataclasses.replace(
-            final,
-            tier=final.tier if final.tier is not None else (attempt.tier or known.tier),
-            borrowed=attempt.borrowed or known.borrowed,  # a record that lost the event: False
-        )
+        known_attempt = attempts.get(rid)
+        if known_attempt is not None:  # merged before (the page's running view)
+            final_attempt = known_attempt if known_attempt.end is not None else attempt
+            attempt = dataclasses.replace(
+                final_attempt,
+                tier=known_attempt.tier if known_attempt.tier is not None else attempt.tier,
+                borrowed=known_attempt.borrowed or attempt.borrowed,
+            )
+        attempts[rid] = attempt
     return attempts
 
 
-def parse_lines(raw: bytes) -> Iterable[dict[str, Any]]:
-    for line in raw.splitlines():
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:  # a torn last line (an append cut short): the rest stands
-            continue
-        if isinstance(record, dict):
-            yield record
+def parse_lines(raw: bytes) -> list[dict[str, Any]]:
+    """The object's records: parsed as one JSON array (fast); line by line when a line does
+    not parse (a torn last line of an append cut short: the rest stands)."""
+    lines = [line for line in raw.split(b"\n") if line.strip()]
+    try:
+        records = json.loads(b"[" + b",".join(lines) + b"]")
+    except ValueError:
+        records = []
+        for line in lines:
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue
+    return [r for r in records if isinstance(r, dict)]
 
 
 def read_attempts(store: Store, since: float, until: float) -> dict[str, Attempt]:
