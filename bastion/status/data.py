@@ -63,8 +63,8 @@ def pool_rows(queue: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     rows = []
     for p in sorted(projects):
         quota, usage = projects[p].get("quota") or {}, projects[p].get("usage") or {}
-        rows.append({"project": p, "quota": quota, "usage": usage, "waiting": 0})
-        rows[-1]["waiting"] = int(projects[p].get("waiting") or 0)
+        waiting = int(projects[p].get("waiting") or 0)
+        rows.append({"project": p, "quota": quota, "usage": usage, "waiting": waiting, "lent": {}})
     resources = sorted({r for row in rows for r in (*row["quota"], *row["usage"])})
     for row in rows:
         row["borrowed"] = {
@@ -78,7 +78,7 @@ def pool_rows(queue: Mapping[str, Any] | None) -> list[dict[str, Any]]:
         idle = sum(row["idle"][r] for row in rows)
         share = min(1.0, borrowed / idle) if idle else 0.0
         for row in rows:
-            row.setdefault("lent", {})[r] = row["idle"][r] * share
+            row["lent"][r] = row["idle"][r] * share
     for row in rows:
         row.pop("idle")
     return rows
