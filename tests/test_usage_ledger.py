@@ -71,14 +71,17 @@ def _usage(bastion, *flags: str) -> dict:
     return json.loads(bastion.cli("usage", "--json", "--since=1h", *flags).stdout)
 
 
-def test_usage_matches_the_trace_to_the_second_with_a_reclaim(bastion):
+def test_usage_matches_the_trace_to_the_second_with_a_reclaim(bastion, tmp_path):
     bastion.put("project-quotas", "project-quotas.config", data=QUOTA)
     bastion.start()
+    gate = tmp_path / "gate"  # prod's jobs run until the test opens it
     for name in ("b1", "b2"):  # prod borrows research's idle half for b2
-        _launch(bastion, name, "prod", "bob", f"echo {name}; sleep 8")
+        _launch(bastion, name, "prod", "bob", f"until [ -e {gate} ]; do sleep 0.1; done")
         wait_for(lambda n=name: (bastion.state(n) or {}).get("status") == "ACTIVE", what=name)
     _launch(bastion, "a1", "research", "alice", "sleep 1")  # reclaims b2's borrowed room
-    records = {n: bastion.wait_complete(n, timeout=60) for n in ("a1", "b1", "b2")}
+    records = {"a1": bastion.wait_complete("a1", timeout=60)}
+    gate.touch()
+    records.update({n: bastion.wait_complete(n, timeout=60) for n in ("b1", "b2")})
     assert sum(r["state"]["preemptions"] for r in records.values()) == 1
     borrowing = _borrowing_starts(bastion)
 

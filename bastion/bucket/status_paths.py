@@ -20,7 +20,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from bastion.bucket.store import ObjectInfo, Store
+    from bastion.bucket.store import Store
 
 USAGE, STATUS = "usage", "status"
 PAGE, PAGE_DATA = "index.html", "status.json"
@@ -48,16 +48,20 @@ class ReportObjects:
             raise ValueError(f"usage day {day!r} is not YYYY-MM-DD")
         self._store._append(data, USAGE, day, self.ledger_object(session), size=size)
 
-    def usage_days(self) -> list[str]:
-        """The days that have ledger objects, oldest first (anything else there is ignored)."""
-        return sorted(d.rstrip("/") for d in self._store._list(USAGE) if _DAY.match(d.rstrip("/")))
+    def usage_index(self) -> dict[str, list[str]]:
+        """The ledger's objects by day, oldest day first: one recursive listing (GCS lists no
+        "directories" under a delimiter, and a ledger has one object per day and session).
+        Anything else under ROOT/usage/ is ignored."""
+        self._store._count("list")
+        index: dict[str, list[str]] = {}
+        for name in self._store.objects.find(self._store._path(USAGE)):
+            day, _, obj = name.partition("/")
+            if _DAY.match(day) and _SESSION.match(obj):
+                index.setdefault(day, []).append(obj)
+        return {day: sorted(index[day]) for day in sorted(index)}
 
-    def usage_objects(self, day: str) -> dict[str, ObjectInfo]:
-        return {
-            name: info
-            for name, info in self._store._list(f"{USAGE}/{day}").items()
-            if _SESSION.match(name)
-        }
+    def usage_days(self) -> list[str]:
+        return list(self.usage_index())
 
     def read_usage_object(self, day: str, name: str) -> bytes:
         return self._store._read(USAGE, day, name) or b""

@@ -129,10 +129,9 @@ def parse_lines(raw: bytes) -> list[dict[str, Any]]:
 def read_attempts(store: Store, since: float, until: float) -> dict[str, Attempt]:
     """Every attempt the ledger records in the days ``since``..``until`` (UTC)."""
     first, last = utc_day(since), utc_day(until)
-    days = [d for d in store.reports.usage_days() if first <= d <= last]
+    index = store.reports.usage_index()
+    names = [(day, name) for day in index if first <= day <= last for name in index[day]]
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        listings = list(pool.map(store.reports.usage_objects, days))
-        names = [(day, name) for day, objs in zip(days, listings, strict=True) for name in objs]
         blobs = list(pool.map(lambda dn: store.reports.read_usage_object(*dn), names))
     return merge(record for raw in blobs for record in parse_lines(raw))
 
