@@ -137,6 +137,18 @@ def test_usage_matches_the_trace_to_the_second_with_a_reclaim(bastion, tmp_path)
     before = _usage(bastion, "--by=project", "--until=30m")  # a window before everything ran
     assert before["rows"] == []
 
+    def page_usage() -> dict:  # the status page's figures for the last day, once it has them
+        raw = bastion.read("status", "status.json")
+        rows = json.loads(raw)["usage"]["day"] if raw else []
+        return {
+            r["project"]: r for r in rows if r["attempts"] == by_project[r["project"]]["attempts"]
+        }
+
+    shown = wait_for(lambda: len(page_usage()) == 2 and page_usage(), what="the page's usage")
+    for project, row in shown.items():
+        used = by_project[project]["used_resource_seconds"]["cpu"]
+        assert row["used_hours"]["cpu"] == pytest.approx(used / 3600, abs=1e-5)
+
 
 def test_daemon_killed_mid_attempt_counts_the_attempt_once(local_bastion):
     bastion = local_bastion

@@ -106,6 +106,8 @@ class Daemon:
         if self.ctx.lease is not None:
             self.ctx.lease.release()
         self.settle()
+        if self.ctx.page is not None:
+            self.ctx.page.wait()  # a render in flight writes before the store goes
         if self.ctx.effects_pool is not None:
             self.ctx.effects_pool.shutdown(wait=True)
         self.ctx.pool.shutdown(wait=True)

@@ -18,8 +18,8 @@ from bastion.jobstate import JobState, Status
 from bastion.usage.report import Attempt, summarize
 
 Job = tuple[str, JobSpec | None, JobState]
-QUEUE_SHOWN = 100  # waiting jobs listed per project; the rest are counted
-RUNNING_SHOWN = 500
+QUEUE_SHOWN = 50  # waiting jobs listed per project; the rest are counted
+RUNNING_SHOWN = 200  # by project, longest-running first; the rest are counted
 RECENT_SHOWN = 100  # preemptions and failures of the last day
 PLOT_POINTS = 96  # one per 15 minutes over the last day
 DAY, WEEK = 86400.0, 7 * 86400.0

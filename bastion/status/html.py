@@ -27,6 +27,7 @@ from bastion.status.svg import color, queue_plot, usage_plot
 STALE_SECONDS = 60
 REFRESH_SECONDS = 30
 PLOTTED_RESOURCES = 4
+PROJECTS_OPEN = 5  # queues shown unfolded; the others fold (the browser lays out less)
 
 STALE_SCRIPT = (
     "(function(){var t=Number(document.body.dataset.rendered)*1000;"
@@ -145,7 +146,7 @@ def queue_section(data: Mapping[str, Any]) -> str:
     parts = ['<section id="queue"><h2>Queue</h2>']
     if not data["queue"]:
         parts.append("<p>No job is waiting.</p>")
-    for project in data["queue"]:
+    for i, project in enumerate(data["queue"]):
         rows = [
             [
                 f'<span class="num">{j["position"]}</span>',
@@ -162,7 +163,8 @@ def queue_section(data: Mapping[str, Any]) -> str:
             else ""
         )
         parts.append(
-            f"<details open><summary>{e(project['project'])}: {project['waiting']} waiting"
+            f"<details{' open' if i < PROJECTS_OPEN else ''}><summary>{e(project['project'])}: "
+            f"{project['waiting']} waiting"
             f"</summary>{table(['#', 'job', 'user', 'resources', 'why it waits'], rows)}"
             f"{more}</details>"
         )
@@ -189,6 +191,9 @@ def running_section(data: Mapping[str, Any]) -> str:
     head = ["job", "project", "user", "resources", "state", "runner", "workers", "running for"]
     head += ["time left", "reason"]
     body = table(head, rows) if rows else "<p>Nothing is running.</p>"
+    more = data["counts"]["running"] - len(rows)
+    if more > 0:
+        body += f"<p>… and {more} more running (bastion list)</p>"
     return f'<section id="running"><h2>Running ({data["counts"]["running"]})</h2>{body}</section>'
 
 
