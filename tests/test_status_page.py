@@ -145,3 +145,15 @@ def test_a_page_older_than_a_minute_says_so_at_the_top(local_bastion, tmp_path):
     dom = dump_dom(old, tmp_path / "profile")
     assert "This page is 5 minute(s) old" in dom, dom[:2000]
     assert dom.index("This page is 5 minute(s) old") < dom.index("Pool and quotas")
+
+
+def test_status_html_flags_are_checked_with_the_fix(local_bastion, tmp_path):
+    bastion = local_bastion
+    bastion.once()
+    bad = bastion.cli("status", "--open", check=False)
+    assert bad.returncode == 2 and "--open and --html_path go with --html" in bad.stderr
+    bad = bastion.cli("status", "--html", f"--html_path={tmp_path}", check=False)
+    assert bad.returncode == 2 and f"--html_path={tmp_path} is a directory" in bad.stderr
+    bad = bastion.cli("status", "--html", f"--html_path={tmp_path}/no/page.html", check=False)
+    assert bad.returncode == 2 and "no directory" in bad.stderr
+    assert not list(tmp_path.glob("**/*.html"))

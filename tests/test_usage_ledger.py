@@ -133,6 +133,9 @@ def test_usage_matches_the_trace_to_the_second_with_a_reclaim(bastion, tmp_path)
     prod = {r["project"]: r for r in priced["rows"]}["prod"]
     assert prod["cost"] == pytest.approx(expected[("prod", "bob")]["used"], abs=1e-2)
     assert priced["currency"] == "USD"
+    bastion.put("usage", "prices.toml", data="[prices]\ncpu = 7200\n")  # the root's own table
+    priced = {r["project"]: r for r in _usage(bastion, "--by=project")["rows"]}
+    assert priced["prod"]["cost"] == pytest.approx(2 * expected[("prod", "bob")]["used"], abs=1e-2)
 
     before = _usage(bastion, "--by=project", "--until=30m")  # a window before everything ran
     assert before["rows"] == []

@@ -9,6 +9,7 @@ Layout::
 
     ROOT/usage/<YYYY-MM-DD>/<session>.jsonl   one object per UTC day per daemon session,
                                               appended to as attempts start and end
+    ROOT/usage/prices.toml                    an optional price table (bastion usage)
     ROOT/status/index.html                    the status page (static: HTML, inline SVG, CSS)
     ROOT/status/status.json                   the same data, for tools
 """
@@ -24,7 +25,8 @@ if TYPE_CHECKING:
 
 USAGE, STATUS = "usage", "status"
 PAGE, PAGE_DATA = "index.html", "status.json"
-PAGE_OP = "status_page"  # the page's writes in Store.ops
+PAGE_OP = "status_page"
+PRICES = "prices.toml"  # the page's writes in Store.ops
 _DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _SESSION = re.compile(r"^[0-9a-f]{8,32}\.jsonl$")
 
@@ -68,6 +70,10 @@ class ReportObjects:
 
     def usage_url(self) -> str:
         return self._store.url(USAGE)
+
+    def prices_url(self) -> str:
+        """The root's price table (optional), read by ``bastion usage`` without --prices."""
+        return self._store.url(USAGE, PRICES)
 
     # -- the status page -------------------------------------------------------------------
 

@@ -16,7 +16,10 @@ flags.DEFINE_string("since", "7d", "usage: window start: 7d, 12h, 2026-11-20, 20
 flags.DEFINE_string("until", None, "usage: window end (same forms as --since; default now).")
 flags.DEFINE_bool("csv", False, "usage: print CSV (hours per resource) instead of a table.")
 flags.DEFINE_string(
-    "prices", None, "usage: TOML file or URL with [prices] per resource-hour (adds a cost)."
+    "prices",
+    None,
+    "usage: TOML file or URL with [prices] per resource-hour, adding a cost (default: "
+    "ROOT/usage/prices.toml when it exists).",
 )
 
 
@@ -39,7 +42,9 @@ def cmd_usage(args: Sequence[str]) -> int:
     try:
         since, until = window(FLAGS.since, FLAGS.until, now)
         client = client_of()
-        prices, currency = load_prices(client.store, FLAGS.prices) if FLAGS.prices else ({}, "")
+        default = client.store.reports.prices_url()
+        url = FLAGS.prices or (default if client.store.url_token(default) else None)
+        prices, currency = load_prices(client.store, url) if url else ({}, "")
         rows = report(client.store, FLAGS.by, since, until, now)
     except UsageInputError as e:
         raise UsageError(str(e)) from None
