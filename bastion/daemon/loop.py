@@ -96,6 +96,8 @@ class Daemon:
                     )  # what the last effects changed (handles), then let go
                 with contextlib.suppress(Exception):
                     writeback.save_usage(self.ctx, force=True)
+            if self.ctx.page is not None:
+                self.ctx.page.wait(timeout=10.0)  # a render in flight lands (start --once)
             if self.ctx.lease is not None:
                 self.ctx.lease.release()
             writeback.sync_daemon_log(self.ctx, force=True)

@@ -24,7 +24,7 @@ flags.DEFINE_string(
     "(default: $BASTION_ROOT, else ~/.local/share/bastion).",
 )
 flags.DEFINE_string("image", None, "launch: container image for --runner=docker.")
-flags.DEFINE_bool("json", False, "list/simulate: print JSON.")
+flags.DEFINE_bool("json", False, "list/simulate/usage: print JSON.")
 flags.DEFINE_bool("follow", False, "logs/launch: keep printing until the job is finished.")
 flags.DEFINE_float("follow_poll_seconds", 1.0, "How often logs --follow polls the bucket.")
 flags.DEFINE_float(
