@@ -87,7 +87,14 @@ def units(resources: Mapping[str, float]) -> str:
 
 
 def hours(values: Mapping[str, float]) -> str:
-    return ", ".join(f"{k} {v:.2f}" for k, v in sorted(values.items()) if v) or "0"
+    """``gpu 12.50, cpu 0.0213``: two decimals, or three significant digits below one hour
+    (a few minutes of a short job must not show as 0.00)."""
+    return (
+        ", ".join(
+            f"{k} {v:.2f}" if v >= 1 else f"{k} {v:.3g}" for k, v in sorted(values.items()) if v
+        )
+        or "0"
+    )
 
 
 def table(head: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "") -> str:
