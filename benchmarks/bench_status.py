@@ -29,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bastion.bucket.status_paths import log_url
 from bastion.bucket.store import Store
 from bastion.jobspec import new_jobspec
 from bastion.jobstate import JobState, Status
@@ -146,7 +147,12 @@ def bench_page(counts: list[int]) -> None:
         for _ in range(3):
             started, cpu = time.perf_counter(), time.process_time()
             data = page_data(
-                root_url="gs://bucket/bastion", jobs=jobs, queue=queue, attempts=attempts, now=NOW
+                root_url="gs://bucket/bastion",
+                jobs=jobs,
+                queue=queue,
+                attempts=attempts,
+                now=NOW,
+                log_link=lambda name: log_url("gs://bucket/bastion", name, relative=True),
             )
             page = render(data)
             best = min(best, time.perf_counter() - started)

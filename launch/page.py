@@ -57,6 +57,6 @@ def build_page(store: Store, now: float | None = None) -> tuple[str, dict[str, A
         queue_lengths=earlier.get("queue_lengths") or [],
         daemon=daemon_status(store, now).message,
         now=now,
-        relative_links=False,
+        log_link=lambda name: store.reports.log_link(name, relative=False),
     )
     return render(data), data

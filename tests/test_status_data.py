@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import re
 
+from bastion.bucket.status_paths import log_url
 from bastion.jobspec import new_jobspec
 from bastion.jobstate import JobState, Status
 from bastion.status.data import (
     PLOT_POINTS,
     QUEUE_SHOWN,
-    log_link,
     page_data,
     plot_series,
     pool_rows,
@@ -19,6 +19,7 @@ from bastion.status.html import render
 from bastion.usage.report import Attempt
 
 NOW = 1_800_000_000.0
+LINK = "../logs/{}".format
 
 
 def _job(name: str, project: str, status: Status = Status.PENDING, user: str = "u"):
@@ -48,7 +49,7 @@ def test_ten_thousand_waiting_jobs_list_the_first_hundred_in_queue_order_and_cou
     jobs = [_job(f"j{i:05d}", "big") for i in range(10_000)]
     order = [f"j{i:05d}" for i in reversed(range(10_000))][:1000]  # the policy's order
     queue = {"projects": {"big": {"waiting": 10_000, "order": order, "reasons": {}}}}
-    data = page_data(root_url="/r", jobs=jobs, queue=queue, attempts=[], now=NOW)
+    data = page_data(root_url="/r", log_link=LINK, jobs=jobs, queue=queue, attempts=[], now=NOW)
     (big,) = data["queue"]
     assert [j["name"] for j in big["jobs"]] == order[:QUEUE_SHOWN]
     assert [j["position"] for j in big["jobs"]][:3] == [1, 2, 3]
@@ -69,12 +70,13 @@ def test_the_plot_stacks_each_projects_use_at_each_instant():
 
 
 def test_log_links_work_from_the_bucket_and_from_a_local_copy():
-    assert log_link("gs://b/root", "j 1", relative=True) == "../logs/j%201"
-    assert log_link("gs://b/root", "j", relative=False) == (
+    assert log_url("gs://b/root", "j 1", relative=True) == "../logs/j%201"
+    assert log_url("gs://b/root", "j", relative=False) == (
         "https://storage.cloud.google.com/b/root/logs/j"
     )
-    assert log_link("s3://b/root", "j", relative=False) == "https://b.s3.amazonaws.com/root/logs/j"
-    assert log_link("/tmp/root", "j", relative=False) == "file:///tmp/root/logs/j"
+    assert log_url("s3://b/root", "j", relative=False) == "https://b.s3.amazonaws.com/root/logs/j"
+    assert log_url("s3://b", "j", relative=False) == "https://b.s3.amazonaws.com/logs/j"
+    assert log_url("/tmp/root", "j", relative=False) == "file:///tmp/root/logs/j"
 
 
 def test_everything_from_a_spec_is_escaped_and_only_the_pages_own_script_is_allowed():
@@ -96,7 +98,15 @@ def test_everything_from_a_spec_is_escaped_and_only_the_pages_own_script_is_allo
         }
     ]
     page = render(
-        page_data(root_url="/r", jobs=jobs, queue=queue, attempts=[], finished=finished, now=NOW)
+        page_data(
+            root_url="/r",
+            log_link=LINK,
+            jobs=jobs,
+            queue=queue,
+            attempts=[],
+            finished=finished,
+            now=NOW,
+        )
     )
     assert page.count("<script") == 1 and "<img" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page

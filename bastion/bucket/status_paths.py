@@ -18,17 +18,36 @@ from __future__ import annotations
 
 import json
 import re
+import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from bastion.bucket.store import Store
 
-USAGE, STATUS = "usage", "status"
+USAGE, STATUS, LOGS = "usage", "status", "logs"  # (logs/: the store's; linked to here)
 PAGE, PAGE_DATA = "index.html", "status.json"
 PAGE_OP = "status_page"
 PRICES = "prices.toml"  # the page's writes in Store.ops
 _DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _SESSION = re.compile(r"^[0-9a-f]{8,32}\.jsonl$")
+
+
+def log_url(root_url: str, name: str, relative: bool) -> str:
+    """Where a job's log object (``ROOT/logs/NAME``) is, for a link on the status page:
+    beside the page in the bucket (``../logs/NAME``, which works from file://, a static
+    website or an authenticated URL alike), else absolute (a page written elsewhere)."""
+    quoted = urllib.parse.quote(name, safe="")
+    if relative:
+        return f"../{LOGS}/{quoted}"
+    scheme, _, rest = root_url.partition("://")
+    if scheme in ("gs", "gcs"):
+        return f"https://storage.cloud.google.com/{rest.strip('/')}/{LOGS}/{quoted}"
+    if scheme == "s3":
+        bucket, _, path = rest.partition("/")
+        prefix = f"{path.strip('/')}/" if path.strip("/") else ""
+        return f"https://{bucket}.s3.amazonaws.com/{prefix}{LOGS}/{quoted}"
+    path = rest if scheme in ("file", "local") else root_url
+    return "file://" + urllib.parse.quote(path.rstrip("/")) + f"/{LOGS}/{quoted}"
 
 
 class ReportObjects:
@@ -91,6 +110,9 @@ class ReportObjects:
     def read_page_data(self) -> dict[str, Any] | None:
         raw = self._store._read(STATUS, PAGE_DATA)
         return json.loads(raw) if raw else None
+
+    def log_link(self, name: str, relative: bool = True) -> str:
+        return log_url(self._store.root_url, name, relative)
 
     def page_url(self) -> str:
         return self._store.url(STATUS, PAGE)

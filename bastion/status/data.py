@@ -9,8 +9,7 @@ plot has a fixed number of points; so a page of 10,000 waiting jobs stays small 
 from __future__ import annotations
 
 import math
-import urllib.parse
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from bastion.jobspec import JobSpec
@@ -18,30 +17,13 @@ from bastion.jobstate import JobState, Status
 from bastion.usage.report import Attempt, summarize
 
 Job = tuple[str, JobSpec | None, JobState]
+Link = Callable[[str], str]  # a job's name -> the link to its log (the store knows where)
 QUEUE_SHOWN = 50  # waiting jobs listed per project; the rest are counted
 RUNNING_SHOWN = 200  # by project, longest-running first; the rest are counted
 RECENT_SHOWN = 100  # preemptions and failures of the last day
 PLOT_POINTS = 96  # one per 15 minutes over the last day
 DAY, WEEK = 86400.0, 7 * 86400.0
 TEXT_CHARS = 300  # of a reason on the page (`bastion why NAME` has the whole story)
-
-
-def log_link(root_url: str, name: str, relative: bool) -> str:
-    """Where a job's log object is: beside the page in the bucket (``../logs/NAME``, which
-    works from file://, a static website or an authenticated URL alike), else absolute."""
-    quoted = urllib.parse.quote(name, safe="")
-    if relative:
-        return f"../logs/{quoted}"
-    scheme, _, rest = root_url.partition("://")
-    if scheme in ("gs", "gcs"):
-        return f"https://storage.cloud.google.com/{rest.rstrip('/')}/logs/{quoted}"
-    if scheme == "s3":
-        bucket, _, path = rest.partition("/")
-        return f"https://{bucket}.s3.amazonaws.com/{path.strip('/')}/logs/{quoted}".replace(
-            ".com//", ".com/"
-        )
-    path = rest if scheme in ("file", "local") else root_url
-    return "file://" + urllib.parse.quote(path.rstrip("/")) + f"/logs/{quoted}"
 
 
 def _short(text: str) -> str:
@@ -85,7 +67,7 @@ def pool_rows(queue: Mapping[str, Any] | None) -> list[dict[str, Any]]:
 
 
 def queue_rows(
-    jobs: Sequence[Job], queue: Mapping[str, Any] | None, root_url: str, relative: bool
+    jobs: Sequence[Job], queue: Mapping[str, Any] | None, link: Link
 ) -> list[dict[str, Any]]:
     """Each project's waiting jobs in queue order with their position and one-line why."""
     pending = {name: (spec, state) for name, spec, state in jobs if state.status is Status.PENDING}
@@ -112,7 +94,7 @@ def queue_rows(
                     "user": user,
                     "resources": resources,
                     "why": _short(why),
-                    "log": log_link(root_url, name, relative),
+                    "log": link(name),
                 }
             )
         waiting = max(int(facts.get("waiting") or 0), len(order))
@@ -122,9 +104,7 @@ def queue_rows(
     return out
 
 
-def running_rows(
-    jobs: Sequence[Job], root_url: str, relative: bool, now: float
-) -> list[dict[str, Any]]:
+def running_rows(jobs: Sequence[Job], link: Link, now: float) -> list[dict[str, Any]]:
     """Admitted jobs: runner, workers' health, how long they have run, time left to stop."""
     rows = []
     live = (Status.ACTIVE, Status.CANCELLING, Status.CLEANING)
@@ -149,7 +129,7 @@ def running_rows(
                 "time_left": max(0.0, left) if left is not None else None,
                 "stopping": stop.get("kind"),
                 "reason": _short(state.reason),
-                "log": log_link(root_url, name, relative),
+                "log": link(name),
             }
         )
     rows.sort(key=lambda r: (r["project"], -r["running_for"], r["name"]))
@@ -159,8 +139,7 @@ def running_rows(
 def recent_rows(
     attempts: Iterable[Attempt],
     finished: Iterable[Mapping[str, Any]],
-    root_url: str,
-    relative: bool,
+    link: Link,
     now: float,
 ) -> list[dict[str, Any]]:
     """Preemptions and failures of the last day, newest first: attempts from the ledger, and
@@ -186,7 +165,7 @@ def recent_rows(
             rows[-1]["reason"] = _short(str(f.get("reason", "")))
     rows.sort(key=lambda r: -r["time"])
     for row in rows:
-        row["log"] = log_link(root_url, row["name"], relative)
+        row["log"] = link(row["name"])
     return rows[:RECENT_SHOWN]
 
 
@@ -257,7 +236,7 @@ def page_data(
     queue_lengths: Sequence[Sequence[float]] = (),
     daemon: str = "",
     now: float,
-    relative_links: bool = True,
+    log_link: Link,
 ) -> dict[str, Any]:
     """Everything the page shows, as JSON-able data."""
     return {
@@ -266,9 +245,9 @@ def page_data(
         "daemon": daemon,
         "free": dict((queue or {}).get("free") or {}),
         "pool": pool_rows(queue),
-        "queue": queue_rows(jobs, queue, root_url, relative_links),
-        "running": running_rows(jobs, root_url, relative_links, now),
-        "recent": recent_rows(attempts, finished, root_url, relative_links, now),
+        "queue": queue_rows(jobs, queue, log_link),
+        "running": running_rows(jobs, log_link, now),
+        "recent": recent_rows(attempts, finished, log_link, now),
         "usage": usage_rows(attempts, now),
         "plot": plot_series(attempts, queue, now),
         "queue_lengths": [list(p) for p in queue_lengths if now - p[0] <= DAY],

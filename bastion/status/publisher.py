@@ -122,6 +122,7 @@ class PagePublisher:
                 queue_lengths=lengths,
                 daemon=self.daemon,
                 now=now,
+                log_link=self.store.reports.log_link,  # beside the page: ../logs/NAME
             )
             page = render(data).encode()
             self.store.reports.write_page(page, data)
