@@ -30,6 +30,7 @@ from bastion.bucket.objects import (
     objects_for,
 )
 from bastion.bucket.outputs import OutputPaths
+from bastion.bucket.status_paths import ReportObjects
 from bastion.jobspec import MAX_SPEC_BYTES
 
 __all__ = ["ObjectInfo", "PreconditionFailed", "Store", "UnacceptableObject", "resolve_root"]
@@ -90,6 +91,7 @@ class Store:
         self.ops: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
         self.outputs = OutputPaths(self)  # ROOT/outputs/<job>/...: bastion/bucket/outputs.py
+        self.reports = ReportObjects(self)  # ROOT/usage/ (the ledger) and ROOT/status/ (page)
         if isinstance(self.objects, LocalObjects):  # so a user browsing the root sees the layout
             for sub in (ACTIVE, STATES, USER_STATES, COMPLETE):
                 os.makedirs(self._path("jobs", sub), exist_ok=True)

@@ -8,7 +8,7 @@ import functools
 import logging
 
 from bastion.bucket.store import Store
-from bastion.daemon import pools
+from bastion.daemon import pools, status_page
 from bastion.daemon.context import DELETE_WAIT_SECONDS, Context, Job
 from bastion.jobspec import JobSpec, name_problem
 from bastion.jobstate import Status
@@ -48,6 +48,8 @@ def finalize_all(ctx: Context, now: float) -> None:
         else:
             ctx.jobs.pop(job.name, None)  # its end was news to the policy already
             ctx.finished_status[job.name] = job.state.display_status  # for its dependents
+            ctx.ledger.forget(job.name)  # its last attempt's end is in the ledger already
+            status_page.note_finished(ctx, job)
 
 
 def finalize(ctx: Context, job: Job, now: float) -> None:

@@ -23,8 +23,9 @@ from bastion.jobstate import JobState
 from bastion.lease import Lease
 from bastion.quota_source import QuotaSource
 from bastion.runners.instances import Runners
+from bastion.status.publisher import PagePublisher
+from bastion.usage.ledger import LedgerWriter
 
-log = logging.getLogger("bastion.daemon")
 log = logging.getLogger("bastion.daemon")
 DEFAULT_GRACE_SECONDS = 30.0
 DEFAULT_START_GIVE_UP_SECONDS = 600.0
@@ -128,6 +129,9 @@ class Context:
         self.daemon_log_synced_at = -DAEMON_LOG_SYNC_SECONDS  # the first sync is at once
         self.usage_saved_at = -USAGE_SAVE_SECONDS
         self.usage_unsaved = False
+        self.ledger = LedgerWriter()  # attempts' records in ROOT/usage/ (bastion usage)
+        self.page: PagePublisher | None = PagePublisher(store)  # ROOT/status/ (None: off)
+        self.page_queue: tuple[str, dict[str, Any] | None] = ("", None)  # summary, parsed
         self.cycles = 0
         self.decision_records = 0
         # Two pools: the cycle's own requests (spec reads, watches, write-backs) must not queue

@@ -19,6 +19,7 @@ from bastion.daemon import (
     plan,
     publish,
     recovery,
+    status_page,
     sweep,
     writeback,
 )
@@ -97,6 +98,8 @@ class Daemon:
                     )  # what the last effects changed (handles), then let go
                 with contextlib.suppress(Exception):
                     writeback.save_usage(self.ctx, force=True)
+            if self.ctx.page is not None:
+                self.ctx.page.wait(timeout=10.0)  # a render in flight lands (start --once)
             if self.ctx.lease is not None:
                 self.ctx.lease.release()
             writeback.sync_daemon_log(self.ctx, force=True)
@@ -107,6 +110,8 @@ class Daemon:
         if self.ctx.lease is not None:
             self.ctx.lease.release()
         self.settle()
+        if self.ctx.page is not None:
+            self.ctx.page.wait()  # a render in flight writes before the store goes
         if self.ctx.effects_pool is not None:
             self.ctx.effects_pool.shutdown(wait=True)
         self.ctx.pool.shutdown(wait=True)
@@ -151,6 +156,7 @@ class Daemon:
         self.ctx.queue_written = ""
         self.ctx.inputs_changed = True
         self.ctx.specwatch.forget()
+        self.ctx.ledger.reset()  # acting again: its first pass records every attempt anew
 
     def settle(self, timeout: float = 60.0) -> None:
         """Wait for the effects in flight and take in their results (tests, shutdown)."""
@@ -203,6 +209,8 @@ class Daemon:
             done("upkeep")
         archive.finalize_all(self.ctx, now)
         done("finalize")
+        status_page.offer_page(self.ctx, now)  # rendered and written in the background
+        done("status_page")
         consumed = self.ctx.specwatch.hand_off()  # submission markers taken in: deleted at leisure
         if consumed:
             effects.submit(self.ctx, self.ctx.specwatch.delete, consumed)

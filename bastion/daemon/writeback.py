@@ -10,7 +10,7 @@ import time
 
 from bastion.bucket.objects import PreconditionFailed
 from bastion.bucket.store import Store
-from bastion.daemon import pools
+from bastion.daemon import accounting, pools
 from bastion.daemon.context import (
     DAEMON_LOG_SYNC_SECONDS,
     SWEEP_EVERY_CYCLES,
@@ -58,6 +58,7 @@ def write_back(ctx: Context) -> None:
         if logs or job.unwritten():
             work.append((job, logs))
     work.extend((None, [name]) for name in sorted(mirrors))  # logs of jobs no longer here
+    accounting.record_attempts(ctx)  # ahead of the states that say an attempt began or ended
 
     results = ctx.pool.map(pools.quietly(functools.partial(write_back_job, ctx)), work)
     changed = False

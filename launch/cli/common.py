@@ -28,7 +28,7 @@ flags.DEFINE_string(
 flags.DEFINE_string(
     "image", None, "Container image (launch: for --runner=docker; vm: the daemon's image)."
 )
-flags.DEFINE_bool("json", False, "Print JSON.")
+flags.DEFINE_bool("json", False, "Print JSON (list, simulate, usage).")
 flags.DEFINE_bool("follow", False, "Keep printing the log until the job is finished.")
 flags.DEFINE_float("follow_poll_seconds", 1.0, "How often logs --follow polls the bucket.")
 flags.DEFINE_float(

@@ -15,11 +15,11 @@ from bastion.jobspec import ExecLimitError, SpecError
 from bastion.suggest import did_you_mean
 from launch.api import JobExists, NoDaemon, NotOwner, UnknownJob
 from launch.checks import SpecMistake
-from launch.cli import admin, outputs, submit, view
+from launch.cli import admin, outputs, status, submit, usage, view
 from launch.cli.common import ABSL_FLAGS, FLAGS, UsageError, Verb
 from launch.status import RootProblem, brief
 
-VERB_MODULES = (admin, submit, view, outputs)
+VERB_MODULES = (admin, submit, view, status, usage, outputs)
 _ORDER = ("start", "launch", "bundle", "list", "logs", "cancel", "history", "update", "why")
 _ALL = {v.name: v for module in VERB_MODULES for v in module.VERBS}
 # Help lists the verbs in the order a user meets them; verbs added later come after.

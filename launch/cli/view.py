@@ -1,4 +1,4 @@
-"""Verbs that read: list, logs, history, why, status (and the flags only they take)."""
+"""Verbs that read: list, logs, history, why (and the flags only they take)."""
 
 from __future__ import annotations
 
@@ -215,14 +215,6 @@ def cmd_why(args: Sequence[str]) -> int:
     return 0
 
 
-def cmd_status(args: Sequence[str]) -> int:
-    """Whether a daemon acts on the root: exit 0 if one holds its lease, 3 if none does."""
-    no_args(args, "status")
-    status = client_of(reading=False).daemon_status()
-    print(status.message)
-    return 3 if status.stopped else 0
-
-
 def _row(job: JobInfo) -> tuple[str, ...]:
     meta = job.spec.metadata if job.spec else None
     resources = ",".join(f"{k}={v}" for k, v in sorted(meta.resources.items())) if meta else ""
@@ -332,13 +324,5 @@ VERBS = (
         "Why a job waits or runs: quota, usage, borrowing, its place in the queue.",
         "bastion why train",
         ("quota_file",),
-    ),
-    Verb(
-        "status",
-        cmd_status,
-        "bastion status",
-        "Whether a daemon holds the root's lease (exit 0) or none does (exit 3).",
-        "bastion status --root=gs://my-bucket/bastion",
-        (),
     ),
 )
