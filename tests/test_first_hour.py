@@ -168,11 +168,11 @@ def test_help_per_verb_and_flags_of_other_verbs_are_errors(local_bastion):
             assert proc.stdout.startswith(f"usage: bastion {verb}"), proc.stdout
             assert "example: bastion " in proc.stdout
     launch_help = b.cli("launch", "--help").stdout
-    assert "--resources" in launch_help and "--grace_seconds" not in launch_help
-    proc = b.cli("cancel", "--grace_seconds=2", "x", check=False)
+    assert "--resources" in launch_help and "--poll_seconds" not in launch_help
+    proc = b.cli("cancel", "--poll_seconds=2", "x", check=False)
     assert proc.returncode == 2
     line = one_line(proc.stderr)
-    assert "--grace_seconds" in line and "cancel" in line
+    assert "--poll_seconds" in line and "cancel" in line
     proc = b.cli("list", "--nosuchflag", check=False)
     assert proc.returncode == 2 and "nosuchflag" in one_line(proc.stderr)
     assert b.cli("--helpfull").returncode == 0

@@ -31,10 +31,22 @@ OUR_FLAGS = set(FLAGS) - ABSL_FLAGS
 COMMON_FLAGS = ("root",)
 
 
+def _gist(what: str, width: int = 80) -> str:
+    """A verb's first clause, one line wide, for the list of verbs."""
+    depth, end = 0, len(what)
+    for i, char in enumerate(what):  # the first ". " or "; " outside parentheses
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0 and what[i : i + 2] in (". ", "; "):
+            end = i
+            break
+    gist = what[:end].rstrip(".")
+    return gist if len(gist) <= width else gist[: width - 1].rstrip() + "…"
+
+
 def usage(verb: str | None) -> str:
     if verb is None:
         lines = ["usage: bastion VERB [flags] [args]", "", "verbs:"]
-        lines += [f"  {v:<9} {VERBS[v].what.split('. ')[0].rstrip('.')}" for v in VERBS]
+        lines += [f"  {v:<9} {_gist(VERBS[v].what)}" for v in VERBS]
         lines += [
             "",
             "Every verb takes --root=URL (else $BASTION_ROOT, else ~/.local/share/bastion).",
