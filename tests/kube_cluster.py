@@ -36,7 +36,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -379,10 +379,20 @@ def kube_server() -> Any:
 class Cluster:
     """Plays the JobSet controller, the scheduler and the kubelet against the real API."""
 
-    def __init__(self, server: KubeServer, tmp: Path, namespace: str = "default") -> None:
+    def __init__(
+        self,
+        server: KubeServer,
+        tmp: Path,
+        namespace: str = "default",
+        spawn: Callable[[dict, dict[str, str]], Any] | None = None,
+    ) -> None:
+        """``spawn(pod, env)``: what runs a pod's container, a ``Popen`` or an object with
+        its ``poll``, ``returncode``, ``send_signal``, ``kill`` and ``wait`` (the benchmark's
+        simulated agents, so 200 pods need no 200 processes); default the real process."""
         from kubernetes import client
 
         self.server, self.tmp, self.namespace = server, tmp, namespace
+        self.spawn = spawn
         self.api = server.api_client()
         self.custom = client.CustomObjectsApi(self.api)
         self.core = client.CoreV1Api(self.api)
@@ -676,6 +686,10 @@ class Cluster:
                 path = item["valueFrom"]["fieldRef"]["fieldPath"]
                 key = path.split("['", 1)[1].rstrip("']")
                 env[item["name"]] = annotations.get(key, "")
+        if self.spawn is not None:
+            with self._lock:
+                self.procs[name] = self.spawn(pod, env)
+            return
         out = open(self.tmp / f"{name}.out", "wb")  # noqa: SIM115 (closed by the child)
         proc = subprocess.Popen(
             container["command"],

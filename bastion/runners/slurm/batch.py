@@ -167,8 +167,10 @@ def batch_script(attempt: Attempt, nodes: int, settings: Mapping[str, Any], root
     """``srun`` of one task per node, under a batch shell that passes the warning signal on.
 
     ``--signal=B:TERM@<warn>`` reaches the batch shell ``warn`` seconds before the time limit
-    (and at preemption where the cluster allows it); the shell forwards SIGTERM to srun, which
-    forwards it to every task: each agent stops its command (which may checkpoint on SIGTERM,
+    (and at preemption where the cluster allows it); the shell passes SIGTERM to every task
+    with ``scancel --signal=TERM`` (the job's steps only; srun itself would end the step on a
+    SIGTERM instead of passing it on, so a ``kill`` of srun is only the fallback where the
+    node has no ``scancel``): each agent stops its command (which may checkpoint on SIGTERM,
     as on a Spot VM), flushes its output and writes its exit record. The shell then waits for
     Slurm to end the job, so the time limit still ends it as TIMEOUT, the state the job's
     history must show. A task that fails ends the others (``--kill-on-bad-exit``), as one
@@ -186,7 +188,8 @@ def batch_script(attempt: Attempt, nodes: int, settings: Mapping[str, Any], root
         f"srun --kill-on-bad-exit=1 --ntasks-per-node=1 --nodes={nodes} {io}"
         f"bash -c {shlex.quote(task)} &\n"
         "step=$!\n"
-        "trap 'kill -TERM $step 2>/dev/null; wait $step; exec sleep infinity' TERM\n"
+        'trap \'scancel --signal=TERM "$SLURM_JOB_ID" || kill -TERM $step; wait $step; '
+        "exec sleep infinity' TERM\n"
         "wait $step\n"
     )
 
