@@ -36,6 +36,7 @@ import signal
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ from bastion.bucket.store import Store
 from bastion.daemon import Daemon
 from bastion.daemon.start import build_daemon
 from launch.api import Client, new_jobspec
+from launch.status import NoDaemonWarning
 
 QUOTA = """[toml-schema]
 version = "1"
@@ -313,10 +315,12 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=5)
     parser.add_argument("--poll", type=float, default=1.0)
     args = parser.parse_args()
+    warnings.filterwarnings("ignore", category=NoDaemonWarning)  # the daemon is in-process
     for engine in args.engine:
         result = bench_gke(args) if engine == "gke" else bench_slurm(args)
         for key, value in result.items():
-            print(f"{engine:6s} {key:34s} {value}")
+            shown = round(value, 2) if isinstance(value, float) else value
+            print(f"{engine:6s} {key:34s} {shown}")
         sys.stdout.flush()
 
 
