@@ -290,6 +290,7 @@ def test_the_time_limit_warns_the_command_then_fails_the_job_as_timeout_not_requ
     assert (info.status, info.state.attempt) == ("FAILED", 1)
     assert "time limit" in info.reason and "TIMEOUT" in info.reason, info.reason
     log = rig.log("limited")
+    assert "started" in log and "warned" in log, log
     assert log.index("started") < log.index("warned"), log
     assert not [e for e in rig.client.history("limited") if "REQUEUED" in e["event"]]
 

@@ -1,4 +1,4 @@
-"""The slurm runner (bastion/runners/slurm.py) on the session's real single-node Slurm
+"""The slurm runner (bastion/runners/slurm/) on the session's real single-node Slurm
 (tests/slurm_cluster.py): the runner contract, submit refusals, races and placement.
 
 Roots are local directories (the agents on the "compute nodes" write there, as they would to a

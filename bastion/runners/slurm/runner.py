@@ -80,6 +80,7 @@ class SlurmRunner(Runner):
         self._stopped: set[str] = set()  # attempts we asked to stop: their CANCELLED is ours
         self._termed: set[int] = set()  # jobs whose steps got SIGTERM from us
         self._killed: set[int] = set()
+        self._cancelled: set[int] = set()  # jobs sent a plain scancel: once is enough
         self._starting: dict[str, threading.Lock] = {}
 
     @property
@@ -254,7 +255,7 @@ class SlurmRunner(Runner):
         job = str(row.job_id)
         no_agent = self.agents_report and self.agents(handle) is None
         if row.state in QUEUED or row.state == "CONFIGURING" or no_agent:
-            self.run("scancel", job)
+            self._cancel(row.job_id)
         elif time.time() >= deadline:
             if row.job_id not in self._killed:
                 self._killed.add(row.job_id)
@@ -272,14 +273,22 @@ class SlurmRunner(Runner):
             _, row = self._row(handle)
             if row is not None and row.live:
                 if row.state != "COMPLETING":
-                    self.run("scancel", str(row.job_id))
-                    self._invalidate()
+                    self._cancel(row.job_id)
                 return False
         self.channel.delete(handle)
         self.channel.listing.invalidate(None)
         with self._lock:
             self._stopped.discard(handle["name"])
         return True
+
+    def _cancel(self, job_id: int) -> None:
+        """``scancel`` once per job: the cycle's listing may still show a job cancelled a
+        moment ago as live (a stop and a delete in one cycle), and Slurm needs no reminder."""
+        if job_id in self._cancelled:
+            return
+        self.run("scancel", str(job_id))
+        self._cancelled.add(job_id)
+        self._invalidate()
 
     def list_owned(self) -> list[Owned]:
         """This root's jobs: live ones, and ended ones whose agents' records are still there
