@@ -279,19 +279,20 @@ def test_an_orphan_of_this_root_is_cancelled_and_another_roots_job_left_alone(ri
 def test_the_time_limit_warns_the_command_then_fails_the_job_as_timeout_not_requeued(
     rig: Rig,
 ) -> None:
-    """``--time=1`` with the warning 30 s before: the command gets SIGTERM (here it only says
+    """``--time=2`` with the warning 60 s before: the command gets SIGTERM (here it only says
     so and goes on), its output is flushed, and at the limit Slurm ends the job as TIMEOUT:
-    FAILED with "time limit", one attempt."""
-    command = "trap 'echo warned' TERM; echo started; while true; do sleep 0.2; done"
-    rig.submit("limited", command, time="1")
-    daemon = rig.daemon(warn_seconds=30)
-    rig.drive(daemon, lambda: rig.finished("limited"), "the time limit", timeout=150)
+    FAILED with "time limit", one attempt. (Slurm checks limits about every 30 s, so the
+    margins are a minute.)"""
+    command = "trap 'echo cmd-warned' TERM; echo cmd-up; while true; do sleep 0.2; done"
+    rig.submit("limited", command, time="2")
+    daemon = rig.daemon(warn_seconds=60)
+    rig.drive(daemon, lambda: rig.finished("limited"), "the time limit", timeout=240)
     info = rig.client.get("limited")
     assert (info.status, info.state.attempt) == ("FAILED", 1)
     assert "time limit" in info.reason and "TIMEOUT" in info.reason, info.reason
     log = rig.log("limited")
-    assert "started" in log and "warned" in log, log
-    assert log.index("started") < log.index("warned"), log
+    assert "\ncmd-up\n" in log and "\ncmd-warned\n" in log, log
+    assert log.index("cmd-up") < log.index("cmd-warned"), log
     assert not [e for e in rig.client.history("limited") if "REQUEUED" in e["event"]]
 
 
