@@ -18,7 +18,8 @@ engine the tests use:
 
 Phases per engine: intake (submit ``--jobs`` jobs; cycles until every one is placed; for gke
 until every one is RUNNING), steady state (``--cycles`` cycles with nothing changing: engine
-calls per cycle), finish (every job ends; cycles until every one is recorded finished and its
+calls per cycle), for gke one spot eviction (cycles and seconds until the requeued attempt's
+JobSet exists), finish (every job ends; cycles until every one is recorded finished and its
 JobSet or Slurm job is gone: engine calls per job from submit to deleted, the steady cycles
 taken out), and one job alone on an idle engine: seconds and cycles from submit to RUNNING.
 Cycles run every ``--poll`` seconds (1; the CLI's default is 3).
@@ -239,6 +240,9 @@ def _gke_phases(
     )
     counts = steady(rig, args.cycles)
     out["steady_calls_per_cycle"] = counts
+    out["evicted_to_new_jobset_cycles"], out["evicted_to_new_jobset_s"] = evict_one(
+        rig, cluster, names[0]
+    )
     for agent in list(agents):
         agent.finish(0)
     finish = rig.until(
@@ -247,6 +251,22 @@ def _gke_phases(
     out["finish_cycles"], out["finish_s"] = finish
     total = rig.calls() - before - sum(counts)
     out["calls_per_job_submit_to_deleted"] = round(total / len(names), 2)
+
+
+def evict_one(rig: Rig, cluster: Any, name: str) -> tuple[int, float]:
+    """A spot eviction of the job's pod: cycles and seconds until its attempt 2's JobSet is
+    in the cluster (the agent's exit record is written at the SIGTERM, as a real one flushes)."""
+    first = rig.client.get(name).state.runner["name"]
+    (pod,) = [p for p in cluster.pods() if p["metadata"]["labels"]["bastion-attempt-name"] == first]
+    cluster.evict(pod["metadata"]["name"])
+
+    def requeued() -> bool:
+        runner = rig.client.get(name).state.runner or {}
+        return runner.get("name", first) != first and any(
+            a == runner["name"] for a in cluster.attempts.values()
+        )
+
+    return rig.until(requeued, f"{name}'s attempt 2 JobSet", 120)
 
 
 def bench_slurm(args: argparse.Namespace) -> dict[str, Any]:
