@@ -65,6 +65,22 @@ cpu = 1.0
 """
 
 
+class Figures(dict):
+    """The figures of one engine, printed as each is measured (a long run shows its progress
+    and keeps what it measured if a later phase stalls)."""
+
+    def __init__(self, engine: str, **first: Any) -> None:
+        super().__init__()
+        self.engine = engine
+        for key, value in first.items():
+            self[key] = value
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        super().__setitem__(key, value)
+        shown = round(value, 2) if isinstance(value, float) else value
+        print(f"{self.engine:6s} {key:34s} {shown}", flush=True)
+
+
 class SimAgent:
     """A pod's container: the agent's records through ``Store``, no process."""
 
@@ -192,7 +208,7 @@ def one_job_latency(rig: Rig, submit: Callable[[str], None], name: str) -> tuple
 def bench_gke(args: argparse.Namespace) -> dict[str, Any]:
     from tests.kube_cluster import Cluster, kube_server
 
-    out: dict[str, Any] = {"engine": "gke", "jobs": args.jobs}
+    out = Figures("gke", jobs=args.jobs)
     with kube_server() as kube, tempfile.TemporaryDirectory(prefix="bench-gke-") as tmp_dir:
         tmp = Path(tmp_dir)
         out["apiserver_setup_s"] = round(kube.build_seconds, 1)
@@ -243,11 +259,13 @@ def _gke_phases(
     out["evicted_to_new_jobset_cycles"], out["evicted_to_new_jobset_s"] = evict_one(
         rig, cluster, names[0]
     )
-    for agent in list(agents):
-        agent.finish(0)
-    finish = rig.until(
-        lambda: all(rig.finished(n) for n in names) and not cluster.jobsets(), "every job gone"
-    )
+
+    def all_gone() -> bool:
+        for agent in list(agents):  # also a requeued attempt's, whose pod may start later
+            agent.finish(0)
+        return all(rig.finished(n) for n in names) and not cluster.jobsets()
+
+    finish = rig.until(all_gone, "every job gone")
     out["finish_cycles"], out["finish_s"] = finish
     total = rig.calls() - before - sum(counts)
     out["calls_per_job_submit_to_deleted"] = round(total / len(names), 2)
@@ -272,7 +290,7 @@ def evict_one(rig: Rig, cluster: Any, name: str) -> tuple[int, float]:
 def bench_slurm(args: argparse.Namespace) -> dict[str, Any]:
     from tests.slurm_cluster import _stop, start_cluster
 
-    out: dict[str, Any] = {"engine": "slurm", "jobs": args.slurm_jobs}
+    out = Figures("slurm", jobs=args.slurm_jobs)
     with tempfile.TemporaryDirectory(prefix="bench-slurm-") as tmp_dir:
         tmp = Path(tmp_dir)
         (tmp / "slurm").mkdir()
@@ -337,11 +355,7 @@ def main() -> None:
     args = parser.parse_args()
     warnings.filterwarnings("ignore", category=NoDaemonWarning)  # the daemon is in-process
     for engine in args.engine:
-        result = bench_gke(args) if engine == "gke" else bench_slurm(args)
-        for key, value in result.items():
-            shown = round(value, 2) if isinstance(value, float) else value
-            print(f"{engine:6s} {key:34s} {shown}")
-        sys.stdout.flush()
+        bench_gke(args) if engine == "gke" else bench_slurm(args)
 
 
 if __name__ == "__main__":
