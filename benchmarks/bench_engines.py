@@ -354,6 +354,9 @@ def main() -> None:
     parser.add_argument("--poll", type=float, default=1.0)
     args = parser.parse_args()
     warnings.filterwarnings("ignore", category=NoDaemonWarning)  # the daemon is in-process
+    # A SIGTERM (timeout, ^C from a supervisor) unwinds, so the apiserver, etcd and slurmd
+    # this run started are stopped by their context managers instead of left running.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     for engine in args.engine:
         bench_gke(args) if engine == "gke" else bench_slurm(args)
 
