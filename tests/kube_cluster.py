@@ -25,6 +25,7 @@ before its container starts (image pull).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import signal
@@ -35,6 +36,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,6 +127,60 @@ class KubeServer:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
+
+    @contextlib.contextmanager
+    def replicas_at_most(self, maximum: int) -> Iterator[None]:
+        """The JobSet CRD's schema says ``replicas <= maximum`` (a cluster policy the
+        apiserver itself enforces): a create that asks for more gets a real 422 Invalid.
+        The plain CRD is back afterwards."""
+        from kubernetes import client
+
+        api = client.ApiextensionsV1Api(self.api_client())
+        strict = json.loads(json.dumps(CRD))
+        spec = strict["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        spec["properties"] = {
+            "replicatedJobs": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "x-kubernetes-preserve-unknown-fields": True,
+                    "properties": {"replicas": {"type": "integer", "maximum": maximum}},
+                },
+            }
+        }
+        self._replace_crd(api, strict)
+        probe = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "JobSet",
+            "metadata": {"name": "schema-probe"},
+            "spec": {"replicatedJobs": [{"name": "job", "replicas": maximum + 1}]},
+        }
+        custom = client.CustomObjectsApi(self.api_client())
+        deadline = time.monotonic() + 30
+        while True:  # the apiserver takes the new schema in within a second or two
+            try:
+                custom.create_namespaced_custom_object(
+                    GROUP, VERSION, "default", PLURAL, probe, dry_run="All"
+                )
+            except client.ApiException as e:
+                if e.status == 422:
+                    break
+            if time.monotonic() > deadline:
+                raise AssertionError("the stricter JobSet schema was not enforced in 30 s")
+            time.sleep(0.2)
+        try:
+            yield
+        finally:
+            self._replace_crd(api, CRD)
+
+    @staticmethod
+    def _replace_crd(api: Any, body: dict) -> None:
+        current = api.read_custom_resource_definition(f"{PLURAL}.{GROUP}")
+        body = {
+            **body,
+            "metadata": {**body["metadata"], "resourceVersion": current.metadata.resource_version},
+        }
+        api.replace_custom_resource_definition(f"{PLURAL}.{GROUP}", body)
 
     def remove_crd(self) -> None:
         from kubernetes import client
@@ -323,10 +379,20 @@ def kube_server() -> Any:
 class Cluster:
     """Plays the JobSet controller, the scheduler and the kubelet against the real API."""
 
-    def __init__(self, server: KubeServer, tmp: Path, namespace: str = "default") -> None:
+    def __init__(
+        self,
+        server: KubeServer,
+        tmp: Path,
+        namespace: str = "default",
+        spawn: Callable[[dict, dict[str, str]], Any] | None = None,
+    ) -> None:
+        """``spawn(pod, env)``: what runs a pod's container, a ``Popen`` or an object with
+        its ``poll``, ``returncode``, ``send_signal``, ``kill`` and ``wait`` (the benchmark's
+        simulated agents, so 200 pods need no 200 processes); default the real process."""
         from kubernetes import client
 
         self.server, self.tmp, self.namespace = server, tmp, namespace
+        self.spawn = spawn
         self.api = server.api_client()
         self.custom = client.CustomObjectsApi(self.api)
         self.core = client.CoreV1Api(self.api)
@@ -620,6 +686,10 @@ class Cluster:
                 path = item["valueFrom"]["fieldRef"]["fieldPath"]
                 key = path.split("['", 1)[1].rstrip("']")
                 env[item["name"]] = annotations.get(key, "")
+        if self.spawn is not None:
+            with self._lock:
+                self.procs[name] = self.spawn(pod, env)
+            return
         out = open(self.tmp / f"{name}.out", "wb")  # noqa: SIM115 (closed by the child)
         proc = subprocess.Popen(
             container["command"],

@@ -9,6 +9,7 @@ exit records flow through the bucket as on GKE. Never skipped: a build that fail
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
@@ -22,8 +23,8 @@ import pytest
 from bastion.bucket.store import Store
 from bastion.daemon import SWEEP_EVERY_CYCLES, Daemon
 from bastion.daemon.start import build_daemon
-from bastion.runners.base import Attempt, attempt_name
-from bastion.runners.gke import MAX_JOBSET_NAME, GkeRunner, jobset_name
+from bastion.runners.base import Attempt, RunnerError, attempt_name
+from bastion.runners.gke import MAX_JOBSET_NAME, GkeRunner, jobset_name, refusal
 from launch.api import Client, new_jobspec
 from tests.kube_cluster import Cluster, KubeServer
 from tests.runner_contract import RunnerContract
@@ -618,3 +619,103 @@ class TestGkeContract(RunnerContract):
             "termination_grace_seconds": 5,
         }
         return GkeRunner(settings)
+
+
+# -- 11. a refusal of the manifest itself: one clear reason, no retry loop --------------------
+
+
+def test_a_manifest_the_apiserver_refuses_as_invalid_fails_once_with_its_words(
+    gke: Gke,
+) -> None:
+    """A cluster policy in the CRD's schema (replicas at most 4) and a job asking for 5
+    slices: the real apiserver answers 422 Invalid; the job fails at attempt 1 with the
+    apiserver's message and a fix, and no JobSet is made or retried."""
+    with gke.kube.replicas_at_most(4):
+        gke.submit("toobig", "echo never", resources={"v5p": 40}, num_replicas=5)
+        daemon = gke.daemon()
+        gke.drive(daemon, lambda: gke.finished("toobig"), "toobig to finish")
+    info = gke.info("toobig")
+    assert (info.status, info.state.attempt) == ("FAILED", 1)
+    assert "the cluster's validation refused to create JobSet" in info.reason, info.reason
+    assert "(422)" in info.reason and "less than or equal to 4" in info.reason, info.reason
+    assert "change the job's options" in info.reason
+    assert not gke.cluster.jobsets()
+    assert not [e for e, _ in gke.history("toobig") if e == "REQUEUED"]
+
+
+def test_an_admission_webhook_denial_reads_as_the_webhooks_refusal_not_rbac() -> None:
+    """What a validating webhook's denial looks like on the wire (403 with the webhook's
+    message, as kube-apiserver writes it): the reason names the webhook, not RBAC."""
+    from kubernetes.client import ApiException
+
+    denial = ApiException(status=403, reason="Forbidden")
+    denial.body = json.dumps(
+        {
+            "kind": "Status",
+            "status": "Failure",
+            "message": 'admission webhook "jobset.policy.example.com" denied the request: '
+            "TPU v5p jobs need a reservation",
+            "reason": "Forbidden",
+            "code": 403,
+        }
+    )
+    error = refusal(denial, "create", "JobSet js-1 in namespace default")
+    assert isinstance(error, RunnerError)
+    assert str(error).startswith("an admission webhook refused to create JobSet js-1")
+    assert "TPU v5p jobs need a reservation" in str(error) and "RBAC" not in str(error)
+
+
+# -- 12. AXLearn instance-type specs run on gke when the settings say so ----------------------
+
+
+def test_instance_type_specs_that_name_no_gke_runner_run_on_gke_when_settings_say_so(
+    gke: Gke,
+) -> None:
+    """``[runners.gke] instance_types = true``: specs whose runner an instance type implied
+    (``bastion launch --instance_type`` without ``--runner``: tpu-* as tpu, gpu-* as gce) run
+    as JobSets, unchanged."""
+    from launch.bundling import instance_type_runner
+
+    for name, instance_type, command in (
+        ("axtpu", "tpu-v5p-8", 'echo "tpu $BASTION_WORKER"'),
+        ("axgpu", "gpu-a3-highgpu-8g", 'echo "gpu $BASTION_WORKER"'),
+    ):
+        runner, resources = instance_type_runner(instance_type)
+        assert runner["kind"] in ("tpu", "gce")  # what the spec names: not gke
+        gke.client.submit(
+            new_jobspec(
+                name=name,
+                command=command,
+                user_id="tester",
+                project_id="default",
+                resources=resources,
+                runner=runner,
+            )
+        )
+    daemon = gke.daemon(instance_types=True)
+    gke.drive(daemon, lambda: gke.finished("axtpu") and gke.finished("axgpu"), "both to finish")
+    assert gke.info("axtpu").status == "SUCCEEDED" and "tpu 0\n" in gke.log("axtpu")
+    assert gke.info("axgpu").status == "SUCCEEDED" and "gpu 0\n" in gke.log("axgpu")
+    (tpu,) = gke.attempts("axtpu")
+    body = gke.cluster.stored[jobset_name(tpu)]
+    pod = body["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert pod["nodeSelector"]["cloud.google.com/gke-tpu-accelerator"] == "tpu-v5p-slice"
+    (gpu,) = gke.attempts("axgpu")
+    body = gke.cluster.stored[jobset_name(gpu)]
+    pod = body["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert pod["nodeSelector"]["node.kubernetes.io/instance-type"] == "a3-highgpu-8g"
+    placed = [r for e, r in gke.history("axgpu") if e == "PLACED"]
+    assert placed and "JobSet" in placed[0], placed
+
+
+def test_instance_types_must_be_true_or_false_and_claimed_by_one_runner(tmp_path: Path) -> None:
+    from bastion.daemon.start import SettingsError, load_settings
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[runners.gke]\ninstance_types = "yes"\n')
+    with pytest.raises(SettingsError, match=r"bad.toml: \[runners.gke\] instance_types = 'yes'"):
+        load_settings(str(bad))
+    two = tmp_path / "two.toml"
+    two.write_text("[runners.gke]\ninstance_types = true\n[runners.slurm]\ninstance_types = true\n")
+    with pytest.raises(SettingsError, match=r"one runner takes the instance-type jobs"):
+        load_settings(str(two))

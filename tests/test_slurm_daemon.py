@@ -52,7 +52,7 @@ class Rig:
         self.client = Client(str(self.root), expect_daemon=False)
         self.daemons: list[Daemon] = []
 
-    def daemon(self, work: str = "work") -> Daemon:
+    def daemon(self, work: str = "work", **more: Any) -> Daemon:
         slurm = {
             "python": sys.executable,
             "agent_args": AGENT_ARGS,
@@ -60,6 +60,7 @@ class Rig:
             "slurm_output": str(self.tmp / "%x.out"),
             "heartbeat_timeout": 30,
             "jobcomp_file": str(self.slurm.jobcomp),
+            **more,
         }
         settings = {"default_runner": "local", "runners": {"slurm": slurm}}
         daemon = build_daemon(
@@ -272,3 +273,73 @@ def test_an_orphan_of_this_root_is_cancelled_and_another_roots_job_left_alone(ri
         daemon.cycle(time.time())
         daemon.settle()
     assert [j["name"] for j in rig.slurm.live()] == [theirs.name]
+
+
+def test_the_time_limit_warns_the_command_then_fails_the_job_as_timeout_not_requeued(
+    rig: Rig,
+) -> None:
+    """``--time=2`` with the warning 60 s before: the command gets SIGTERM (here it only says
+    so and goes on), its output is flushed, and at the limit Slurm ends the job as TIMEOUT:
+    FAILED with "time limit", one attempt. (Slurm checks limits about every 30 s, so the
+    margins are a minute.)"""
+    command = "trap 'echo cmd-warned' TERM; echo cmd-up; while true; do sleep 0.2; done"
+    rig.submit("limited", command, time="2")
+    daemon = rig.daemon(warn_seconds=60)
+    rig.drive(daemon, lambda: rig.finished("limited"), "the time limit", timeout=240)
+    info = rig.client.get("limited")
+    assert (info.status, info.state.attempt) == ("FAILED", 1)
+    assert "time limit" in info.reason and "TIMEOUT" in info.reason, info.reason
+    log = rig.log("limited")
+    assert "\ncmd-up\n" in log and "\ncmd-warned\n" in log, log
+    assert log.index("cmd-up") < log.index("cmd-warned"), log
+    assert not [e for e in rig.client.history("limited") if "REQUEUED" in e["event"]]
+
+
+def test_a_node_failure_mid_run_is_a_preemption_requeued_once_the_node_is_back(
+    rig: Rig,
+) -> None:
+    """slurmd of the job's node killed: Slurm marks the node down and the job NODE_FAIL
+    (SlurmdTimeout=10); the attempt is preempted, not failed, and attempt 2 runs once the
+    node is back."""
+    marker = f"{rig.tmp}/node-fail-ran"
+    token = uuid.uuid4().hex
+    command = (
+        f"if [ -e {marker} ]; then echo second run; else touch {marker}; echo first run; "
+        f"sleep 300; fi # {token}"
+    )
+    rig.submit("nodefail", command)
+    daemon = rig.daemon()
+    rig.drive(daemon, lambda: "first run" in rig.log("nodefail"), "the first run")
+    (job,) = [j for j in rig.slurm.jobs() if "nodefail" in j["name"]]
+    node = rig.slurm.run("squeue", "-h", "-j", job["id"], "-o", "%N").strip()
+    pid = int((rig.slurm.dir / f"slurmd-{node}.pid").read_text())
+    os.kill(pid, 9)
+    try:
+        rig.drive(
+            daemon,
+            lambda: rig.client.get("nodefail").state.attempt == 2,
+            "the node failure to requeue",
+            timeout=120,
+        )
+    finally:
+        rig.slurm.run("slurmd", "-N", node)
+        for p in _processes_with(token):  # linuxproc: the dead node's processes outlive it
+            p.kill()
+    rig.drive(daemon, lambda: rig.finished("nodefail"), "attempt 2 to finish", timeout=120)
+    info = rig.client.get("nodefail")
+    assert (info.status, info.state.attempt) == ("SUCCEEDED", 2)
+    reasons = [e["reason"] for e in rig.client.history("nodefail")]
+    assert any("NODE_FAIL (node failure)" in r for r in reasons), reasons
+    assert "second run" in rig.log("nodefail")
+
+
+def test_shared_fs_output_reaches_the_jobs_log_through_the_daemon(rig: Rig) -> None:
+    out = rig.tmp / "shared"
+    out.mkdir()
+    rig.submit("nfs", 'echo "line $BASTION_WORKER"; exit 0', resources={"cpu": 2}, nodes="2")
+    daemon = rig.daemon(output="shared_fs", output_dir=str(out))
+    rig.drive(daemon, lambda: rig.finished("nfs"), "nfs to finish")
+    info = rig.client.get("nfs")
+    assert (info.status, info.state.exit_code) == ("SUCCEEDED", 0)
+    log = rig.log("nfs")
+    assert "\nline 0\n" in log and "line 1" not in log, log  # the job's log is worker 0's

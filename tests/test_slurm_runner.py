@@ -1,4 +1,4 @@
-"""The slurm runner (bastion/runners/slurm.py) on the session's real single-node Slurm
+"""The slurm runner (bastion/runners/slurm/) on the session's real single-node Slurm
 (tests/slurm_cluster.py): the runner contract, submit refusals, races and placement.
 
 Roots are local directories (the agents on the "compute nodes" write there, as they would to a
@@ -6,6 +6,7 @@ bucket the nodes reach)."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import uuid
@@ -159,3 +160,62 @@ def test_poll_costs_one_squeue_per_cycle_for_all_jobs(runner):
             runner.poll(h)
             runner.read_output(h, 0, 100)
     assert {k: v - before.get(k, 0) for k, v in runner.calls.items()} == {"squeue": 1, "sbatch": 0}
+
+
+def test_a_pending_job_shows_its_position_in_the_partitions_queue(runner, slurm):
+    """Slurm's reason and the place among every job pending in the partition (the filler that
+    holds both nodes is running, so the three behind it are positions 1, 2 and 3)."""
+    whole = {"cpu": 2 * (os.cpu_count() or 1)}
+    filler = Attempt(**{**attempt(runner.root, "sleep 60", job="filler", nodes="2").__dict__})
+    filler = Attempt(**{**filler.__dict__, "resources": whole})
+    held = runner.start(filler)
+    wait_until(lambda: runner.poll(held).phase is not AttemptPhase.QUEUED, 30, "the filler")
+    waiting = []
+    for i in range(3):
+        a = attempt(runner.root, "true", job=f"wait{i}", nodes="2")
+        waiting.append(runner.start(Attempt(**{**a.__dict__, "resources": whole})))
+    time.sleep(1.2)  # past the first second, when a new job is "submitted" without a row
+    reasons = [runner.poll(h) for h in waiting]
+    assert [o.phase for o in reasons] == [AttemptPhase.QUEUED] * 3
+    for n, (h, o) in enumerate(zip(waiting, reasons, strict=True), start=1):
+        assert f"position {n} in partition low" in o.reason, o.reason
+        assert f"Slurm job {h['job_id']} pending (" in o.reason
+
+
+def test_the_warning_signal_is_asked_for_and_a_bad_setting_is_refused(tmp_path):
+    runner = SlurmRunner({"root": str(tmp_path), "warn_seconds": 45})
+    assert "--signal=B:TERM@45" in runner.sbatch_args(attempt(runner.root, "true"))
+    quiet = SlurmRunner({"root": str(tmp_path), "warn_seconds": 0})
+    assert not [a for a in quiet.sbatch_args(attempt(runner.root, "true")) if "--signal" in a]
+    with pytest.raises(RunnerError, match=r"warn_seconds = 'soon': give whole seconds"):
+        SlurmRunner({"root": str(tmp_path), "warn_seconds": "soon"})
+
+
+def test_an_unknown_output_mode_or_shared_fs_without_a_directory_is_refused(tmp_path):
+    with pytest.raises(RunnerError, match=r"output = 'nfs': use 'bucket' .* or 'shared_fs'"):
+        SlurmRunner({"root": str(tmp_path), "output": "nfs"})
+    with pytest.raises(RunnerError, match=r"'shared_fs' needs output_dir"):
+        SlurmRunner({"root": str(tmp_path), "output": "shared_fs"})
+
+
+def test_shared_fs_mode_reads_each_tasks_output_file_and_slurms_exit_code(slurm, tmp_path):
+    """No agent: the command runs under srun, its output goes to the task's file (appended),
+    read by offset; Slurm's state and exit code stand for the agents' records."""
+    out = tmp_path / "shared"
+    out.mkdir()
+    runner = SlurmRunner(
+        settings(str(tmp_path / "root"), tmp_path, output="shared_fs", output_dir=str(out))
+    )
+    two = runner.start(
+        attempt(runner.root, 'echo "w$BASTION_WORKER of $BASTION_NUM_WORKERS"', nodes="2")
+    )
+    assert finished(runner, two).phase == AttemptPhase.SUCCEEDED
+    assert runner.read_output(two, 0, 100) == b"w0 of 2\n"
+    assert runner.read_output(two, 1, 100) == b"0 of 2\n"  # by offset
+    assert (out / f"{two['name']}.1.out").read_text() == "w1 of 2\n"
+    assert not (tmp_path / "root" / "agents").exists()  # nothing went through the bucket
+    bad = runner.start(attempt(runner.root, "echo failing; exit 3", job="bad"))
+    obs = finished(runner, bad)
+    assert (obs.phase, obs.exit_code) == (AttemptPhase.FAILED, 3)
+    assert runner.read_output(bad, 0, 100) == b"failing\n"
+    runner.close()

@@ -81,7 +81,7 @@ def log_line(ctx: Context, job: Job, purpose: str, text: str) -> None:
 
 
 def runner_kind(ctx: Context, job: Job) -> str:
-    return (job.spec.runner_kind if job.spec else None) or ctx.runners.default
+    return ctx.runners.kind_for(job.spec.runner_kind if job.spec else None)
 
 
 def attempt_name_for(ctx: Context, job: Job, purpose: str) -> str:

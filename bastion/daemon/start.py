@@ -34,8 +34,8 @@ from bastion.daemon import DEFAULT_START_GIVE_UP_SECONDS, Daemon
 from bastion.daemon.readiness import check_runners
 from bastion.lease import Lease, process_identity
 from bastion.quota_source import QuotaSource, machine_pool
-from bastion.runners.base import known_kinds
-from bastion.runners.instances import Runners
+from bastion.runners.base import RunnerError, known_kinds
+from bastion.runners.instances import Runners, instance_types_kind
 
 log = logging.getLogger("bastion")
 
@@ -118,6 +118,10 @@ def load_settings(path: str | None) -> dict[str, Any]:
                 f"{path}: [runners.{kind}]: unknown runner kind; use one of "
                 f"{', '.join(known_kinds())}"
             )
+    try:
+        instance_types_kind(runners)
+    except RunnerError as e:
+        raise SettingsError(f"{path}: {e}") from None
     default = data.get("default_runner", "local")
     if default not in known_kinds():
         raise SettingsError(

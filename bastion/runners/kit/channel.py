@@ -95,12 +95,25 @@ class AgentChannel:
         """What the agents say (None: none started yet)."""
         return self.records(handle).observe(self.attempt_records(handle), time.time())
 
-    def gone(self, handle: Handle, why: str) -> Observation:
+    def gone(self, handle: Handle, why: str, wait_flush: bool = False) -> Observation:
         """The machines are gone (or going) without a preemption: what the agents reported
-        if they all finished, else LOST (requeued as a new attempt)."""
+        if they all finished, else LOST (requeued as a new attempt).
+
+        ``wait_flush``: where the provider's object goes before its processes do (a pod's
+        container outlives its API object by its grace period), started agents that have
+        not finished still speak for ``flush_seconds`` after the end was first seen."""
         seen = self.agents(handle)
         if seen is not None and seen.finished and seen.phase is not AttemptPhase.LOST:
             return seen
+        if wait_flush and seen is not None and not seen.finished:
+            with self._lock:
+                first = self._ended_at.setdefault(handle["name"], time.monotonic())
+            if time.monotonic() - first < self.flush_seconds:
+                return Observation(
+                    AttemptPhase.RUNNING, f"{seen.reason}; {why}", workers=seen.workers
+                )
+        with self._lock:
+            self._ended_at.pop(handle["name"], None)
         return Observation(AttemptPhase.LOST, why, retryable=True)
 
     def preempted(self, handle: Handle, why: str) -> Observation:
