@@ -19,7 +19,7 @@ from typing import Any
 
 import fsspec
 
-from bastion.bucket.objects import LocalObjects
+from bastion.bucket.local import LocalObjects
 from bastion.bucket.store import Store
 
 PROBE_SECONDS = 8.0  # how long a reading verb waits for an unreachable bucket

@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 
 import fsspec
 
+from bastion.bucket.local import LocalObjects
 from bastion.bucket.objects import (
-    LocalObjects,
     ObjectInfo,
     Objects,
     PreconditionFailed,
