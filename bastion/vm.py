@@ -394,7 +394,7 @@ def lease_holder(root: str) -> dict[str, Any] | None:
     """The lease record of ROOT (host, pid, renewed, duration, released), or None."""
     from bastion.bucket.store import Store
 
-    found = Store(root).read_lease()
+    found = Store(root).lease.read()
     return None if found is None else found[0]
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from bastion.bucket.runs import parse_run_name
 from bastion.bucket.store import Store
 from bastion.daemon import SWEEP_EVERY_CYCLES, Daemon
 from bastion.daemon.start import build_daemon
@@ -150,13 +151,11 @@ class Gke:
     def worker_output(self, job: str, attempt: str, worker: int) -> str:
         """The worker's output chunks (they outlive the attempt's agent records)."""
         store = Store(str(self.root))
-        listing = store.list_run(job, attempt)
+        listing = store.runs.list(job, attempt)
         chunks = sorted(
-            p[2]
-            for n in listing
-            if (p := Store.parse_run_name(n)) and p[0] == worker and p[1] == "log"
+            p[2] for n in listing if (p := parse_run_name(n)) and p[0] == worker and p[1] == "log"
         )
-        return b"".join(store.read_run_chunk(job, attempt, worker, seq) for seq in chunks).decode()
+        return b"".join(store.runs.read_chunk(job, attempt, worker, seq) for seq in chunks).decode()
 
     def close(self) -> None:
         for daemon in self.daemons:
@@ -330,7 +329,7 @@ def test_pod_eviction_requeues_as_attempt_2_on_a_new_jobset(gke: Gke) -> None:
     (why,) = [r for e, r in gke.history("spot") if e == "PROVIDER_PREEMPTED"]
     assert "evicted" in why and "PreemptionByScheduler" in why
     log = gke.log("spot")
-    exit_record = Store(str(gke.root)).read_run_record("spot", first, 0, "exit")
+    exit_record = Store(str(gke.root)).agents.read("spot", first, 0, "exit")
     section = log.split("=== [bastion] attempt 1 of", 1)[1].split("\n", 1)[1]
     section = section.split("=== [bastion] attempt 1 ", 1)[0]
     assert len(section) == exit_record["output_bytes"]  # complete up to the eviction

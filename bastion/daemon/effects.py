@@ -260,7 +260,7 @@ def job_env(ctx: Context, job: Job) -> dict[str, str]:
         "BASTION_PROJECT_ID": spec.metadata.project_id,
         "BASTION_USER_ID": spec.metadata.user_id,
         "BASTION_TIER": "" if state.tier is None else str(state.tier),
-        "BASTION_SPEC_URL": ctx.store.url("jobs", "active", job.name),
+        "BASTION_SPEC_URL": ctx.store.specs.url(job.name),
     }
     if job.spec_json[0] is not spec:  # serialized once per spec, not once per attempt
         job.spec_json = (spec, json.dumps(spec.to_json()))

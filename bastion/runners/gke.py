@@ -81,6 +81,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from bastion.bucket.runs import parse_run_name, run_name
 from bastion.bucket.store import ObjectInfo, Store
 from bastion.runners import startup
 from bastion.runners.base import (
@@ -456,7 +457,7 @@ class GkeRunner(Runner):
         with self._lock:
             at, found = self._agents
             if self._stale(at):
-                found = self.store.list_agents()
+                found = self.store.agents.list_all()
                 self._agents = (time.monotonic(), found)
             return found
 
@@ -484,13 +485,13 @@ class GkeRunner(Runner):
         existing JobSet's labels say it is this attempt."""
         sh = shape(self._options(attempt))
         name = jobset_name(attempt.name)
-        record = self.store.read_provision(attempt.job, attempt.name) or {}
+        record = self.store.runs.read_provision(attempt.job, attempt.name) or {}
         handle = self._handle(attempt.job, attempt.name, name, sh, record.get("time"))
         if name in self.jobsets(fresh=not self._per_cycle):
             return handle
         body = self.manifest(attempt, sh)
         created = time.time()
-        self.store.write_provision(
+        self.store.runs.write_provision(
             attempt.job,
             attempt.name,
             {
@@ -583,7 +584,7 @@ class GkeRunner(Runner):
             return self.settings.get("package_url")
         with self._lock:
             if self._package_url is None:
-                self._package_url = self.store.put_package(*startup.package_wheel())
+                self._package_url = self.store.packages.put(*startup.package_wheel())
             return self._package_url
 
     def manifest(self, attempt: Attempt, sh: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -740,10 +741,8 @@ class GkeRunner(Runner):
 
     def _flushed(self, handle: Handle) -> bool:
         listing = self._attempt_records(handle)
-        started = [
-            w for w in range(int(handle["workers"])) if Store.run_name(w, "started") in listing
-        ]
-        return all(Store.run_name(w, "exit") in listing for w in started)
+        started = [w for w in range(int(handle["workers"])) if run_name(w, "started") in listing]
+        return all(run_name(w, "exit") in listing for w in started)
 
     def ended(self, handle: Handle, outcome: Observation) -> Observation:
         """The cluster ended the pods (an eviction, Kueue): ``outcome`` once every started
@@ -912,7 +911,7 @@ class GkeRunner(Runner):
                     self._request_delete(name)
                 if self._per_cycle or not self._gone_soon(name):
                     return False
-        self.store.delete_agent_records(handle["job"], handle["name"])
+        self.store.agents.delete(handle["job"], handle["name"])
         self.forget(handle["name"])
         return True
 
@@ -954,10 +953,10 @@ class GkeRunner(Runner):
         for (job, attempt), records in self.agent_listing().items():
             if attempt in names or not attempt.startswith(prefix):
                 continue
-            provision = self.store.read_provision(job, attempt) or {}
+            provision = self.store.runs.read_provision(job, attempt) or {}
             if provision.get("kind") != self.kind:
                 continue  # another runner's attempt: its records are that runner's to sweep
-            workers = 1 + max((p[0] for r in records if (p := Store.parse_run_name(r))), default=0)
+            workers = 1 + max((p[0] for r in records if (p := parse_run_name(r))), default=0)
             handle = {"name": attempt, "job": job, "workers": workers, "records_only": True}
             owned.append(Owned(attempt, handle, True))
         return owned

@@ -74,6 +74,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from bastion.bucket.runs import parse_run_name
 from bastion.bucket.store import ObjectInfo, Store
 from bastion.runners import startup
 from bastion.runners.base import (
@@ -290,7 +291,7 @@ class SlurmRunner(Runner):
     def agent_listing(self) -> dict[tuple[str, str], dict[str, ObjectInfo]]:
         with self._listing_lock:
             if self._agent_listing is None or self._stale(self._agent_listing[0]):
-                self._agent_listing = (time.monotonic(), self.store.list_agents())
+                self._agent_listing = (time.monotonic(), self.store.agents.list_all())
             return self._agent_listing[1]
 
     def _row(self, handle: Handle) -> tuple[float, Row | None]:
@@ -341,11 +342,11 @@ class SlurmRunner(Runner):
                 "root_tag": self.tag,
                 "time": created,
             }
-            self.store.write_provision(attempt.job, attempt.name, record)
+            self.store.runs.write_provision(attempt.job, attempt.name, record)
             check_term(self.store, attempt)  # sbatch takes no fencing token
             out = self.run("sbatch", *args, input=self.batch_script(attempt, nodes))
             job_id = int(out.strip().split(";")[0])
-            self.store.write_provision(attempt.job, attempt.name, {**record, "job_id": job_id})
+            self.store.runs.write_provision(attempt.job, attempt.name, {**record, "job_id": job_id})
             found = self._adopt(attempt)  # a racing submit of the same name: the oldest wins
             if found is not None:
                 return found
@@ -359,7 +360,7 @@ class SlurmRunner(Runner):
         keep, extra = rows[0], [r for r in rows[1:] if r.live]
         if extra:
             self.run("scancel", *(str(r.job_id) for r in extra))
-        record = self.store.read_provision(attempt.job, attempt.name) or {}
+        record = self.store.runs.read_provision(attempt.job, attempt.name) or {}
         self._invalidate()
         return self._handle(
             attempt.job, attempt.name, keep.job_id, _nodes(attempt), record.get("time")
@@ -614,7 +615,7 @@ class SlurmRunner(Runner):
                     self.run("scancel", str(row.job_id))
                     self._invalidate()
                 return False
-        self.store.delete_agent_records(handle["job"], handle["name"])
+        self.store.agents.delete(handle["job"], handle["name"])
         with self._lock:
             self._records.pop(handle["name"], None)
             self._stopped.discard(handle["name"])
@@ -714,7 +715,7 @@ def _jobcomp(path: str, job_id: int) -> tuple[str, int | None] | None:
 
 
 def _workers_of(records: Mapping[str, ObjectInfo]) -> int:
-    return 1 + max((p[0] for r in records if (p := Store.parse_run_name(r))), default=0)
+    return 1 + max((p[0] for r in records if (p := parse_run_name(r))), default=0)
 
 
 def from_settings(settings: Mapping[str, Any]) -> SlurmRunner:
