@@ -14,6 +14,7 @@ from fsspec import AbstractFileSystem
 from fsspec.asyn import sync
 
 from bastion.bucket.objects import ObjectInfo, Objects, PreconditionFailed, hidden_name
+from bastion.retry import read_back
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +173,8 @@ class GcsObjects(Objects):
             )
         except Exception as e:
             if getattr(e, "code", None) == 412 or isinstance(e, FileExistsError):
-                if self.read(path) == data:  # our own first try succeeded, then was retried
+                # our own first try may have succeeded, then been retried
+                if read_back(lambda: self.read(path), lambda now: now == data).ours:
                     current = self.info(path)
                     return current.token if current else ""
                 raise PreconditionFailed(f"{path} changed since it was read") from e
@@ -196,17 +198,18 @@ class GcsObjects(Objects):
         directory, name = path.rsplit("/", 1)
         part = f"{directory}/.{name}.{uuid.uuid4().hex[:8]}.part"
         self.write(part, data)
+        grown = size + len(data)
         try:
             for attempt in range(5):
                 try:
                     self._compose(path, part)
                     return
                 except Exception as e:
-                    now = self.info(path)
-                    if now is None:  # deleted under us (by hand): start it again
+                    back = read_back(lambda: self.info(path), lambda now: now.size == grown)
+                    if back.gone:  # deleted under us (by hand): start it again
                         self.write(path, data)
                         return
-                    if now.size == size + len(data):
+                    if back.ours:  # the compose happened; its answer was lost
                         return
                     if attempt == 4:
                         raise

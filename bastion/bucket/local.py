@@ -28,6 +28,7 @@ from bastion.bucket.objects import (
     UnacceptableObject,
     object_kind,
 )
+from bastion.retry import read_back
 
 _NEW = os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
@@ -281,8 +282,8 @@ class LocalObjects(Objects):
             try:
                 os.link(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)  # atomic create-if-absent
             except FileExistsError:
-                try:
-                    return self.read(path) == data  # idempotent, as on a bucket that retries
+                try:  # idempotent, as on a bucket that retries
+                    return read_back(lambda: self.read(path), lambda now: now == data).ours
                 except UnacceptableObject:
                     return False  # a link or a directory holds the name
             finally:

@@ -21,6 +21,7 @@ from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
 from bastion.registry import Registry
+from bastion.retry import read_back
 from bundlers.base import format_size
 
 
@@ -182,7 +183,7 @@ class Objects:
             self.fs.pipe_file(path, data, mode="create")
         except FileExistsError:
             # A retried request may have created it on its first try: then it is ours.
-            return self.read(path) == data
+            return read_back(lambda: self.read(path), lambda now: now == data).ours
         return True
 
     def write_if(self, path: str, data: bytes, expected: str | None) -> str:

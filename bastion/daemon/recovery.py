@@ -12,6 +12,7 @@ from bastion import lifecycle
 from bastion.bucket.objects import ObjectInfo, UnacceptableObject
 from bastion.daemon import events, pools, sweep
 from bastion.daemon.context import Context, Job
+from bastion.daemon.writeback import read_back_state
 from bastion.jobstate import JobState, Status
 from bastion.lifecycle import CLEANUP, RUN
 from bastion.runners.base import (
@@ -83,9 +84,9 @@ def check_states(ctx: Context) -> None:
         if job.state.status is Status.COMPLETED and info is None:
             continue  # our own finalize deleted it (its answer lost): not a foreign delete
         if info is not None and info.token != job.state_token:
-            current = ctx.store.states.read_with_token(name)
-            if current is not None and current[0] in (job.written, *job.attempted):
-                job.state_token = current[1]  # our own write, whose answer was lost
+            back = read_back_state(ctx, job)
+            if back.ours and back.found is not None:
+                job.state_token = back.found[1]  # our own write, whose answer was lost
                 continue
         if info is None or info.token != job.state_token:
             log.error(

@@ -97,6 +97,7 @@ from bastion.runners.base import (
 )
 from bastion.runners.kit.lease_fence import check_term
 from bastion.runners.kit.records import RemoteRecords
+from bastion.runners.kit.retry import read_back
 
 GROUP, VERSION, PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 RJOB = "job"  # the replicated job's name (AXLearn's)
@@ -528,8 +529,31 @@ class GkeRunner(Runner):
     def _adopt_existing(self, name: str, attempt: Attempt) -> None:
         """A 409: the JobSet exists. Ours (a lost answer, a daemon killed after the create)
         when its labels name this root and attempt; anything else is a name clash."""
+
+        def labels_of(found: dict[str, Any]) -> dict[str, str]:
+            return (found.get("metadata") or {}).get("labels") or {}
+
+        back = read_back(
+            lambda: self._jobset_or_none(name),
+            lambda found: (
+                labels_of(found).get(ROOT_LABEL) == self.tag
+                and labels_of(found).get(ATTEMPT_LABEL) == attempt.name
+            ),
+        )
+        if back.found is None:  # deleted in between: create next cycle
+            raise TryAgain(f"JobSet {name} existed and is gone now")
+        labels = labels_of(back.found)
+        if not back.ours:
+            raise RunnerError(
+                f"a JobSet named {name} already exists in namespace "
+                f"{self.namespace} and is not this attempt's (labels {labels}); "
+                "delete it or use another namespace"
+            )
+
+    def _jobset_or_none(self, name: str) -> dict[str, Any] | None:
+        """The JobSet ``name`` as the apiserver has it; None when it does not exist."""
         try:
-            found = self._call(
+            found: dict[str, Any] = self._call(
                 self.custom().get_namespaced_custom_object,
                 GROUP,
                 VERSION,
@@ -538,16 +562,10 @@ class GkeRunner(Runner):
                 name,
             )
         except Exception as e:
-            if getattr(e, "status", None) == 404:  # deleted in between: create next cycle
-                raise TryAgain(f"JobSet {name} existed and is gone now") from e
+            if getattr(e, "status", None) == 404:
+                return None
             raise
-        labels = (found.get("metadata") or {}).get("labels") or {}
-        if labels.get(ROOT_LABEL) != self.tag or labels.get(ATTEMPT_LABEL) != attempt.name:
-            raise RunnerError(
-                f"a JobSet named {name} already exists in namespace "
-                f"{self.namespace} and is not this attempt's (labels {labels}); "
-                "delete it or use another namespace"
-            )
+        return found
 
     def _options(self, attempt: Attempt) -> dict[str, Any]:
         """The job's options over the settings' defaults (``instance_type``, ``num_replicas``):
