@@ -23,7 +23,7 @@ from bastion.bucket.runs import parse_run_name
 from bastion.bucket.store import Store
 from bastion.daemon import SWEEP_EVERY_CYCLES, Daemon
 from bastion.daemon.start import build_daemon
-from bastion.runners.base import Attempt, attempt_name
+from bastion.runners.base import Attempt, RunnerError, attempt_name
 from bastion.runners.gke import MAX_JOBSET_NAME, GkeRunner, jobset_name
 from launch.api import Client, new_jobspec
 from tests.kube_cluster import Cluster, KubeServer
@@ -386,6 +386,30 @@ def test_daemon_killed_after_create_adopts_without_a_second_jobset(gke: Gke) -> 
     assert gke.cluster.seen == {jobset_name(record["name"])}  # one JobSet ever
     assert "once on 0\n" in gke.log("crash")
     assert uid  # the adopted JobSet was the first daemon's
+
+
+def test_a_jobset_of_the_same_name_that_is_not_ours_is_not_adopted(gke: Gke) -> None:
+    """A 409 on create is adoption only when the JobSet read back names this root and attempt;
+    another root's JobSet under that name is a clash, reported and left alone."""
+    runner = gke.runner(gke.daemon())
+    mine = attempt_name(str(gke.root), "clash", "sub", 1, "run")
+    foreign = {"bastion-root": "abcdef", "bastion-runner": "gke", "bastion-attempt-name": mine}
+    gke.cluster.kueue = "hold"  # nothing of it runs (suspended)
+    gke.cluster.create_jobset(
+        {
+            "apiVersion": "jobset.x-k8s.io/v1alpha2",
+            "kind": "JobSet",
+            "metadata": {"name": jobset_name(mine), "labels": foreign},
+            "spec": {"suspend": True, "replicatedJobs": []},
+        }
+    )
+    options = {"kind": "gke", "instance_type": "tpu-v5p-8"}
+    attempt = Attempt(
+        name=mine, job="clash", attempt=1, command="echo never", env={}, options=options
+    )
+    with pytest.raises(RunnerError, match=r"already exists in namespace .* not this attempt's"):
+        runner.start(attempt)
+    assert gke.cluster.jobsets()[jobset_name(mine)]["metadata"]["labels"] == foreign
 
 
 # -- 6. orphans -------------------------------------------------------------------------------
