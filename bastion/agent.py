@@ -282,16 +282,16 @@ class Agent:
 
     def _put_progress(self) -> None:
         record = self._record(chunks=self.seq, bytes=self.uploaded)
-        self.store.write_run_record(self.job, self.attempt, self.worker, "progress", record)
+        self.store.agents.write(self.job, self.attempt, self.worker, "progress", record)
 
     def _put(self, seq: int, data: bytes) -> None:
-        self.store.write_run_chunk(self.job, self.attempt, self.worker, seq, data)
+        self.store.runs.write_chunk(self.job, self.attempt, self.worker, seq, data)
 
     def heartbeat(self, deadline: float) -> None:
         record = self._record(uploaded=self.uploaded, host=socket.gethostname())
         self._retry(
             "heartbeat",
-            lambda: self.store.write_run_record(
+            lambda: self.store.agents.write(
                 self.job, self.attempt, self.worker, "heartbeat", record
             ),
             deadline,
@@ -307,7 +307,7 @@ class Agent:
         record["time"] = when  # (the record's time is the checkpoint's)
         self._retry(
             "checkpoint",
-            lambda: self.store.write_run_record(
+            lambda: self.store.agents.write(
                 self.job, self.attempt, self.worker, "checkpoint", record
             ),
             deadline,
@@ -321,7 +321,7 @@ class Agent:
             num_workers=self.num_workers,
             command=self.command,
         )
-        claim = lambda: self.store.claim_run_worker(self.job, self.attempt, self.worker, started)  # noqa: E731
+        claim = lambda: self.store.agents.claim(self.job, self.attempt, self.worker, started)  # noqa: E731
         if not self._retry("claim", claim, time.time() + 600):
             log.info(
                 "worker %d of %s already started: not running the command again",
@@ -401,7 +401,7 @@ class Agent:
             exit_record["left_behind"] = leftovers.describe(left)
         self._retry(
             "exit record",
-            lambda: self.store.write_run_record(
+            lambda: self.store.agents.write(
                 self.job, self.attempt, self.worker, "exit", exit_record
             ),
             end,
@@ -443,9 +443,7 @@ class Agent:
         record = self._record(code=1, preempted=False, reason=reason, output_bytes=0, chunks=0)
         self._retry(
             "exit record",
-            lambda: self.store.write_run_record(
-                self.job, self.attempt, self.worker, "exit", record
-            ),
+            lambda: self.store.agents.write(self.job, self.attempt, self.worker, "exit", record),
             time.time() + 60,
         )
         return 1

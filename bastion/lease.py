@@ -193,7 +193,7 @@ class Lease:
         if token is None:
             return
         try:
-            self.store.write_lease({**self._record(), "released": True}, token)
+            self.store.lease.write({**self._record(), "released": True}, token)
         except Exception as e:
             log.warning("could not release the lease: %s", e)
 
@@ -225,7 +225,7 @@ class Lease:
         if token is None:
             return False
         try:
-            new = self.store.write_lease(self._record(), token)
+            new = self.store.lease.write(self._record(), token)
         except PreconditionFailed:
             self._lose("the lease was taken by another daemon")
             return False
@@ -265,7 +265,7 @@ class Lease:
 
     def _try_acquire(self, now: float) -> bool:
         try:
-            current = self.store.read_lease()
+            current = self.store.lease.read()
             if current is None:
                 return self._take(None, now, "no lease existed", 0)
             record, token = current
@@ -301,7 +301,7 @@ class Lease:
     def _take(self, expected: str | None, now: float, why: str, previous_term: int) -> bool:
         term = max(previous_term + 1, time.time_ns() // 1_000_000)
         try:
-            token = self.store.write_lease({**self._record(), "term": term}, expected)
+            token = self.store.lease.write({**self._record(), "term": term}, expected)
         except PreconditionFailed:
             log.info("another daemon took the lease first")
             self._seen = None

@@ -40,7 +40,7 @@ def missing_after_good(url: str) -> str:
 class QuotaSource:
     def __init__(self, store: Store, url: str | None, pool: Mapping[str, int]) -> None:
         self.store = store
-        self.url = url or store.default_quota_url()
+        self.url = url or store.quota.default_url()
         self.machine_pool = dict(pool)
         self.config: QuotaConfig | None = None
         self.from_file = False  # the config came from a quota file (now or its last good)
@@ -50,7 +50,7 @@ class QuotaSource:
 
     def refresh(self) -> None:
         """One metadata call; a download only when the file changed."""
-        token = self.store.url_token(self.url)
+        token = self.store.quota.token(self.url)
         if token == self._token:
             return
         self._token = token
@@ -70,7 +70,7 @@ class QuotaSource:
             )
             return
         try:
-            text = self.store.read_url(self.url).decode()
+            text = self.store.quota.read(self.url).decode()
             config = parse_quota(text, source=self.url)
         except QuotaError as e:
             self.error = "; ".join(e.problems) or str(e)
@@ -86,7 +86,7 @@ class QuotaSource:
             return
         self.config, self.error, self.from_file = config, "", True
         try:
-            self.store.write_last_good_quota(text)
+            self.store.quota.write_last_good(text)
         except OSError as e:
             log.warning("could not save the last good quota: %s", e)
         log.info(
@@ -99,7 +99,7 @@ class QuotaSource:
     def _last_good(self) -> QuotaConfig | None:
         """The last file that parsed, saved in the bucket so a restart survives a bad edit."""
         try:
-            text = self.store.read_last_good_quota()
+            text = self.store.quota.read_last_good()
             return parse_quota(text, source="last good quota") if text else None
         except (OSError, QuotaError) as e:
             log.error("no usable last good quota: %s", e)
@@ -118,7 +118,7 @@ class QuotaSource:
         """The ledger saved by the last daemon; advancing it from its as_of with the jobs running
         now re-creates the usage accrued since, so it only needs saving when something changed."""
         try:
-            data = self.store.read_usage()
+            data = self.store.usage.read()
             if data:
                 return UsageLedger.from_json(data)
         except (OSError, ValueError) as e:
@@ -127,4 +127,4 @@ class QuotaSource:
 
     def save_usage(self) -> None:
         if self._usage is not None:
-            self.store.write_usage(self._usage.to_json())
+            self.store.usage.write(self._usage.to_json())

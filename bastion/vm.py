@@ -42,6 +42,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from bastion.retry import read_back
 from bastion.runners.base import root_tag
 
 ENDPOINT_ENV = "BASTION_COMPUTE_API_ENDPOINT"
@@ -336,12 +337,12 @@ def create(client, cfg: VmConfig) -> tuple[dict, bool]:
                 .execute(num_retries=5)
             )
         except HttpError as e:
-            if e.resp.status == 409:  # alreadyExists: made by an earlier create
-                inst = _get(client, cfg)
-                if inst is None:
+            if e.resp.status == 409:  # alreadyExists: made by an earlier create (ours?)
+                back = read_back(lambda: _get(client, cfg), lambda found: _is_daemon_of(found, cfg))
+                if back.found is None:
                     raise _http_error(e, cfg, "create") from None
-                _check_root(inst, cfg)
-                return inst, False
+                _check_root(back.found, cfg)  # not ours: says whose it is
+                return back.found, False
             raise _http_error(e, cfg, "create") from None
         wait_operation(client, cfg, op, "create")
         inst = _get(client, cfg)
@@ -353,9 +354,17 @@ def create(client, cfg: VmConfig) -> tuple[dict, bool]:
     raise VmError(f"vm create: {cfg.name} did not appear after its insert; run create again")
 
 
+def _is_daemon_of(inst: dict, cfg: VmConfig) -> bool:
+    """Whether ``inst`` is the daemon VM of ``cfg.root`` (by its labels)."""
+    labels = inst.get("labels") or {}
+    return labels.get("bastion-role") == "daemon" and labels.get("bastion-root") == root_tag(
+        cfg.root
+    )
+
+
 def _check_root(inst: dict, cfg: VmConfig) -> None:
     labels = inst.get("labels") or {}
-    if labels.get("bastion-role") != "daemon" or labels.get("bastion-root") != root_tag(cfg.root):
+    if not _is_daemon_of(inst, cfg):
         raise VmError(
             f"vm create: a VM named {cfg.name} already exists in {cfg.zone} but is "
             f"not the daemon of {cfg.root} (labels {labels}); pick another --vm_name"
@@ -394,7 +403,7 @@ def lease_holder(root: str) -> dict[str, Any] | None:
     """The lease record of ROOT (host, pid, renewed, duration, released), or None."""
     from bastion.bucket.store import Store
 
-    found = Store(root).read_lease()
+    found = Store(root).lease.read()
     return None if found is None else found[0]
 
 

@@ -294,9 +294,8 @@ def run_one(n: int, args: argparse.Namespace, tmp: Path, model: Path) -> dict[st
     daemon: Daemon | None = None
     result: dict[str, Any] = {"jobs": n}
     try:
-        users.store.objects.write(
-            users.store._path("project-quotas", "project-quotas.config"),
-            QUOTA.format(running=args.running, burst=args.burst, probes=args.probes).encode(),
+        users.store.quota.write_default(
+            QUOTA.format(running=args.running, burst=args.burst, probes=args.probes)
         )
         seconds = submit_all(users, specs("job", n, "cpu", "sleep 3600"))
         print(f"\n== N = {n:,} jobs, {args.latency * 1000:.0f} ms per bucket request ==")
@@ -398,7 +397,7 @@ def run_one(n: int, args: argparse.Namespace, tmp: Path, model: Path) -> dict[st
 def breakdown(daemon: Daemon, profile: bool) -> None:
     """Where a steady-state cycle's time goes: the listing of the specs, and CPU."""
     t0 = time.perf_counter()
-    listed = daemon.store.list_specs()
+    listed = daemon.store.specs.list()
     listing = time.perf_counter() - t0
     cpu0, t0 = time.process_time(), time.perf_counter()
     if profile:

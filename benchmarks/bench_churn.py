@@ -146,7 +146,7 @@ class DecisionLog:
         self.seen = set(self._listing())
 
     def _listing(self) -> dict[str, int]:
-        return {name: info.size for name, info in self.store._list("history/decisions").items()}
+        return self.store.decisions.sizes()
 
     def new_bytes(self) -> int:
         listing = self._listing()
@@ -242,8 +242,7 @@ def sleeps(rng: random.Random, count: int, args: argparse.Namespace) -> list[str
 
 def prepare(bucket: Backend, phase: str, args: argparse.Namespace, commands: list[str]) -> Client:
     users = bucket.client(phase)
-    quota = users.store._path("project-quotas", "project-quotas.config")
-    users.store.objects.write(quota, QUOTA.format(running=args.running).encode())
+    users.store.quota.write_default(QUOTA.format(running=args.running))
     t0 = time.perf_counter()
     submit(users, commands, 0)
     print(f"{phase}: {len(commands):,} specs submitted in {time.perf_counter() - t0:.1f} s")

@@ -234,9 +234,9 @@ class Agents:
             num_workers=w.num_workers,
             command="python3 train.py",
         )
-        if self.store.claim_run_worker(job, attempt, worker, started):
+        if self.store.agents.claim(job, attempt, worker, started):
             beat = self._record(w, uploaded=0, host=started["host"])
-            self.store.write_run_record(job, attempt, worker, "heartbeat", beat)
+            self.store.agents.write(job, attempt, worker, "heartbeat", beat)
             with self.lock:
                 self.workers[(attempt, worker)] = w
 
@@ -253,10 +253,10 @@ class Agents:
         if not w.pending:
             return
         data = b"".join(d for _, d in w.pending)
-        self.store.write_run_chunk(w.job, w.attempt, w.index, w.seq, data)
+        self.store.runs.write_chunk(w.job, w.attempt, w.index, w.seq, data)
         w.seq += 1
         w.uploaded += len(data)
-        self.store.write_run_record(
+        self.store.agents.write(
             w.job, w.attempt, w.index, "progress", self._record(w, chunks=w.seq, bytes=w.uploaded)
         )
         self.uploads += [(w.job, d, printed, at) for printed, d in w.pending]
@@ -278,7 +278,7 @@ class Agents:
                     events.append((at, 1, w))
         for at, kind, w in sorted(events, key=lambda e: (e[0], e[1])):
             if kind == 0:
-                self.store.write_run_record(
+                self.store.agents.write(
                     w.job, w.attempt, w.index, "heartbeat", self._record(w, uploaded=w.uploaded)
                 )
             else:
@@ -297,7 +297,7 @@ class Agents:
                 output_bytes=w.uploaded,
                 chunks=w.seq,
             )
-            self.store.write_run_record(w.job, w.attempt, w.index, "exit", record)
+            self.store.agents.write(w.job, w.attempt, w.index, "exit", record)
             with self.lock:
                 self.workers.pop((w.attempt, w.index), None)
 
@@ -419,7 +419,7 @@ class Bench:
         bucket: collections.Counter[str] = collections.Counter()
         for b in self.buckets:
             bucket.update(b.stats()["routes"])
-        # The quota file's change token goes through a client of its own (Store._objects_of),
+        # The quota file's change token goes through a client of its own (QuotaFiles._objects_of),
         # which LatencyBucket does not see; CycleReport.ops counts it as "info".
         quota = report.ops.get("info", 0) - bucket.get("info", 0)
         if quota > 0:

@@ -99,9 +99,9 @@ class SimAgent:
             "num_workers": 1,
             "command": "python3 train.py",
         }
-        if store.claim_run_worker(self.job, self.attempt, self.worker, started):
+        if store.agents.claim(self.job, self.attempt, self.worker, started):
             beat = {"worker": self.worker, "time": time.time(), "uploaded": 0}
-            store.write_run_record(self.job, self.attempt, self.worker, "heartbeat", beat)
+            store.agents.write(self.job, self.attempt, self.worker, "heartbeat", beat)
 
     def finish(self, code: int, reason: str = "", preempted: bool = False) -> None:
         if self.returncode is not None:
@@ -115,7 +115,7 @@ class SimAgent:
             "output_bytes": 0,
             "chunks": 0,
         }
-        self.store.write_run_record(self.job, self.attempt, self.worker, "exit", record)
+        self.store.agents.write(self.job, self.attempt, self.worker, "exit", record)
         self.returncode = code
 
     def poll(self) -> int | None:

@@ -48,7 +48,7 @@ def submit_once(root: str, sweep: str, name: str) -> tuple[float, float, int]:
         warnings.simplefilter("ignore")  # no daemon: the figure is the submission alone
         client.submit_group(specs)
     written = time.perf_counter()
-    assert len(client.store.list_specs()) >= len(specs)
+    assert len(client.store.specs.list()) >= len(specs)
     return expanded - started, written - expanded, len(specs)
 
 

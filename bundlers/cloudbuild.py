@@ -73,7 +73,7 @@ class CloudBuildBundler(Bundler):
         build_tag = _build_tag(str(options.get("name") or "").strip() or spec.image)
         tar_options = {k: options[k] for k in ("exclude", "max_bytes") if k in options}
         if not dry_run:  # before uploading anything: Cloud Build can only fetch from gs://
-            _gcs_object(store.bundle_url("sha256:" + "0" * 64))
+            _gcs_object(store.bundles.url("sha256:" + "0" * 64))
         root = os.path.realpath(source_dir)
         if spec.dockerfile not in {
             e.name for e in collect(root, parse_excludes(options.get("exclude")))

@@ -80,8 +80,8 @@ class TarBundler(Bundler):
             path = Path(tmp, "bundle.tar.gz")
             digest, size = build(source_dir, path, options)
             if not dry_run:
-                store.put_bundle(digest, path, size)
-        return Bundle("tar", store.bundle_url(digest), digest, size, commit, dirty)
+                store.bundles.put(digest, path, size)
+        return Bundle("tar", store.bundles.url(digest), digest, size, commit, dirty)
 
 
 def build(source_dir: str, out: Path, options: Mapping[str, Any]) -> tuple[str, int]:
@@ -264,7 +264,7 @@ def fetch(bundle: Bundle, store: Any, dest_dir: str) -> None:
         path = os.path.join(tmp, "bundle.tar.gz")
         digest = hashlib.sha256()
         try:
-            with store.open_bundle(bundle.digest) as src, open(path, "wb") as out:
+            with store.bundles.open(bundle.digest) as src, open(path, "wb") as out:
                 while chunk := src.read(CHUNK):
                     digest.update(chunk)
                     out.write(chunk)
@@ -274,7 +274,7 @@ def fetch(bundle: Bundle, store: Any, dest_dir: str) -> None:
             ) from None
         got = "sha256:" + digest.hexdigest()
         if got != bundle.digest:
-            store.delete_bundle(bundle.digest)  # corrupt by definition: let a relaunch replace it
+            store.bundles.delete(bundle.digest)  # corrupt by definition: let a relaunch replace it
             raise BundleError(
                 f"bundle {bundle.digest} does not match its digest (got {got}); "
                 "relaunch to upload it again"

@@ -129,10 +129,10 @@ class Client:
         wait would close a cycle."""
         spec.validate()
         submitting.check_dependencies(self.store, [spec])
-        if not self.store.submit_spec(spec.name, spec.dumps()):
+        if not self.store.specs.submit(spec.name, spec.dumps()):
             raise JobExists(
                 f"a job named {spec.name!r} is already active in "
-                f"{self.store.url('jobs', 'active')}; pick another --name, or "
+                f"{self.store.specs.url()}; pick another --name, or "
                 f"`bastion update {spec.name}` to change it"
             )
         self._mark(spec.name)
@@ -188,7 +188,7 @@ class Client:
         submitting.check_names_free(self.store, specs)
 
         def write(spec: JobSpec) -> bool:
-            if not self.store.submit_spec(spec.name, spec.dumps()):
+            if not self.store.specs.submit(spec.name, spec.dumps()):
                 return False
             self._mark(spec.name)
             return True
@@ -238,7 +238,7 @@ class Client:
         spec.metadata.updated_by = self._check_owner("update", spec, user_id, force)
         spec.command = command
         spec.metadata.version = (spec.metadata.version or 0) + 1
-        self.store.replace_spec(name, spec.validate().dumps())
+        self.store.specs.replace(name, spec.validate().dumps())
         self._mark(name)
         return spec
 
@@ -247,7 +247,7 @@ class Client:
         finding it by its periodic full listing (bastion/bucket/specwatch.py). The spec is written
         already, so a failure here loses nothing: it only waits longer, as the warning says."""
         try:
-            self.store.write_marker(name)
+            self.store.requests.write_marker(name)
         except Exception as e:
             warnings.warn(
                 f"{name} is submitted, but its submission marker could not be written "
@@ -264,7 +264,7 @@ class Client:
         spec = self._active_spec(name)
         who = self._check_owner("cancel", spec, user_id, force)
         request = _jobspec.cancel_request(spec.identity, who, time.time())
-        self.store.write_request(name, json.dumps(request).encode())
+        self.store.requests.write(name, json.dumps(request).encode())
 
     @staticmethod
     def _check_owner(verb: str, spec: JobSpec, user_id: str | None, force: bool) -> str:
@@ -287,7 +287,7 @@ class Client:
         check_name(name)
         raw = self._read_spec(name)
         if raw is None:
-            record = self.store.read_complete(name)
+            record = self.store.complete.read(name)
             if record:
                 status = JobState.from_json(record["state"]).display_status
                 raise UnknownJob(f"job {name!r} has already finished ({status})")
@@ -297,7 +297,7 @@ class Client:
     def _read_spec(self, name: str) -> bytes | None:
         """A spec's bytes; SpecError when it is no regular file or too large (local root)."""
         try:
-            return self.store.read_spec(name)
+            return self.store.specs.read(name)
         except UnacceptableObject as e:
             raise SpecError(str(e)) from None
 
@@ -321,11 +321,11 @@ class Client:
     def list_jobs(self, include_completed: bool = False) -> list[JobInfo]:
         """Every job; one whose objects cannot be read or parsed (any bucket writer can put
         anything there) is a row with the reason (``problem``), never an error for the list."""
-        names = sorted(self.store.list_specs())
+        names = sorted(self.store.specs.list())
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
             jobs = [job for job in pool.map(self._active, names) if job is not None]
             if include_completed:
-                done = sorted(set(self.store.list_complete()) - set(names))
+                done = sorted(set(self.store.complete.list()) - set(names))
                 jobs += [job for job in pool.map(self._completed, done) if job is not None]
         return sorted(placed(jobs, self.queue()), key=lambda j: j.name)
 
@@ -334,7 +334,7 @@ class Client:
         in order (the first 1,000), their count, usage and quota, and the free capacity; {}
         before a daemon has written one."""
         try:
-            return self.store.read_queue() or {}
+            return self.store.queue.read() or {}
         except Exception:  # a reader's convenience: the list works without it
             return {}
 
@@ -342,7 +342,7 @@ class Client:
         """An active job from its spec and state; None when it has no spec (any more)."""
         spec, problem = None, ""
         try:
-            raw = self.store.read_spec(name)
+            raw = self.store.specs.read(name)
             if raw is None:
                 return None
             spec = JobSpec.loads(raw)
@@ -352,7 +352,7 @@ class Client:
             problem = f"spec unreadable: {brief(e)}"
         state = None
         try:
-            raw_state = self.store.read_state(name)
+            raw_state = self.store.states.read(name)
             state = JobState.loads(raw_state) if raw_state else None
         except Exception as e:
             problem = problem or f"state unreadable: {brief(e)}"
@@ -360,7 +360,7 @@ class Client:
 
     def _completed(self, name: str) -> JobInfo | None:
         try:
-            record = self.store.read_complete(name)
+            record = self.store.complete.read(name)
             return from_record(name, record) if record is not None else None
         except Exception as e:
             return JobInfo(
@@ -397,7 +397,7 @@ class Client:
         under this name (from ``ROOT/history/jobs/NAME``), the active one's last."""
         if all_submissions:
             check_name(name)
-            events = list(self.store.read_history(name))
+            events = list(self.store.history.read(name))
             active = self._active(name)
             if active and active.state:  # the current run, not archived yet
                 events += active.state.events
@@ -429,7 +429,7 @@ class Client:
         if start is None:
             info = self.get(name)
             start = info.state.log_start if info.state else 0
-        return self.store.read_log(name, start)
+        return self.store.logs.read(name, start)
 
     def iter_log(self, name: str, start: int | None = None) -> Iterator[bytes]:
         """This submission's log so far in pieces of at most LOG_CHUNK bytes (bounded memory
@@ -437,7 +437,7 @@ class Client:
         if start is None:
             info = self.get(name)
             start = info.state.log_start if info.state else 0
-        yield from self.store.read_log_chunks(name, start, LOG_CHUNK)
+        yield from self.store.logs.read_chunks(name, start, LOG_CHUNK)
 
     def worker_output(
         self, name: str, worker: int | None, follow: bool = False, poll_seconds: float = 1.0
@@ -500,7 +500,7 @@ class Client:
                 if offset is None and info.state is not None and info.state.attempt > 0:
                     offset = info.state.log_start
                 if offset is not None:
-                    for data in self.store.read_log_chunks(name, offset, LOG_CHUNK):
+                    for data in self.store.logs.read_chunks(name, offset, LOG_CHUNK):
                         offset += len(data)
                         yield decoder.decode(data)
                 if info.finished:

@@ -151,7 +151,7 @@ class SpecMistake(Exception):
 def refuse_mistakes(store: Store, spec: JobSpec, typed: Flags = Flags()) -> bool:
     """Raise SpecMistake when the spec does not fit what the root's daemon published; False
     when nothing is published (nothing could be checked), True when it fits."""
-    caps = store.read_capabilities()
+    caps = store.capabilities.read()
     if caps is None:
         return False
     problems = spec_problems(spec, caps, typed)

@@ -23,10 +23,10 @@ from launch.status import daemon_status
 
 def read_jobs(store: Store) -> list[Job]:
     """Every active job with a state; a spec that does not parse shows as unknown (None)."""
-    names = sorted(store.list_specs())
+    names = sorted(store.specs.list())
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         specs = list(pool.map(_read_spec, [store] * len(names), names))
-        states = list(pool.map(store.read_state, names))
+        states = list(pool.map(store.states.read, names))
     jobs: list[Job] = []
     for name, spec, raw in zip(names, specs, states, strict=True):
         if raw is None:
@@ -40,7 +40,7 @@ def read_jobs(store: Store) -> list[Job]:
 
 def _read_spec(store: Store, name: str) -> JobSpec | None:
     try:
-        raw = store.read_spec(name)
+        raw = store.specs.read(name)
         return JobSpec.loads(raw) if raw else None
     except (SpecError, ValueError):
         return None
@@ -52,7 +52,7 @@ def build_page(store: Store, now: float | None = None) -> tuple[str, dict[str, A
     data = page_data(
         root_url=store.root_url,
         jobs=read_jobs(store),
-        queue=store.read_queue(),
+        queue=store.queue.read(),
         attempts=list(read_attempts(store, now - WEEK, now).values()),
         queue_lengths=earlier.get("queue_lengths") or [],
         daemon=daemon_status(store, now).message,

@@ -25,6 +25,6 @@ def upload(path: str, root: str, out: TextIO) -> int:
     with fsspec.open(path, "rb") as f:
         data = f.read()
     url = daemon_quota_url(client)
-    client.store.write_url(url, data)
+    client.store.quota.write(url, data)
     print(f"uploaded {path} to {url}; the daemon applies it on its next cycle", file=out)
     return 0

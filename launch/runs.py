@@ -31,8 +31,8 @@ def runs_of(store: Store, name: str, current: JobInfo | None) -> list[Run]:
     """Every run of ``name``, oldest first: the finished ones, then ``current`` (the active
     job, or the latest record) when it is not one of them already."""
     infos = []
-    for submission in store.list_finished_runs(name):
-        record = store.read_finished_run(name, submission)
+    for submission in store.finished_runs.list(name):
+        record = store.finished_runs.read(name, submission)
         if record and record.get("state"):
             infos.append(from_record(name, record))
     seen = {i.state.submission for i in infos if i.state}
@@ -61,7 +61,7 @@ def pick(runs: list[Run], name: str, which: int) -> Run:
 def log_of(store: Store, name: str, run: Run, chunk: int) -> Iterator[bytes]:
     """The run's output: the name's log from its start to the next run's start."""
     position = run.log_start
-    for data in store.read_log_chunks(name, position, chunk):
+    for data in store.logs.read_chunks(name, position, chunk):
         if run.log_end is not None and position + len(data) > run.log_end:
             data = data[: max(0, run.log_end - position)]
             if data:

@@ -19,7 +19,6 @@ from typing import Any
 
 import fsspec
 
-from bastion.bucket.objects import LocalObjects
 from bastion.bucket.store import Store
 
 PROBE_SECONDS = 8.0  # how long a reading verb waits for an unreachable bucket
@@ -82,9 +81,9 @@ def daemon_status(store: Store, now: float | None = None) -> DaemonStatus:
     now = time.time() if now is None else now
     root = store.root_url
     fix = f"start one: bastion start --root={root}"
-    lease = store.read_lease()
+    lease = store.lease.read()
     if lease is None:
-        if store.read_daemon_info():
+        if store.daemon_info.read():
             return DaemonStatus(None, f"a daemon without a lease ran on {root}; cannot tell")
         return DaemonStatus(False, f"no daemon has ever run on {root}; {fix}")
     record, _ = lease
@@ -181,4 +180,4 @@ def brief(error: BaseException | None) -> str:
 
 
 def is_local_objects(store: Store) -> bool:
-    return isinstance(store.objects, LocalObjects)
+    return store.is_local

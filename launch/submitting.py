@@ -52,14 +52,14 @@ def check_dependencies(store: Store, specs: Sequence[JobSpec]) -> None:
 
 
 def _exists(store: Store, name: str, after_of: dict[str, list[str]]) -> bool:
-    raw = store.read_spec(name)
+    raw = store.specs.read(name)
     if raw is not None:
         try:
             after_of[name] = JobSpec.loads(raw).after or []
         except SpecError:
             after_of[name] = []
         return True
-    return store.read_complete(name) is not None
+    return store.complete.read(name) is not None
 
 
 class _Lazy(dict):
@@ -71,7 +71,7 @@ class _Lazy(dict):
 
     def get(self, name: str, default=None):  # type: ignore[override]
         if name not in self:
-            raw = self.store.read_spec(name)
+            raw = self.store.specs.read(name)
             try:
                 self[name] = (JobSpec.loads(raw).after or []) if raw else []
             except SpecError:
@@ -81,7 +81,7 @@ class _Lazy(dict):
 
 def check_names_free(store: Store, specs: Sequence[JobSpec]) -> None:
     """SpecError naming the members whose names an active job holds already."""
-    active = set(store.list_specs())
+    active = set(store.specs.list())
     taken = sorted(spec.name for spec in specs if spec.name in active)
     if taken:
         shown = ", ".join(taken[:5]) + (f" and {len(taken) - 5} more" if len(taken) > 5 else "")

@@ -63,7 +63,7 @@ def window(since: str, until: str | None, now: float) -> tuple[float, float]:
 def load_prices(store: Store, url: str) -> tuple[dict[str, float], str]:
     """The price table at ``url`` (a path or a bucket URL): {resource: per hour}, currency."""
     try:
-        text = store.read_url(url).decode()
+        text = store.quota.read(url).decode()
     except FileNotFoundError:
         raise UsageInputError(f"--prices: no file at {url}; fix the path or leave it out") from None
     except (OSError, UnicodeDecodeError) as e:

@@ -29,10 +29,10 @@ class QuotaFileMissing(UnknownJob):
 def daemon_quota_url(client: Client) -> str:
     """The quota file the daemon of this root reads (it publishes it), else the default."""
     try:
-        info = client.store.read_daemon_info() or {}
+        info = client.store.daemon_info.read() or {}
     except Exception:
         info = {}
-    return str(info.get("quota_file") or client.store.default_quota_url())
+    return str(info.get("quota_file") or client.store.quota.default_url())
 
 
 def quota_refusal(client: Client, quota_file: str | None = None) -> str | None:
@@ -44,25 +44,25 @@ def quota_refusal(client: Client, quota_file: str | None = None) -> str | None:
     store = client.store
     url = quota_file or daemon_quota_url(client)
     try:
-        if store.url_token(url) is None:
-            if not store.read_last_good_quota():
+        if store.quota.token(url) is None:
+            if not store.quota.read_last_good():
                 return None  # never had one: the daemon runs 'default' on its pool, as said
             problems = [missing_after_good(url)]
         else:
-            parse_quota(store.read_url(url).decode(), source=url)
+            parse_quota(store.quota.read(url).decode(), source=url)
             return None
     except QuotaError as e:
         problems = list(e.problems) or [str(e)]
     except (OSError, UnicodeDecodeError) as e:
         problems = [f"unreadable: {e}"]
     try:
-        last_good = store.read_last_good_quota()
+        last_good = store.quota.read_last_good()
     except OSError:
         last_good = None
     if last_good:
         head = (
             f"quota: the daemon runs on the last good version "
-            f"({store.url('history', 'quota-last-good')}); it refused {url}:"
+            f"({store.quota.last_good_url()}); it refused {url}:"
         )
     else:
         head = f"quota: {url} is invalid and there is no last good version; no job starts:"
@@ -74,22 +74,22 @@ def load_quota(client: Client, quota_file: str | None) -> QuotaConfig:
     version when the file is invalid and the daemon kept one (as the daemon does)."""
     store = client.store
     url = quota_file or daemon_quota_url(client)
-    if store.url_token(url) is not None:
+    if store.quota.token(url) is not None:
         try:
-            return parse_quota(store.read_url(url).decode(), source=url)
+            return parse_quota(store.quota.read(url).decode(), source=url)
         except QuotaError:
-            last_good = store.read_last_good_quota()
+            last_good = store.quota.read_last_good()
             if not last_good:
                 raise
             return parse_quota(last_good, source="last good quota")
-    if not quota_file and (last_good := store.read_last_good_quota()):
+    if not quota_file and (last_good := store.quota.read_last_good()):
         return parse_quota(last_good, source="last good quota")  # as the daemon keeps it
     if quota_file:
         raise QuotaFileMissing(
             f"no quota file at {quota_file}; fix the URL, or leave --quota_file out to use "
             f"the daemon's ({daemon_quota_url(client)})"
         )
-    info = store.read_daemon_info() or {}
+    info = store.daemon_info.read() or {}
     if not info.get("pool"):
         raise UnknownJob(f"no quota file at {url} and no daemon has run on {store.root_url}")
     return default_quota(info["pool"])
@@ -98,7 +98,7 @@ def load_quota(client: Client, quota_file: str | None) -> QuotaConfig:
 def explain_job(client: Client, name: str, quota_file: str | None = None) -> str:
     check_name(name)
     info = client.get(name)
-    if quota_file and client.store.url_token(quota_file) is None:
+    if quota_file and client.store.quota.token(quota_file) is None:
         raise QuotaFileMissing(
             f"no quota file at {quota_file}; fix the URL, or leave --quota_file out to use "
             f"the daemon's ({daemon_quota_url(client)})"
@@ -181,10 +181,10 @@ def _explain(client: Client, info, name: str, quota_file: str | None) -> str:
             + "\n".join(e.problems)
         )
     store = client.store
-    names = sorted(store.list_specs())
+    names = sorted(store.specs.list())
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        specs = list(pool.map(store.read_spec, names))
-        states = list(pool.map(store.read_state, names))
+        specs = list(pool.map(store.specs.read, names))
+        states = list(pool.map(store.states.read, names))
     now = time.time()
     jobs = []
     for job_name, raw_spec, raw_state in zip(names, specs, states, strict=True):
@@ -196,7 +196,7 @@ def _explain(client: Client, info, name: str, quota_file: str | None) -> str:
             continue
         jobs.append((job_name, spec, JobState.loads(raw_state)))
     requests = policy_requests(jobs, now)
-    saved = store.read_usage()
+    saved = store.usage.read()
     half_life = config.scheduling.usage_half_life_seconds
     ledger = usage_now(UsageLedger.from_json(saved) if saved else None, half_life, requests, now)
     return (

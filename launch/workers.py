@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from bastion.bucket.runs import bootstrap_worker, parse_run_name
 from bastion.bucket.store import Store
 from bastion.runners.base import attempt_name
 
@@ -54,11 +55,11 @@ class WorkerOutput:
     def workers_seen(self, attempts: int) -> set[int]:
         found = set()
         for _, attempt in self.attempts(attempts):
-            for name in self.store.list_run(self.name, attempt):
-                parsed = Store.parse_run_name(name)
+            for name in self.store.runs.list(self.name, attempt):
+                parsed = parse_run_name(name)
                 if parsed and parsed[1] == "log":
                     found.add(parsed[0])
-                elif (w := Store.bootstrap_worker(name)) is not None:
+                elif (w := bootstrap_worker(name)) is not None:
                     found.add(w)
         return found
 
@@ -68,11 +69,11 @@ class WorkerOutput:
         for number, attempt in self.attempts(attempts):
             chunks: dict[int, list[int]] = {}
             booted: set[int] = set()
-            for name in self.store.list_run(self.name, attempt):
-                parsed = Store.parse_run_name(name)
+            for name in self.store.runs.list(self.name, attempt):
+                parsed = parse_run_name(name)
                 if parsed and parsed[1] == "log" and parsed[2] is not None:
                     chunks.setdefault(parsed[0], []).append(parsed[2])
-                elif (b := Store.bootstrap_worker(name)) is not None:
+                elif (b := bootstrap_worker(name)) is not None:
                     booted.add(b)
             workers = sorted(chunks.keys() | booted) if self.worker is None else [self.worker]
             for w in workers:
@@ -82,7 +83,7 @@ class WorkerOutput:
                     continue
                 seqs = set(chunks.get(w, []))
                 while stream.next_seq in seqs:  # contiguous only: a gap is filled later
-                    data = self.store.read_run_chunk(self.name, attempt, w, stream.next_seq)
+                    data = self.store.runs.read_chunk(self.name, attempt, w, stream.next_seq)
                     stream.next_seq += 1
                     yield from self._emit(number, w, stream, data)
                 if final:
@@ -91,7 +92,7 @@ class WorkerOutput:
     def _bootstrap(self, number: int, attempt: str, w: int, stream: _Stream) -> Iterator[bytes]:
         """A worker with no output of its own (one that never started): what its startup
         script printed, which says why (see bastion.runners.startup)."""
-        data = self.store.read_bootstrap(self.name, attempt, w) or b""
+        data = self.store.runs.read_bootstrap(self.name, attempt, w) or b""
         stream.header_done = True
         if self.worker is None:
             yield from self._emit(number, w, stream, data, flush=True)

@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from bastion.agent import Agent
+from bastion.bucket.runs import Runs, parse_run_name, run_name
 from bastion.bucket.store import Store
 from bastion.runners.base import AttemptPhase
 from bastion.runners.kit.records import RemoteRecords
@@ -106,8 +107,8 @@ def test_output_in_chunks_while_running_and_whole_after_exit(root, agents, tmp_p
     expected = "first 0/1\n" + "".join(f"line {i}\n" for i in range(1, 201)) + "to-stderr\n"
     whole = remote.read_output(0, 1 << 20, listing=listing)
     assert whole.decode() == expected
-    chunks = list(Store(root).list_run("train", "a1"))
-    assert all(Store.parse_run_name(name)[1] == "log" for name in chunks)
+    chunks = list(Store(root).runs.list("train", "a1"))
+    assert all(parse_run_name(name)[1] == "log" for name in chunks)
     assert len(chunks) >= 2, chunks  # the first line went up before the rest existed
     pieces, offset = [], 0  # small pieces (crossing chunk boundaries) equal the whole
     while piece := remote.read_output(offset, 7, listing=listing):
@@ -115,7 +116,7 @@ def test_output_in_chunks_while_running_and_whole_after_exit(root, agents, tmp_p
         offset += len(piece)
     assert b"".join(pieces) == whole
     assert remote.read_output(len(whole), 10, listing=listing) == b""
-    exit_record = Store(root).read_run_record("train", "a1", 0, "exit")
+    exit_record = Store(root).agents.read("train", "a1", 0, "exit")
     assert exit_record["code"] == 5 and exit_record["preempted"] is False
     assert exit_record["output_bytes"] == len(whole)  # the daemon knows the log is complete
     observed = remote.observe(listing, time.time())
@@ -127,8 +128,8 @@ def test_output_in_chunks_while_running_and_whole_after_exit(root, agents, tmp_p
     assert b"already started" in again.communicate(timeout=10)[0]
     assert marker.read_text() == "run\n"  # the command ran exactly once
     assert output(records(root)).decode() == expected
-    Store(root).delete_run("train", "a1")
-    assert Store(root).list_run("train", "a1") == {}
+    Store(root).runs.delete("train", "a1")
+    assert Store(root).runs.list("train", "a1") == {}
 
 
 def test_sigterm_reaches_the_command_and_the_last_line_is_flushed(root, agents, tmp_path):
@@ -145,7 +146,7 @@ def test_sigterm_reaches_the_command_and_the_last_line_is_flushed(root, agents, 
     assert time.monotonic() - started < 30  # inside the spot window
     remote = records(root)
     assert output(remote).decode().splitlines()[-1] == "got TERM"
-    exit_record = Store(root).read_run_record("train", "a1", 0, "exit")
+    exit_record = Store(root).agents.read("train", "a1", 0, "exit")
     assert exit_record["code"] == 143 and exit_record["preempted"] is False
     assert exit_record["reason"] == "stopped by SIGTERM"
     assert remote.observe(remote.list(), time.time()).phase == AttemptPhase.FAILED
@@ -166,7 +167,7 @@ def test_preemption_notice_stops_and_marks_the_exit(root, agents, tmp_path, meta
     remote = records(root, workers=2)
     lines = output(remote, worker=1).decode().splitlines()  # bash may add "Terminated"
     assert (lines[0], lines[-1]) == ("worker 1", "saving checkpoint")
-    exit_record = Store(root).read_run_record("train", "a1", 1, "exit")
+    exit_record = Store(root).agents.read("train", "a1", 1, "exit")
     assert exit_record["preempted"] is True and exit_record["code"] == 143
     observed = remote.observe(remote.list(), time.time())
     assert observed.phase == AttemptPhase.PREEMPTED and observed.retryable
@@ -186,7 +187,7 @@ def test_a_sigterm_on_a_preempted_vm_is_a_preemption_not_a_failure(
     metadata.preempt(answer_waiters=False)
     proc.send_signal(signal.SIGTERM)
     assert finished(proc) == 143
-    exit_record = Store(root).read_run_record("train", "a1", 0, "exit")
+    exit_record = Store(root).agents.read("train", "a1", 0, "exit")
     assert exit_record["preempted"] is True
     assert exit_record["reason"] == "preempted by the provider"
     assert records(root).observe(records(root).list(), time.time()).phase == AttemptPhase.PREEMPTED
@@ -198,7 +199,7 @@ def test_a_failing_worker_fails_the_job_with_its_code(tmp_path, agents):
     remote = records(root, workers=2)
     assert remote.observe(remote.list(), time.time()) is None  # nothing started: ask the cloud
     w0 = agents(root, f"while [ ! -e {gate} ]; do sleep 0.05; done", worker=0, num_workers=2)
-    wait_for(lambda: Store.run_name(0, "started") in remote.list(), what="worker 0 to start")
+    wait_for(lambda: run_name(0, "started") in remote.list(), what="worker 0 to start")
     assert remote.observe(remote.list(), time.time()).phase == AttemptPhase.RUNNING
     w1 = agents(root, "echo bad input; exit 3", worker=1, num_workers=2)
     assert finished(w1) == 3
@@ -258,7 +259,7 @@ def test_what_a_workers_command_left_behind_is_ended_and_named(tmp_path, agents,
         assert finished(proc) == 143
     assert gone(escaped)
     said = f"killed 1 process left behind: sleep (pid {escaped})"
-    assert Store(root).read_run_record("train", "a1", 0, "exit")["left_behind"] == said
+    assert Store(root).agents.read("train", "a1", 0, "exit")["left_behind"] == said
     observed = records(root).observe(records(root).list(), time.time())
     assert observed.finished and observed.note == said
 
@@ -267,7 +268,7 @@ def test_a_worker_that_stops_heartbeating_is_lost(tmp_path, agents):
     root = str(tmp_path / "root")
     proc = agents(root, "sleep 60", beat=0.2)
     remote = records(root, timeout=5.0)
-    wait_for(lambda: Store.run_name(0, "heartbeat") in remote.list(), what="a heartbeat")
+    wait_for(lambda: run_name(0, "heartbeat") in remote.list(), what="a heartbeat")
     assert remote.observe(remote.list(), time.time()).phase == AttemptPhase.RUNNING
     proc.kill()  # the VM vanished: no exit record, the heartbeat goes stale
     proc.wait(10)
@@ -283,11 +284,11 @@ def test_stale_records_written_directly(tmp_path):
     daemon first saw its claim, on the daemon's clock (the record's own time is not trusted:
     a worker's clock may be skewed)."""
     store = Store(str(tmp_path / "root"))
-    store.claim_run_worker("train", "a1", 0, {"worker": 0, "time": 1000.0})
+    store.agents.claim("train", "a1", 0, {"worker": 0, "time": 1000.0})
     remote = records(str(tmp_path / "root"), timeout=60)
     assert remote.observe(remote.list(), 1030.0).phase == AttemptPhase.RUNNING
     assert remote.observe(remote.list(), 1100.0).phase == AttemptPhase.LOST
-    store.write_run_record("train", "a1", 0, "heartbeat", {"worker": 0, "time": 1090.0})
+    store.agents.write("train", "a1", 0, "heartbeat", {"worker": 0, "time": 1090.0})
     assert remote.observe(remote.list(), 1100.0).phase == AttemptPhase.RUNNING
 
 
@@ -295,15 +296,15 @@ def test_each_worker_health_is_one_stable_word(tmp_path):
     store = Store(str(tmp_path / "root"))
     remote = records(str(tmp_path / "root"), workers=4, timeout=60)
     for w in (0, 1, 2):
-        store.claim_run_worker("train", "a1", w, {"worker": w, "time": 0.0})
-    store.write_run_record("train", "a1", 2, "exit", {"code": 0, "preempted": False})
+        store.agents.claim("train", "a1", w, {"worker": w, "time": 0.0})
+    store.agents.write("train", "a1", 2, "exit", {"code": 0, "preempted": False})
     assert remote.observe(remote.list(), 1000.0).workers == (
         "running",
         "running",
         "exit 0",
         "waiting",
     )
-    store.write_run_record("train", "a1", 0, "heartbeat", {"time": 1.0})
+    store.agents.write("train", "a1", 0, "heartbeat", {"time": 1.0})
     observed = remote.observe(remote.list(), 1040.0)  # worker 1 silent for 40 s of 60
     assert observed.workers == ("running", "late", "exit 0", "waiting")
     assert observed.phase == AttemptPhase.RUNNING and observed.reason == "2 of 4 workers running"
@@ -317,7 +318,7 @@ def test_a_quiet_running_attempt_costs_no_reads(tmp_path):
     record changed, and each chunk once, by name."""
     store = Store(str(tmp_path / "root"))
     agent = Agent(store, "train", "a1", 0, 1, "true", spool_dir=str(tmp_path))
-    store.claim_run_worker("train", "a1", 0, {"worker": 0, "time": 0.0})
+    store.agents.claim("train", "a1", 0, {"worker": 0, "time": 0.0})
     Path(agent.spool).write_bytes(b"hello\n")
     agent.flush(time.time() + 10)
     remote = RemoteRecords(store, "train", "a1", 1, 30)
@@ -352,22 +353,23 @@ def test_a_restarted_reader_resumes_in_the_middle_of_the_output(tmp_path):
     assert remote.read_output(4, 3) == b"two"
 
 
-class LosesAnswers(Store):
+class LosesAnswers(Runs):
     """Writes a chunk, then fails as if the answer was lost: once per chunk."""
 
-    def __init__(self, root: str) -> None:
-        super().__init__(root)
+    def __init__(self, store: Store) -> None:
+        super().__init__(store.bucket, store.agents)
         self.lost: set[int] = set()
 
-    def write_run_chunk(self, job, attempt, worker, seq, data):
-        super().write_run_chunk(job, attempt, worker, seq, data)
+    def write_chunk(self, job, attempt, worker, seq, data):
+        super().write_chunk(job, attempt, worker, seq, data)
         if seq not in self.lost:
             self.lost.add(seq)
             raise TimeoutError("the answer was lost")
 
 
 def test_a_chunk_whose_answer_was_lost_is_rewritten_under_the_same_name(tmp_path):
-    store = LosesAnswers(str(tmp_path / "root"))
+    store = Store(str(tmp_path / "root"))
+    store.runs = LosesAnswers(store)
     agent = Agent(store, "train", "a1", 0, 1, "true", spool_dir=str(tmp_path))
     Path(agent.spool).write_bytes(b"one\n")
     agent.flush(time.time() + 10)
@@ -375,10 +377,10 @@ def test_a_chunk_whose_answer_was_lost_is_rewritten_under_the_same_name(tmp_path
         spool.write(b"two\n")
     agent.flush(time.time() + 10)
     agent.flush(time.time() + 10)  # nothing new: nothing written
-    listing = store.list_run("train", "a1")
+    listing = store.runs.list("train", "a1")
     assert sorted(listing) == ["workers/0/log/00000000", "workers/0/log/00000001"]
     assert store.ops["write"] == 6  # each chunk twice, and a progress record after each
-    assert store.read_run_record("train", "a1", 0, "progress")["chunks"] == 2
+    assert store.agents.read("train", "a1", 0, "progress")["chunks"] == 2
     remote = RemoteRecords(store, "train", "a1", 1, 30)
     assert remote.read_output(0, 100) == b"one\ntwo\n"
 
@@ -453,7 +455,7 @@ def test_multislice_worker_without_a_slice_in_tpu_env_refuses_to_run(tmp_path, a
     assert finished(proc) == 2
     out = proc.stdout.read().decode()
     assert "tpu-env gives no MEGASCALE_SLICE_ID" in out
-    assert Store(root).list_agents() == {}
+    assert Store(root).agents.list_all() == {}
 
 
 def test_multislice_worker_numbers_itself_from_its_slice(tmp_path, agents, metadata):
@@ -475,4 +477,4 @@ def test_multislice_worker_numbers_itself_from_its_slice(tmp_path, agents, metad
         num_slices=2,
     )
     assert finished(proc) == 0
-    assert Store(root).read_run_chunk("train", "a1", 3, 0) == b"3 1/2 1/2:8080\n"
+    assert Store(root).runs.read_chunk("train", "a1", 3, 0) == b"3 1/2 1/2:8080\n"

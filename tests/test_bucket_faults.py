@@ -36,7 +36,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-import bastion.bucket.store
+import bastion.bucket.counted
+from bastion.bucket.logs import daemon_log_name
 from bastion.bucket.store import Store
 from tests.conftest import BUCKET
 from tests.faultproxy import FaultPlan, FaultProxy
@@ -277,15 +278,15 @@ def test_a_request_that_never_answers_ends_in_a_timeout(
 
     The store's timeout is shortened for the test (the code path is the real one: the Store
     builds its gcsfs filesystem with it); a listing of the specs is then left unanswered."""
-    monkeypatch.setattr(bastion.bucket.store, "REQUEST_TIMEOUT_SECONDS", 2.0)
+    monkeypatch.setattr(bastion.bucket.counted, "REQUEST_TIMEOUT_SECONDS", 2.0)
     store = Store(f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}", endpoint_url=proxy.endpoint)
-    assert store.submit_spec("waiting", b"{}")
+    assert store.specs.submit("waiting", b"{}")
     proxy.fail_next(listing("jobs/active"), "hang")
     result: dict[str, object] = {}
 
     def list_specs() -> None:
         try:
-            result["specs"] = sorted(store.list_specs())
+            result["specs"] = sorted(store.specs.list())
         except Exception as e:
             result["error"] = e
 
@@ -300,20 +301,20 @@ def test_a_request_that_never_answers_ends_in_a_timeout(
         assert isinstance(result["error"], TimeoutError), result
     else:
         assert result == {"specs": ["waiting"]}, result
-    assert sorted(store.list_specs()) == ["waiting"]  # the store is still usable
+    assert sorted(store.specs.list()) == ["waiting"]  # the store is still usable
 
 
 def test_a_stalled_quota_lookup_ends_in_a_timeout(
     proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(bastion.bucket.store, "REQUEST_TIMEOUT_SECONDS", 2.0)
+    monkeypatch.setattr(bastion.bucket.counted, "REQUEST_TIMEOUT_SECONDS", 2.0)
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.endpoint)  # how the daemon is pointed
     store = Store(f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}")
     proxy.fail_next(r"^GET /storage/v1/b/[^/]+/o/[^?]*project-quotas\.config", "hang")
 
     def lookup() -> None:
         with contextlib.suppress(TimeoutError):  # ending in a timeout is the point
-            store.url_token(store.default_quota_url())
+            store.quota.token(store.quota.default_url())
 
     thread = threading.Thread(target=lookup, daemon=True)
     thread.start()
@@ -368,7 +369,7 @@ def test_bucket_outage_keeps_running_jobs_and_catches_up(
         assert starts(marker) == {"steady": 1}
         problems = ticks_complete(b.log("steady"))
         assert not problems, problems
-        own_log = Store.daemon_log_name(socket.gethostname(), os.path.abspath(b.work_dir))
+        own_log = daemon_log_name(socket.gethostname(), os.path.abspath(b.work_dir))
         wait_for(
             lambda: OUTAGE_REPORTED.search(b.log(own_log)),
             what="the outage in the daemon's log in the bucket",

@@ -64,9 +64,9 @@ def test_same_tree_same_bytes_whenever_made(store, tmp_path):
     (b / "pkg/model.py").chmod(0o600)  # permissions beyond "executable" do not count
     first, second = TAR.bundle(str(a), store, {}), TAR.bundle(str(b), store, {})
     assert first.digest == second.digest and first.size == second.size
-    assert first.uri == store.bundle_url(first.digest)
+    assert first.uri == store.bundles.url(first.digest)
     assert first.uri.endswith(f"/bundles/sha256-{first.digest[7:]}.tar.gz")
-    data = store.read_bundle(first.digest)
+    data = store.bundles.read(first.digest)
     assert data[3] == 0 and data[4:8] == bytes(4)  # gzip header: no file name, mtime 0
     assert gzip.decompress(data)  # a plain .tar.gz anyone can open
     (b / "pkg/model.py").write_text("W = 2\n")
@@ -81,7 +81,7 @@ def test_unchanged_code_uploads_nothing(store, tmp_path):
     again = TAR.bundle(str(src), store, {})
     assert again.digest == first.digest and store.ops["write"] == writes  # only an info
     dry = TAR.bundle(str(write(src, {"new.py": "x"})), store, {}, dry_run=True)
-    assert not store.bundle_exists(dry.digest) and store.ops["write"] == writes
+    assert not store.bundles.exists(dry.digest) and store.ops["write"] == writes
 
 
 def test_fetch_gives_back_the_tree(store, tmp_path):
@@ -101,15 +101,14 @@ def test_fetch_gives_back_the_tree(store, tmp_path):
 def test_tampered_bundle_fails_fetch_then_relaunch_repairs(store, tmp_path):
     src = write(tmp_path / "src", PROJECT)
     bundle = TAR.bundle(str(src), store, {})
-    name = store.bundle_name(bundle.digest)
-    good = store.read_bundle(bundle.digest)
-    store._write(good[:-1] + bytes([good[-1] ^ 1]), "bundles", name)  # same size, other bytes
+    good = store.bundles.read(bundle.digest)
+    store.bundles.write(bundle.digest, good[:-1] + bytes([good[-1] ^ 1]))  # same size, other bytes
     with pytest.raises(BundleError, match=f"bundle {bundle.digest} does not match its digest"):
         bundlers.fetch(bundle, store, str(tmp_path / "dest"))
     assert TAR.bundle(str(src), store, {}).digest == bundle.digest  # uploads it again
     bundlers.fetch(bundle, store, str(tmp_path / "dest"))
     assert tree(tmp_path / "dest") == tree(src)
-    store.delete_bundle(bundle.digest)
+    store.bundles.delete(bundle.digest)
     with pytest.raises(BundleError, match=r"missing.*relaunch"):
         bundlers.fetch(bundle, store, str(tmp_path / "dest2"))
 
@@ -233,7 +232,7 @@ def test_options_records_and_registry(tmp_path):
         Bundle.from_json({"kind": "tar", "uri": "u", "size": 1})
     for bad in ("sha256:../../etc", "md5:" + "0" * 64, "sha256:" + "G" * 64):
         with pytest.raises(ValueError):
-            store.bundle_url(bad)
+            store.bundles.url(bad)
 
 
 def test_files_removed_while_the_tree_is_walked_are_left_out(tmp_path, monkeypatch):

@@ -110,7 +110,7 @@ def test_list_shows_each_waiting_jobs_place_from_the_queue_summary(tmp_path: Pat
     try:
         _step(daemon)
         _step(daemon)
-        summary = Store(root).read_queue()
+        summary = Store(root).queue.read()
         assert summary is not None
         default = summary["projects"]["default"]
         assert default["waiting"] == 59
@@ -166,9 +166,9 @@ def test_a_burst_of_decisions_is_recorded_within_the_byte_bound(tmp_path: Path) 
     try:
         _step(daemon)
         store = Store(root)
-        names = store.list_decisions()
+        names = store.decisions.list()
         assert names
-        record = json.loads(store._read("history", "decisions", names[0]))
+        record = store.decisions.read(names[0])
         entries = record["decisions"]
         assert len(json.dumps(entries)) <= DECISION_RECORD_BYTES + 1024
         assert record["omitted"] == 300 - len(entries) > 0

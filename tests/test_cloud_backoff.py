@@ -231,7 +231,7 @@ def test_a_create_whose_workers_start_resets_its_zones_backoff(cloud, tmp_path):
         "waiting for workers to start (0 of 1)",
     )
     assert runner.blocks.failures(ZA) >= 4
-    runner.store.claim_run_worker("train", handle["name"], 0, {"time": time.time()})
+    runner.store.agents.claim("train", handle["name"], 0, {"time": time.time()})
     seen = runner.poll(handle)
     assert (seen.phase, seen.reason) == (AttemptPhase.RUNNING, "1 of 1 workers running")
     assert runner.blocks.failures(ZA) == 0 and runner.blocks.failures(ZB) >= 4

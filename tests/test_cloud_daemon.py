@@ -221,7 +221,7 @@ def test_happy_path_v4_32_four_workers(cloud: Cloud) -> None:
     assert ("DELETED", f"deleted TPU node {name} (4 workers) in {ZA}") in history
     assert [e for e, _ in history].index("DELETED") > [e for e, _ in history].index("SUCCEEDED")
     assert not (cloud.root / "agents" / "train").exists()  # the agents' records went with it
-    assert Store(str(cloud.root)).list_run("train", name)  # ... and their output stays
+    assert Store(str(cloud.root)).runs.list("train", name)  # ... and their output stays
 
 
 # -- 2. a daemon killed between the create call and its state write -------------------------
@@ -393,7 +393,7 @@ def test_spot_preemption_log_has_everything_the_agents_flushed(cloud: Cloud) -> 
     cloud.server.preempt(first)
     cloud.drive(daemon, lambda: cloud.info("flush").state.attempt == 2, "attempt 2")
     cloud.guests.wait(first)
-    exit_record = Store(str(cloud.root)).read_run_record("flush", first, 0, "exit")
+    exit_record = Store(str(cloud.root)).agents.read("flush", first, 0, "exit")
     assert exit_record["preempted"] is True
     assert len(attempt_section(cloud.log("flush"), 1)) == exit_record["output_bytes"]
 
@@ -683,14 +683,13 @@ class AnyRootCloud(Cloud):
         self.root = root  # type: ignore[assignment]
         self.store = Store(root)
         self.client = Client(root, expect_daemon=False)
-        quota = self.store._path("project-quotas", "project-quotas.config")
-        self.store.objects.write(quota, QUOTA.encode())
+        self.store.quota.write_default(QUOTA)
 
     def names(self) -> list[str]:
-        return sorted(self.store.list_states())
+        return sorted(self.store.states.list())
 
     def finished(self, name: str) -> bool:
-        return self.store.read_complete(name) is not None
+        return self.store.complete.read(name) is not None
 
     def log(self, name: str) -> str:
         return self.client.read_log(name).decode()
@@ -738,7 +737,7 @@ def test_multislice_job_keeps_its_nodes_through_sweeps_with_both_tpu_runners_on_
     def started() -> bool:
         name = cloud.runner_record("multi").get("name")
         return bool(name) and all(
-            cloud.store.read_run_record("multi", name, w, "started") for w in range(4)
+            cloud.store.agents.read("multi", name, w, "started") for w in range(4)
         )
 
     cloud.drive(daemon, started, "all 4 workers to start", timeout=180)
@@ -816,7 +815,7 @@ class Boot:
         if self.root_kind == "local":
             store.fs.makedirs(full.rsplit("/", 1)[0], exist_ok=True)
         store.fs.pipe_file(full, data)
-        return store.url(*path.split("/"))
+        return store.bucket.url(*path.split("/"))
 
     def daemon(self, **more: Any) -> Daemon:
         runner = {

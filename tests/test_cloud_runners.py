@@ -213,7 +213,7 @@ def test_tpu_happy_path_four_workers(any_root, tpu_server, tpu_any, guests):
     )
     handle = tpu.start(a)
     assert (handle["zone"], handle["workers"]) == (ZA, 4)
-    assert Store(root).read_provision("train", a.name)["zone"] == ZA
+    assert Store(root).runs.read_provision("train", a.name)["zone"] == ZA
     assert tpu.poll(handle).phase is AttemptPhase.PROVISIONING
     body = creates(tpu_server)[0][3]
     assert body["labels"] == {
@@ -313,7 +313,7 @@ def test_tpu_spot_preemption_while_running(root, tpu_server, tpu, guests):
     out = tpu.read_output(handle, 0, 1 << 24).decode()
     n = out.count("\n")
     assert n >= 5 and out == "".join(f"line {i}\n" for i in range(1, n + 1))  # complete prefix
-    exit_record = Store(root).read_run_record("train", a.name, 0, "exit")
+    exit_record = Store(root).agents.read("train", a.name, 0, "exit")
     assert exit_record["preempted"] is True and exit_record["output_bytes"] == len(out)
     tpu.stop(handle, time.time() + 30)
     tpu_server.tick()
@@ -603,7 +603,7 @@ def test_qr_suspended_by_the_service_is_preempted(root, tpu_server, qr, guests):
     out = qr.read_output(handle, 0, 1 << 24).decode()
     n = out.count("\n")
     assert n >= 3 and out == "".join(f"line {i}\n" for i in range(1, n + 1))
-    assert Store(root).read_run_record("train", a.name, 0, "exit")["output_bytes"] == len(out)
+    assert Store(root).agents.read("train", a.name, 0, "exit")["output_bytes"] == len(out)
 
 
 def test_qr_retried_create_is_deduplicated_by_request_id(root, tpu_server, qr):
@@ -819,7 +819,7 @@ def test_a_tier_setting_that_means_nothing_is_the_jobs_error_naming_the_setting(
 
 def test_a_stale_daemon_does_not_create_after_a_newer_lease_term(root, tpu_server, tpu):
     """The TPU API takes no fencing token: the runner reads the lease just before a create."""
-    Store(root).write_lease({"owner": "newer", "term": 5}, None)
+    Store(root).lease.write({"owner": "newer", "term": 5}, None)
     stale = dataclasses.replace(attempt(root, "true", accelerator_type="v4-8"), fence=3)
     with pytest.raises(Fenced, match="lease term 5 is newer than this daemon's 3"):
         tpu.start(stale)
@@ -952,7 +952,7 @@ def test_gce_vm_ended_by_its_dead_mans_switch_fails_the_job_naming_max_run_secon
         assert (seen.phase, seen.retryable, seen.exit_code) == (AttemptPhase.FAILED, False, None)
         assert "reached max_run_seconds (2 s)" in seen.reason
         assert "dead man's switch" in seen.reason and a.name in seen.reason
-        assert Store(root).read_run_record("train", a.name, 0, "exit") is not None  # flushed
+        assert Store(root).agents.read("train", a.name, 0, "exit") is not None  # flushed
         assert runner.read_output(handle, 0, 100) == b"started\n"
         assert runner.delete(handle) is True
     finally:

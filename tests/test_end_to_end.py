@@ -297,8 +297,8 @@ def test_attempt_of_a_job_deleted_while_daemon_down_is_killed(bastion, tmp_path)
     pid = int(pidfile.read_text())
     daemon.send_signal(signal.SIGKILL)
     daemon.wait()
-    bastion.store.delete_spec("orphan")
-    bastion.store.delete_state("orphan")
+    bastion.store.specs.delete("orphan")
+    bastion.store.states.delete("orphan")
     bastion.start()
     wait_for(
         lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie",

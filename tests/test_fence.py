@@ -103,13 +103,13 @@ def test_every_takeover_raises_the_term_even_after_the_lease_object_was_deleted(
     first = Lease(store, {"owner": "a"}, duration=0.2)
     assert first.hold()
     term = first.term
-    assert term > 0 and first.renew() and store.read_lease()[0]["term"] == term
+    assert term > 0 and first.renew() and store.lease.read()[0]["term"] == term
     first.release()
     second = Lease(store, {"owner": "b"}, duration=0.2)
     assert second.hold() and second.term > term
     second.release()
-    store.objects.delete(store.url("lease").removeprefix("file://"))
-    assert store.read_lease() is None
+    store.bucket.delete("lease")
+    assert store.lease.read() is None
     third = Lease(store, {"owner": "c"}, duration=0.2)
     assert third.hold() and third.term > second.term
     third.release()

@@ -291,7 +291,7 @@ def test_a_clone_with_the_same_host_and_work_dir_waits_for_the_lease(tmp_path):
     dead = subprocess.Popen(["true"])
     dead.wait()
     restarted = {**me, "owner": "vm:2:c"}
-    store.write_lease({**me, "pid": dead.pid, "renewed": 0, "duration": 10}, holder.token)
+    store.lease.write({**me, "pid": dead.pid, "renewed": 0, "duration": 10}, holder.token)
     again = Lease(store, restarted, duration=10, clock=clock)
     assert again._try_acquire(clock())
 
@@ -307,7 +307,7 @@ def test_an_old_lease_that_names_no_pid_namespace_is_never_taken_early(tmp_path)
     dead.wait()
     old = {k: me[k] for k in ("host", "boot_id", "work_dir")}
     old.update(owner=f"{me['host']}:{dead.pid}:old", pid=dead.pid, pid_started=0.0)
-    store.write_lease({**old, "renewed": 0, "duration": 10, "term": 1}, None)
+    store.lease.write({**old, "renewed": 0, "duration": 10, "term": 1}, None)
     standby = Lease(store, {**me, "owner": "new"}, duration=10, clock=clock)
     assert not standby._try_acquire(clock()), "an old-format lease was taken at once"
     clock.now += 9.9

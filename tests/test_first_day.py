@@ -93,7 +93,7 @@ def test_an_unknown_runner_kind_reaching_the_daemon_is_rejected_not_failed(local
         project_id="default",
         runner={"kind": "dokcer"},
     )
-    Client(b.root).store.submit_spec(spec.name, spec.dumps())
+    Client(b.root).store.specs.submit(spec.name, spec.dumps())
     b.once()
     state = b.state("typo-runner") or b.complete("typo-runner")
     text = json.dumps(state)

@@ -251,13 +251,13 @@ def test_submissions_by_marker_survive_a_flaky_bucket(rig: Rig, fraction: float)
     daemon.specwatch.every_cycle_below = 0  # the listing is never cheap enough for every cycle
     daemon.specwatch.full_listing_seconds = 3600.0
     full_listings = []
-    list_specs = daemon.store.list_specs
+    list_specs = daemon.store.specs.list
 
     def counted_list_specs() -> dict[str, Any]:
         full_listings.append(1)
         return list_specs()
 
-    daemon.store.list_specs = counted_list_specs  # type: ignore[method-assign]
+    daemon.store.specs.list = counted_list_specs  # type: ignore[method-assign]
     rig.step(daemon)  # the first cycle, on a healthy bucket: the full listing (nothing yet)
     plan = rig.set_plan(FailurePlan(fraction, seed=12))
     names = [f"late-{i:02d}" for i in range(12)]

@@ -16,7 +16,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from bastion.bucket.objects import GcsObjects, Objects, UnacceptableObject
+from bastion.bucket.gcs import GcsObjects
+from bastion.bucket.objects import Objects, UnacceptableObject
 from bastion.bucket.store import Store
 from tests.conftest import BUCKET
 from tests.faultproxy import FaultProxy

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from bastion.bucket.runs import parse_run_name
 from bastion.bucket.store import Store
 from bastion.daemon import SWEEP_EVERY_CYCLES, Daemon
 from bastion.daemon.start import build_daemon
@@ -151,13 +152,11 @@ class Gke:
     def worker_output(self, job: str, attempt: str, worker: int) -> str:
         """The worker's output chunks (they outlive the attempt's agent records)."""
         store = Store(str(self.root))
-        listing = store.list_run(job, attempt)
+        listing = store.runs.list(job, attempt)
         chunks = sorted(
-            p[2]
-            for n in listing
-            if (p := Store.parse_run_name(n)) and p[0] == worker and p[1] == "log"
+            p[2] for n in listing if (p := parse_run_name(n)) and p[0] == worker and p[1] == "log"
         )
-        return b"".join(store.read_run_chunk(job, attempt, worker, seq) for seq in chunks).decode()
+        return b"".join(store.runs.read_chunk(job, attempt, worker, seq) for seq in chunks).decode()
 
     def close(self) -> None:
         for daemon in self.daemons:
@@ -331,7 +330,7 @@ def test_pod_eviction_requeues_as_attempt_2_on_a_new_jobset(gke: Gke) -> None:
     (why,) = [r for e, r in gke.history("spot") if e == "PROVIDER_PREEMPTED"]
     assert "evicted" in why and "PreemptionByScheduler" in why
     log = gke.log("spot")
-    exit_record = Store(str(gke.root)).read_run_record("spot", first, 0, "exit")
+    exit_record = Store(str(gke.root)).agents.read("spot", first, 0, "exit")
     section = log.split("=== [bastion] attempt 1 of", 1)[1].split("\n", 1)[1]
     section = section.split("=== [bastion] attempt 1 ", 1)[0]
     assert len(section) == exit_record["output_bytes"]  # complete up to the eviction
@@ -388,6 +387,30 @@ def test_daemon_killed_after_create_adopts_without_a_second_jobset(gke: Gke) -> 
     assert gke.cluster.seen == {jobset_name(record["name"])}  # one JobSet ever
     assert "once on 0\n" in gke.log("crash")
     assert uid  # the adopted JobSet was the first daemon's
+
+
+def test_a_jobset_of_the_same_name_that_is_not_ours_is_not_adopted(gke: Gke) -> None:
+    """A 409 on create is adoption only when the JobSet read back names this root and attempt;
+    another root's JobSet under that name is a clash, reported and left alone."""
+    runner = gke.runner(gke.daemon())
+    mine = attempt_name(str(gke.root), "clash", "sub", 1, "run")
+    foreign = {"bastion-root": "abcdef", "bastion-runner": "gke", "bastion-attempt-name": mine}
+    gke.cluster.kueue = "hold"  # nothing of it runs (suspended)
+    gke.cluster.create_jobset(
+        {
+            "apiVersion": "jobset.x-k8s.io/v1alpha2",
+            "kind": "JobSet",
+            "metadata": {"name": jobset_name(mine), "labels": foreign},
+            "spec": {"suspend": True, "replicatedJobs": []},
+        }
+    )
+    options = {"kind": "gke", "instance_type": "tpu-v5p-8"}
+    attempt = Attempt(
+        name=mine, job="clash", attempt=1, command="echo never", env={}, options=options
+    )
+    with pytest.raises(RunnerError, match=r"already exists in namespace .* not this attempt's"):
+        runner.start(attempt)
+    assert gke.cluster.jobsets()[jobset_name(mine)]["metadata"]["labels"] == foreign
 
 
 # -- 6. orphans -------------------------------------------------------------------------------

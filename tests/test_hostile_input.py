@@ -296,7 +296,7 @@ def hostile_root(tmp_path: Path) -> tuple[Store, Path]:
     """A local root whose jobs/active/ holds one good spec and every kind of non-file."""
     store = Store(str(tmp_path / "root"))
     active = tmp_path / "root" / "jobs" / "active"
-    store.submit_spec("good", json.dumps(spec_dict(name="good")).encode())
+    store.specs.submit("good", json.dumps(spec_dict(name="good")).encode())
     (active / "a-directory").mkdir()
     (active / "a-dangling-link").symlink_to(tmp_path / "nowhere")
     os.mkfifo(active / "a-fifo")
@@ -309,7 +309,7 @@ def hostile_root(tmp_path: Path) -> tuple[Store, Path]:
 
 def test_listing_names_every_entry_and_opens_none(hostile_root) -> None:
     store, active = hostile_root
-    listed = finishes(store.list_specs, active / "a-fifo")
+    listed = finishes(store.specs.list, active / "a-fifo")
     assert sorted(listed) == sorted(os.listdir(active))  # type: ignore[arg-type]
 
 
@@ -326,7 +326,7 @@ def test_listing_names_every_entry_and_opens_none(hostile_root) -> None:
 )
 def test_reading_a_spec_that_is_no_regular_file_says_what_it_is(hostile_root, name, message):
     store, active = hostile_root
-    error = finishes(lambda: store.read_spec(name), active / "a-fifo")
+    error = finishes(lambda: store.specs.read(name), active / "a-fifo")
     assert isinstance(error, UnacceptableObject), error
     assert isinstance(error, ValueError) and str(error).startswith(message)
     assert len(str(error)) < 200
@@ -336,26 +336,26 @@ def test_a_spec_linked_to_dev_zero_is_refused_without_reading_it(tmp_path: Path)
     store = Store(str(tmp_path / "root"))
     (tmp_path / "root" / "jobs" / "active" / "zero").symlink_to("/dev/zero")
     with pytest.raises(UnacceptableObject, match="is a symbolic link"):
-        store.read_spec("zero")
+        store.specs.read("zero")
 
 
 def test_a_spec_over_the_limit_is_refused_with_its_size_on_every_backend(bastion) -> None:
     bastion.put("jobs", "active", "big", data=b"x" * ((1 << 20) + 1))
     bastion.put("jobs", "active", "empty", data=b"")
     with pytest.raises(UnacceptableObject, match=r"big is 1 MiB; the limit is 1 MiB"):
-        bastion.store.read_spec("big")
-    assert bastion.store.read_spec("empty") == b""
-    assert bastion.store.read_spec("missing") is None
+        bastion.store.specs.read("big")
+    assert bastion.store.specs.read("empty") == b""
+    assert bastion.store.specs.read("missing") is None
 
 
 def test_a_250_character_name_gets_a_state_a_record_and_history(store: Store) -> None:
     name = "n" * 250
-    token = store.write_state(name, b"{}")
-    assert store.write_state(name, b"{}", token)
-    store.write_complete(name, {"state": {}})
-    store.save_history(name, "000-x", [{"event": "PENDING"}])
-    store.append_log(name, b"line\n")
-    assert store.read_complete(name) == {"state": {}} and store.read_log(name) == b"line\n"
+    token = store.states.write(name, b"{}")
+    assert store.states.write(name, b"{}", token)
+    store.complete.write(name, {"state": {}})
+    store.history.save(name, "000-x", [{"event": "PENDING"}])
+    store.logs.append(name, b"line\n")
+    assert store.complete.read(name) == {"state": {}} and store.logs.read(name) == b"line\n"
 
 
 @pytest.fixture
@@ -376,7 +376,7 @@ def test_a_link_planted_at_a_log_is_refused_not_followed(store: Store, tmp_path,
     (tmp_path / "root" / "logs").mkdir()
     (tmp_path / "root" / "logs" / "job").symlink_to(elsewhere / "file")
     with pytest.raises(UnacceptableObject, match="logs/job is a symbolic link"):
-        store.append_log("job", b"appended\n")
+        store.logs.append("job", b"appended\n")
     assert (elsewhere / "file").read_text() == "untouched"
 
 
@@ -384,12 +384,12 @@ def test_a_link_planted_at_a_history_directory_is_refused(store: Store, tmp_path
     (tmp_path / "root" / "history" / "jobs").mkdir(parents=True)
     (tmp_path / "root" / "history" / "jobs" / "job").symlink_to(elsewhere)
     with pytest.raises(UnacceptableObject, match="history/jobs/job is a symbolic link"):
-        store.save_history("job", "file", [{"event": "x"}])
+        store.history.save("job", "file", [{"event": "x"}])
     with pytest.raises(UnacceptableObject):
-        store.read_history("job").__next__()
+        store.history.read("job").__next__()
     for parent in ("../../history/jobs/job", "../../history/jobs/./job"):
         with pytest.raises(UnacceptableObject):  # no delete through the link, nor out of it
-            store.delete_spec(f"{parent}/file")
+            store.specs.delete(f"{parent}/file")
     assert os.listdir(elsewhere) == ["file"]
     assert (elsewhere / "file").read_text() == "untouched"
 
@@ -403,8 +403,8 @@ def test_a_link_planted_at_a_record_or_state_is_replaced_not_followed(
     )
     (complete / "job").symlink_to(elsewhere / "file")
     (states / "job").symlink_to(elsewhere / "file")
-    store.write_complete("job", {"state": {}})
-    store.write_state("job", b"{}", store.list_states()["job"].token)
+    store.complete.write("job", {"state": {}})
+    store.states.write("job", b"{}", store.states.list()["job"].token)
     assert not (complete / "job").is_symlink() and not (states / "job").is_symlink()
     assert (elsewhere / "file").read_text() == "untouched"
 
@@ -412,7 +412,7 @@ def test_a_link_planted_at_a_record_or_state_is_replaced_not_followed(
 def test_a_link_planted_at_the_lock_is_refused(store: Store, tmp_path, elsewhere) -> None:
     (tmp_path / "root" / "jobs" / "states" / ".lock").symlink_to(elsewhere / "created")
     with pytest.raises(UnacceptableObject):
-        store.write_state("job", b"{}")
+        store.states.write("job", b"{}")
     assert os.listdir(elsewhere) == ["file"]
 
 
@@ -420,7 +420,7 @@ def test_deleting_removes_a_link_or_directory_itself(hostile_root, elsewhere) ->
     store, active = hostile_root
     (active / "a-link-to-elsewhere").symlink_to(elsewhere)
     for name in os.listdir(active):
-        store.delete_spec(name)
+        store.specs.delete(name)
     assert os.listdir(active) == [] and os.listdir(elsewhere) == ["file"]
 
 

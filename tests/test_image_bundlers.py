@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from bastion.bucket.artifacts import Bundles
 from bastion.bucket.store import Store
 from bundlers import BundleError
 from bundlers.cloudbuild import CloudBuildBundler
@@ -286,7 +287,7 @@ def test_cloudbuild_success_records_the_digest(cloudbuild, gs_store, tmp_path):
     storage = build["source"]["storageSource"]
     tar = bundler_for("tar").bundle(str(src), gs_store, {}, dry_run=True)
     assert f"gs://{storage['bucket']}/{storage['object']}" == tar.uri
-    assert gs_store.bundle_exists(tar.digest)
+    assert gs_store.bundles.exists(tar.digest)
     # the build is found again by its tag, as AXLearn finds its builds
     from google.auth.credentials import AnonymousCredentials
     from googleapiclient import discovery
@@ -308,14 +309,14 @@ def test_cloudbuild_success_records_the_digest(cloudbuild, gs_store, tmp_path):
 def test_cloudbuild_uploads_unchanged_source_once(cloudbuild, gs_store, tmp_path, monkeypatch):
     src = cb_project(tmp_path)
     uploads = []
-    real_put = Store.put_bundle
+    real_put = Bundles.put
 
     def put_bundle(self, digest, data, size):
         uploaded = real_put(self, digest, data, size)
         uploads.append(uploaded)
         return uploaded
 
-    monkeypatch.setattr(Store, "put_bundle", put_bundle)
+    monkeypatch.setattr(Bundles, "put", put_bundle)
     first = CloudBuildBundler().bundle(str(src), gs_store, {**CB_OPTIONS, "tag": "a"})
     second = CloudBuildBundler().bundle(str(src), gs_store, {**CB_OPTIONS, "tag": "b"})
     assert uploads == [True, False]

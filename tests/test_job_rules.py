@@ -307,12 +307,12 @@ def test_client_launch_refuses_bad_input_and_writes_nothing(tmp_path):
     store = Store(str(tmp_path / "root"))
     client = Client(store=store)
     done = _spec().to_json()
-    store.write_complete("a", {"spec": done, "state": {"status": "COMPLETED"}})
+    store.complete.write("a", {"spec": done, "state": {"status": "COMPLETED"}})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # no daemon: the writes are what is checked
         (waiting,) = client.launch("b", "true", user_id="u", after="a")
         assert waiting.after == ["a"]
-        before = sorted(store.list_specs())
+        before = sorted(store.specs.list())
         with pytest.raises(SubmitRefused, match="a would wait for itself: a -> b -> a"):
             client.launch("a", "true", user_id="u", after="b")
         with pytest.raises(SubmitRefused, match="no job named 'nosuch'"):
@@ -323,10 +323,10 @@ def test_client_launch_refuses_bad_input_and_writes_nothing(tmp_path):
             client.launch("x", "true", user_id="u", time_limit="2x")
         with pytest.raises(SpecError, match="array or sweep"):
             client.launch("x", "true", user_id="u", array="0-1", sweep="s.toml")
-        assert sorted(store.list_specs()) == before == ["b"]
+        assert sorted(store.specs.list()) == before == ["b"]
         members = client.launch("g", "true", user_id="u", array="0-2%2", time_limit=60)
-        assert sorted(store.list_specs()) == ["b", "g-0", "g-1", "g-2"]
+        assert sorted(store.specs.list()) == ["b", "g-0", "g-1", "g-2"]
         assert {m.time_limit for m in members} == {60}
         with pytest.raises(SubmitRefused, match="active jobs already"):
             client.launch("g", "true", user_id="u", array="2-3")
-        assert sorted(store.list_specs()) == ["b", "g-0", "g-1", "g-2"]  # g-3 not written
+        assert sorted(store.specs.list()) == ["b", "g-0", "g-1", "g-2"]  # g-3 not written

@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 
-from bastion.bucket.store import Store
+from bastion.bucket.jobs import marked_job
 from tests.harness import wait_for
 
 TRAPS_TERM = "trap 'echo got TERM; exit 143' TERM; echo started; sleep 60 & wait"
@@ -25,7 +25,7 @@ def _reason(bastion, name: str) -> str:
 def _no_writes(bastion, before: list[str]) -> None:
     """Nothing written: the same specs, and no submission marker of the refused names."""
     assert bastion.listdir("jobs", "active") == before
-    marked = {Store.marked_job(m) for m in bastion.listdir("jobs", "user_states")}
+    marked = {marked_job(m) for m in bastion.listdir("jobs", "user_states")}
     assert not {n for n in marked if n and n.split("-")[0] == "x"}
 
 
@@ -83,7 +83,7 @@ def test_a_dependent_waits_holding_no_quota_then_runs_after_success(local_bastio
     wait_for(lambda: (b.state("train") or {}).get("running_since"), 60, what="train to run")
     b.cli("launch", "--name=evaluate", "--after=train", "--bundler=none", "--", "echo evaluated")
     wait_for(lambda: _reason(b, "evaluate") == "waiting for train (RUNNING)", 30, what="the wait")
-    queue = b.store.read_queue() or {}
+    queue = b.store.queue.read() or {}
     waiting = [n for p in queue.get("projects", {}).values() for n in p.get("order", [])]
     assert "evaluate" not in waiting  # not offered to the policy: it holds no place, no quota
     assert b.state("evaluate")["status"] == "PENDING"
@@ -211,8 +211,8 @@ def test_retry_failed_resubmits_only_the_failed_members(local_bastion):
     out = b.cli("launch", "--group=r", "--retry_failed").stdout
     assert "resubmitted 2 failed member(s) of r: r-1, r-3" in out
     for name in ("r-1", "r-3"):
-        wait_for(lambda n=name: len(b.store.list_finished_runs(n)) == 2, 60, what="a 2nd run")
-    assert [len(b.store.list_finished_runs(n)) for n in ("r-0", "r-2")] == [1, 1]  # not again
+        wait_for(lambda n=name: len(b.store.finished_runs.list(n)) == 2, 60, what="a 2nd run")
+    assert [len(b.store.finished_runs.list(n)) for n in ("r-0", "r-2")] == [1, 1]  # not again
     assert b.cli("history", "r-1", "--all").stdout.count("spec detected") == 2
 
 
@@ -229,11 +229,11 @@ def test_cancel_of_several_asks_first_unless_yes(local_bastion, tmp_path):
         timeout=60,
     )
     assert proc.returncode == 2 and "pass --yes" in proc.stderr and "3 jobs" in proc.stderr
-    assert not any(b.store.read_request(f"g-{i}") for i in range(3))
+    assert not any(b.store.requests.read(f"g-{i}") for i in range(3))
     out = b.cli("cancel", "--group=g", "--yes").stdout
     assert out.count("cancel requested") == 3
-    assert all(b.store.read_request(f"g-{i}") for i in range(3))
-    assert not b.store.read_request("solo")
+    assert all(b.store.requests.read(f"g-{i}") for i in range(3))
+    assert not b.store.requests.read("solo")
     assert "cancel requested for solo" in b.cli("cancel", "solo").stdout
 
 
@@ -274,7 +274,7 @@ def test_earlier_runs_of_a_name_stay_reachable(bastion):
     bastion.cli("launch", "--name=rerun", "--bundler=none", "--", "echo first run")
     assert _outcome(bastion, "rerun") == "SUCCEEDED"
     bastion.cli("launch", "--name=rerun", "--bundler=none", "--", "echo second run; exit 4")
-    wait_for(lambda: len(bastion.store.list_finished_runs("rerun")) == 2, 60, what="run 2")
+    wait_for(lambda: len(bastion.store.finished_runs.list("rerun")) == 2, 60, what="run 2")
     latest = bastion.cli("logs", "rerun").stdout
     assert "second run" in latest and "first run" not in latest
     for flags in (["--previous"], ["--run=-1"], ["--run=1"]):

@@ -34,7 +34,7 @@ def add(path: str, data: bytes) -> None:
 
 
 def remote(store: Store, log: str = "job") -> bytes:
-    return store.read_log(log)
+    return store.logs.read(log)
 
 
 def test_only_new_bytes_are_appended(store: Store, tmp_path: Path) -> None:
@@ -87,7 +87,7 @@ def test_a_restart_resumes_a_partial_upload(store: Store, tmp_path: Path) -> Non
 
 def test_a_mirror_created_after_an_earlier_job_of_that_name(store: Store, tmp_path: Path) -> None:
     old = b"output of an earlier job of the same name\n"
-    store.append_log("job", old)
+    store.logs.append("job", old)
     logs = LogSync(store, mirror_dir(tmp_path))
     path = logs.path("job")
     assert logs.base("job") == len(old)
@@ -96,7 +96,7 @@ def test_a_mirror_created_after_an_earlier_job_of_that_name(store: Store, tmp_pa
     add(path, b"new\n")
     assert logs.sync("job") == 4
     assert remote(store) == old + b"new\n"
-    assert store.read_log("job", logs.base("job")) == b"new\n"
+    assert store.logs.read("job", logs.base("job")) == b"new\n"
     # and a restart still lands after the old bytes, sending nothing twice
     again = LogSync(store, mirror_dir(tmp_path))
     assert again.base("job") == len(old)
@@ -129,7 +129,7 @@ def test_chunks_past_8_mib_across_syncs_and_a_restart(store: Store, tmp_path: Pa
     logs = LogSync(store, mirror_dir(tmp_path))
     add(logs.path("big"), data)
     assert logs.sync("big") == CHUNK  # memory per sync is bounded; the rest waits
-    assert store.log_size("big") == CHUNK
+    assert store.logs.size("big") == CHUNK
     restarted = LogSync(store, mirror_dir(tmp_path))
     assert restarted.sync("big") == 12345
     assert restarted.sync("big") == 0
@@ -160,20 +160,20 @@ def test_a_finished_jobs_state_is_written_after_its_whole_log(
     client.submit(new_jobspec(name="chatty", command=command, user_id="u", project_id="default"))
     daemon = build_daemon(root, work_dir=str(tmp_path / "work"))
     remote_when_completed: list[int] = []
-    write_state = daemon.store.write_state
+    write_state = daemon.store.states.write
 
     def observed(name: str, data: bytes, expected: str | None = None) -> str:
         if json.loads(data)["status"] == "COMPLETED":
-            remote_when_completed.append(len(daemon.store.read_log(name)))
+            remote_when_completed.append(len(daemon.store.logs.read(name)))
         return write_state(name, data, expected)
 
-    monkeypatch.setattr(daemon.store, "write_state", observed)
+    monkeypatch.setattr(daemon.store.states, "write", observed)
     deadline = time.monotonic() + 30
-    while daemon.store.read_complete("chatty") is None:
+    while daemon.store.complete.read("chatty") is None:
         assert time.monotonic() < deadline, "the job did not complete"
         daemon.cycle(time.time())
         time.sleep(0.1)
-    whole = daemon.store.read_log("chatty")
+    whole = daemon.store.logs.read("chatty")
     assert b"x" * 20000 + b"\ndone\n" in whole
     assert remote_when_completed == [len(whole)]
 
@@ -201,7 +201,7 @@ def test_the_daemons_own_lines_are_uploaded_from_memory_without_local_files(
     thousand admissions made two thousand files); a job's output later starts the mirror
     after the lines already uploaded, and a restart sends nothing twice."""
     old = b"an earlier job of this name\n"
-    store.append_log("job", old)
+    store.logs.append("job", old)
     logs = LogSync(store, mirror_dir(tmp_path))
     logs.write("job", "=== admitted ===")
     assert os.listdir(mirror_dir(tmp_path)) == []
@@ -227,7 +227,7 @@ def test_a_failed_upload_of_lines_in_memory_is_retried_once_and_only_once(
     """An upload that fails is retried next sync; one whose answer was lost (the bytes
     landed) is not sent again: the bucket's size says how far it got."""
     logs = LogSync(store, mirror_dir(tmp_path))
-    real = store.append_log
+    real = store.logs.append
     outcomes = iter(["fail", "lost"])
 
     def flaky(name: str, data: bytes, size: int | None = None) -> None:
@@ -238,7 +238,7 @@ def test_a_failed_upload_of_lines_in_memory_is_retried_once_and_only_once(
             raise OSError(f"upload {outcome}")
         real(name, data, size=size)
 
-    monkeypatch.setattr(store, "append_log", flaky)
+    monkeypatch.setattr(store.logs, "append", flaky)
     logs.write("job", "line one")
     with pytest.raises(OSError, match="fail"):
         logs.sync("job")
@@ -281,12 +281,12 @@ def test_the_bucket_log_holds_the_jobs_bytes_exactly_and_a_newline_only_it_says_
     client.submit(new_jobspec(name="exact", command=command, user_id="u", project_id="default"))
     daemon = build_daemon(root, work_dir=str(tmp_path / "work"), gpus=[])
     deadline = time.monotonic() + 30
-    while daemon.store.read_complete("exact") is None:
+    while daemon.store.complete.read("exact") is None:
         assert time.monotonic() < deadline, "the job did not complete"
         daemon.cycle(time.time())
         time.sleep(0.1)
     daemon.close()
-    log = daemon.store.read_log("exact")
+    log = daemon.store.logs.read("exact")
     added = not output.endswith(b"\n")
     end = rb"=== \[bastion\] attempt 1 exited with status 0 at [^\n]*"
     pattern = (

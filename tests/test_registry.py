@@ -69,7 +69,7 @@ def test_a_quota_file_on_such_a_protocol_is_still_readable(tmp_path):
     with fsspec.open("plainfs://elsewhere/quota.toml", "wb") as f:
         f.write(b"x")
     store = Store(str(tmp_path / "root"))
-    assert store.url_token("plainfs://elsewhere/quota.toml") is not None
+    assert store.quota.token("plainfs://elsewhere/quota.toml") is not None
 
 
 def test_a_runner_kind_from_an_installed_plugin_passes_the_settings_check(tmp_path):

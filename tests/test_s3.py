@@ -363,5 +363,5 @@ def test_read_spec_fetches_at_most_the_limit_and_says_the_size(store):
     store.objects.write(path(store, "jobs", "active", "big"), b"x" * (3 << 20))
     store.objects.write(path(store, "jobs", "active", "empty"), b"")
     with pytest.raises(UnacceptableObject, match="jobs/active/big is 3 MiB; the limit is 1 MiB"):
-        store.read_spec("big")
-    assert store.read_spec("empty") == b""
+        store.specs.read("big")
+    assert store.specs.read("empty") == b""

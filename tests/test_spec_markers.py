@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from bastion.bucket.jobs import is_marker, marked_job, marker_name
 from bastion.bucket.specwatch import FULL_LISTING_SECONDS
 from bastion.bucket.store import Store
 from bastion.daemon import Daemon
@@ -68,9 +69,7 @@ class Rig:
 
     def __init__(self, root: str, tmp_path: Path) -> None:
         self.store = Store(root)
-        self.store.objects.write(
-            self.store._path("project-quotas", "project-quotas.config"), QUOTA.encode()
-        )
+        self.store.quota.write_default(QUOTA)
         self.client = Client(store=Store(root), expect_daemon=False)
         self.daemon: Daemon = build_daemon(
             root,
@@ -115,10 +114,10 @@ class Rig:
             if name not in self.daemon.jobs:
                 break
             self.step()
-        return self.store.read_complete(name)
+        return self.store.complete.read(name)
 
     def inbox(self) -> list[str]:
-        return sorted(self.store.list_requests())
+        return sorted(self.store.requests.list())
 
     def close(self) -> None:
         self.daemon.close()
@@ -133,17 +132,17 @@ def rig(root: str, tmp_path: Path) -> Iterator[Rig]:
 
 def test_a_client_submission_is_taken_in_without_listing_the_specs(rig: Rig) -> None:
     for i in range(3):
-        rig.store.submit_spec(f"old-{i}", _spec(f"old-{i}", "sleep 600"))  # plain tools
+        rig.store.specs.submit(f"old-{i}", _spec(f"old-{i}", "sleep 600"))  # plain tools
     rig.step(FULL_LISTING_SECONDS)  # the full listing takes the plain ones in
     assert {"old-0", "old-1", "old-2"} <= set(rig.daemon.jobs)
     rig.submit("new")
-    assert len(rig.inbox()) == 1 and Store.marked_job(rig.inbox()[0]) == "new"
+    assert len(rig.inbox()) == 1 and marked_job(rig.inbox()[0]) == "new"
     ops = rig.step()
     assert ops["list"] == 1, ops  # jobs/user_states/ only: jobs/active/ was not listed
     assert rig.status("new") is Status.PENDING
     assert rig.inbox() == []  # the marker is consumed
     # The token read with the spec is the listing's: the next full listing reads nothing.
-    assert rig.daemon.jobs["new"].token == rig.store.list_specs()["new"].token
+    assert rig.daemon.jobs["new"].token == rig.store.specs.list()["new"].token
     reads = rig.step(FULL_LISTING_SECONDS).get("read", 0)
     assert reads == 0
 
@@ -169,9 +168,9 @@ def test_plain_tool_writes_are_seen_within_the_full_listing_interval(rig: Rig) -
     rig.submit("doomed", "sleep 600")
     rig.step()
     assert rig.status("keep") is not None and rig.status("doomed") is not None
-    rig.store.submit_spec("copied", _spec("copied"))  # `gsutil cp`
-    rig.store.replace_spec("keep", _spec("keep", "sleep 700"))
-    rig.store.delete_spec("doomed")  # `gsutil rm`
+    rig.store.specs.submit("copied", _spec("copied"))  # `gsutil cp`
+    rig.store.specs.replace("keep", _spec("keep", "sleep 700"))
+    rig.store.specs.delete("doomed")  # `gsutil rm`
     for _ in range(3):  # within the interval: not seen yet
         rig.step(FULL_LISTING_SECONDS / 10)
     assert "copied" not in rig.daemon.jobs
@@ -190,7 +189,7 @@ def test_plain_tool_writes_are_seen_within_the_full_listing_interval(rig: Rig) -
 def test_a_cancel_for_a_job_not_seen_yet_is_applied_not_dropped(rig: Rig) -> None:
     """A spec copied in by hand and cancelled before the full listing found it: the request
     makes the daemon read the spec, so the job is cancelled and never starts."""
-    rig.store.submit_spec("hand", _spec("hand"))
+    rig.store.specs.submit("hand", _spec("hand"))
     rig.client.cancel("hand", user_id="u")
     rig.step()
     record = rig.complete_record("hand")
@@ -202,10 +201,10 @@ def test_a_cancel_for_a_job_not_seen_yet_is_applied_not_dropped(rig: Rig) -> Non
 def test_markers_that_name_nothing_or_are_malformed_are_reported_and_lose_nothing(
     rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
-    rig.store.write_marker("ghost")  # a marker whose spec was never written
-    rig.store.write_request("_submitted-garbage", b"{}")  # no marker Bastion writes
-    rig.store.submit_spec("broken", b"{not json")  # a malformed spec, marked
-    rig.store.write_marker("broken")
+    rig.store.requests.write_marker("ghost")  # a marker whose spec was never written
+    rig.store.requests.write("_submitted-garbage", b"{}")  # no marker Bastion writes
+    rig.store.specs.submit("broken", b"{not json")  # a malformed spec, marked
+    rig.store.requests.write_marker("broken")
     rig.submit("fine")
     with caplog.at_level(logging.WARNING, logger="bastion"):
         rig.step()
@@ -224,7 +223,7 @@ def test_a_marker_whose_spec_read_fails_is_kept_for_the_next_cycle(rig: Rig) -> 
     """A failed read keeps its marker: the spec is read next cycle, not left to the full
     listing."""
     rig.submit("later")
-    real = rig.daemon.store.read_spec_with_token
+    real = rig.daemon.store.specs.read_with_token
     calls = []
 
     def failing_once(name: str) -> tuple[bytes, str] | None:
@@ -233,7 +232,7 @@ def test_a_marker_whose_spec_read_fails_is_kept_for_the_next_cycle(rig: Rig) -> 
             raise OSError("simulated 503")
         return real(name)
 
-    rig.daemon.store.read_spec_with_token = failing_once  # type: ignore[method-assign]
+    rig.daemon.store.specs.read_with_token = failing_once  # type: ignore[method-assign]
     rig.step()
     assert "later" not in rig.daemon.jobs
     assert len(rig.inbox()) == 1  # kept
@@ -246,26 +245,26 @@ def test_a_marker_does_not_bring_back_a_finished_job(rig: Rig) -> None:
     rig.submit("quick", "true")
     for _ in range(10):
         rig.step()
-        if rig.store.read_complete("quick"):
+        if rig.store.complete.read("quick"):
             break
-    assert rig.store.read_complete("quick")["state"]["outcome"] == "SUCCEEDED"
-    rig.store.write_marker("quick")  # late or duplicated: its spec is gone
+    assert rig.store.complete.read("quick")["state"]["outcome"] == "SUCCEEDED"
+    rig.store.requests.write_marker("quick")  # late or duplicated: its spec is gone
     rig.step()
     assert "quick" not in rig.daemon.jobs
     assert rig.inbox() == []
 
 
 def test_marker_names_round_trip_and_refuse_what_clients_do_not_write() -> None:
-    marker = Store.marker_name("my-job.v2", now=1_700_000_000.123)
+    marker = marker_name("my-job.v2", now=1_700_000_000.123)
     assert marker.startswith("_submitted-1700000000123-")
-    assert Store.is_marker(marker) and Store.marked_job(marker) == "my-job.v2"
-    assert Store.marker_name("a") != Store.marker_name("a")  # each write its own marker
+    assert is_marker(marker) and marked_job(marker) == "my-job.v2"
+    assert marker_name("a") != marker_name("a")  # each write its own marker
     for bad in (
         "_submitted-",
         "_submitted-12-abcdef01-x",
         "_submitted-1700000000123-xyz-a",
         "_submitted-1700000000123-abcdef01-",
     ):
-        assert Store.marked_job(bad) is None, bad
+        assert marked_job(bad) is None, bad
     body = json.dumps({"name": "x"})
-    assert not Store.is_marker("x") and body  # cancel requests are named by their job
+    assert not is_marker("x") and body  # cancel requests are named by their job

@@ -77,8 +77,8 @@ def test_an_environment_too_large_for_exec_fails_at_its_first_start_and_frees_it
     spec.env_vars = {"BIG": "x" * 1_000_000}
     raw = spec.dumps()
     assert len(raw) < MAX_SPEC_BYTES
-    assert b.store.submit_spec("huge", raw)
-    b.store.write_marker("huge")
+    assert b.store.specs.submit("huge", raw)
+    b.store.requests.write_marker("huge")
     wait_for(lambda: b.state("huge") or b.complete("huge"), what="huge to be admitted")
     b.cli("launch", "--name=next", f"--resources=cpu={CPUS}", "--", "echo next ran")
 
@@ -115,7 +115,7 @@ def test_the_python_api_refuses_an_environment_value_exec_would_refuse(tmp_path:
     spec.env_vars = {"SMALL": "1", "BIG": "x" * 200_000}  # changed after it was made
     with pytest.raises(ExecLimitError, match=r"env_vars\.BIG"):
         client.submit(spec)
-    assert client.store.read_spec("big") is None  # nothing was written
+    assert client.store.specs.read("big") is None  # nothing was written
 
 
 def test_the_cli_refuses_an_environment_over_exec_limit_with_exit_2(

@@ -17,6 +17,7 @@ from typing import TypeVar
 
 import pytest
 
+from bastion.bucket.logs import job_log_name
 from bastion.bucket.store import PreconditionFailed, Store
 from tests.flakyfs import FailurePlan, FlakyFileSystem
 
@@ -76,36 +77,36 @@ def hidden_files(directory: Path) -> list[str]:
 
 
 def test_list_tokens_change_on_every_rewrite_even_at_the_same_size(store: Store) -> None:
-    store.replace_spec("job", b"A" * 100)
-    seen = [store.list_specs()["job"].token]
+    store.specs.replace("job", b"A" * 100)
+    seen = [store.specs.list()["job"].token]
     for i in range(200):
-        store.replace_spec("job", (b"B" if i % 2 == 0 else b"A") * 100)  # same size every time
-        info = store.list_specs()["job"]
+        store.specs.replace("job", (b"B" if i % 2 == 0 else b"A") * 100)  # same size every time
+        info = store.specs.list()["job"]
         assert info.size == 100 and info.name == "job"
         seen.append(info.token)
     assert len(set(seen)) == len(seen)  # never the same token twice, not even A-B-A
 
 
 def test_list_tokens_stay_the_same_when_untouched(store: Store) -> None:
-    store.replace_spec("a", b"1")
-    store.replace_spec("b", b"22")
-    first = store.list_specs()
-    store.replace_spec("c", b"333")  # a neighbour changing does not change the others
-    store.read_spec("a")  # neither does reading
-    second = store.list_specs()
+    store.specs.replace("a", b"1")
+    store.specs.replace("b", b"22")
+    first = store.specs.list()
+    store.specs.replace("c", b"333")  # a neighbour changing does not change the others
+    store.specs.read("a")  # neither does reading
+    second = store.specs.list()
     assert set(first) == {"a", "b"} and set(second) == {"a", "b", "c"}
     assert {n: second[n] for n in first} == first
-    assert store.list_specs() == second
+    assert store.specs.list() == second
 
 
 def test_a_state_token_from_a_write_equals_the_listing_token(any_store: Store) -> None:
     """The daemon seeds its compare-and-swap from the listing after a restart."""
-    token = any_store.write_state("job", b'{"status": "PENDING"}')
-    assert any_store.list_states()["job"].token == token
-    token = any_store.write_state("job", b'{"status": "ACTIVE"}', token)
-    assert any_store.list_states()["job"].token == token
-    token = any_store.write_state("job", b'{"status": "ACTIVE"}', token)  # same bytes again
-    assert any_store.list_states()["job"].token == token
+    token = any_store.states.write("job", b'{"status": "PENDING"}')
+    assert any_store.states.list()["job"].token == token
+    token = any_store.states.write("job", b'{"status": "ACTIVE"}', token)
+    assert any_store.states.list()["job"].token == token
+    token = any_store.states.write("job", b'{"status": "ACTIVE"}', token)  # same bytes again
+    assert any_store.states.list()["job"].token == token
 
 
 def test_temp_files_of_atomic_writes_never_appear_in_listings(store: Store, root: Path) -> None:
@@ -116,16 +117,16 @@ def test_temp_files_of_atomic_writes_never_appear_in_listings(store: Store, root
         token = None
         try:
             for i in range(150):
-                store.replace_spec("spec", json.dumps({"i": i}).encode() * 50)
-                token = store.write_state("state", json.dumps({"i": i}).encode() * 50, token)
-                store.submit_spec(f"new-{i}", b"{}")
+                store.specs.replace("spec", json.dumps({"i": i}).encode() * 50)
+                token = store.states.write("state", json.dumps({"i": i}).encode() * 50, token)
+                store.specs.submit(f"new-{i}", b"{}")
         finally:
             stop.set()
 
     def lister() -> None:
         while not stop.is_set():
-            seen.update(store.list_specs())
-            seen.update(store.list_states())
+            seen.update(store.specs.list())
+            seen.update(store.states.list())
 
     run_threads(writer, lister)
     names = {"spec", "state"} | {f"new-{i}" for i in range(150)}
@@ -136,22 +137,22 @@ def test_temp_files_of_atomic_writes_never_appear_in_listings(store: Store, root
 
 def test_listing_a_missing_directory_is_empty(tmp_path: Path) -> None:
     store = Store(str(tmp_path / "never-created"))
-    assert store.list_specs() == {}
-    assert store.list_states() == {}
-    assert store.list_requests() == {}
-    assert store.list_complete() == {}
+    assert store.specs.list() == {}
+    assert store.states.list() == {}
+    assert store.requests.list() == {}
+    assert store.complete.list() == {}
 
 
 # -- create-if-absent ---------------------------------------------------------------------------
 
 
 def test_submit_spec_is_create_if_absent(store: Store) -> None:
-    assert store.submit_spec("job", b"first") is True
-    assert store.submit_spec("job", b"second") is False
-    assert store.read_spec("job") == b"first"
-    store.delete_spec("job")
-    assert store.submit_spec("job", b"third") is True  # the name is free again
-    assert store.read_spec("job") == b"third"
+    assert store.specs.submit("job", b"first") is True
+    assert store.specs.submit("job", b"second") is False
+    assert store.specs.read("job") == b"first"
+    store.specs.delete("job")
+    assert store.specs.submit("job", b"third") is True  # the name is free again
+    assert store.specs.read("job") == b"third"
 
 
 def race(n: int, call: Callable[[int], T]) -> dict[int, T]:
@@ -171,10 +172,10 @@ def race(n: int, call: Callable[[int], T]) -> dict[int, T]:
 def test_submit_spec_under_a_race_has_exactly_one_winner(store: Store, root: Path) -> None:
     for round_ in range(20):
         name = f"race-{round_}"
-        results = race(8, lambda i, name=name: store.submit_spec(name, b"by %d" % i))
+        results = race(8, lambda i, name=name: store.specs.submit(name, b"by %d" % i))
         winners = [i for i, won in results.items() if won]
         assert len(winners) == 1, results
-        assert store.read_spec(name) == b"by %d" % winners[0]
+        assert store.specs.read(name) == b"by %d" % winners[0]
     assert hidden_files(root / "jobs" / "active") == []
 
 
@@ -198,14 +199,14 @@ def test_readers_never_see_a_partial_object(store: Store, kind: str) -> None:
         try:
             for v in range(versions):
                 if kind == "spec":
-                    store.replace_spec("big", big_json(v))
+                    store.specs.replace("big", big_json(v))
                 else:
-                    token = store.write_state("big", big_json(v), token)
+                    token = store.states.write("big", big_json(v), token)
         finally:
             done.set()
 
     def reader() -> None:
-        read = store.read_spec if kind == "spec" else store.read_state
+        read = store.specs.read if kind == "spec" else store.states.read
         while not done.is_set():
             raw = read("big")
             if raw is None:
@@ -217,7 +218,7 @@ def test_readers_never_see_a_partial_object(store: Store, kind: str) -> None:
     run_threads(writer, reader, reader)
     assert reads  # the readers did read while the writer wrote
     assert (
-        json.loads(store.read_spec("big") if kind == "spec" else store.read_state("big") or b"")[
+        json.loads(store.specs.read("big") if kind == "spec" else store.states.read("big") or b"")[
             "version"
         ]
         == versions - 1
@@ -225,22 +226,22 @@ def test_readers_never_see_a_partial_object(store: Store, kind: str) -> None:
 
 
 def test_write_state_is_compare_and_swap(any_store: Store) -> None:
-    first = any_store.write_state("job", b"v1")  # expected None: only if absent
+    first = any_store.states.write("job", b"v1")  # expected None: only if absent
     with pytest.raises(PreconditionFailed):
-        any_store.write_state("job", b"not me", None)
-    second = any_store.write_state("job", b"v2", first)
+        any_store.states.write("job", b"not me", None)
+    second = any_store.states.write("job", b"v2", first)
     assert second != first
     with pytest.raises(PreconditionFailed):
-        any_store.write_state("job", b"stale", first)  # a daemon that missed a write
-    assert any_store.read_state("job") == b"v2"
+        any_store.states.write("job", b"stale", first)  # a daemon that missed a write
+    assert any_store.states.read("job") == b"v2"
 
 
 def test_write_state_race_from_one_token_has_exactly_one_winner(store: Store) -> None:
-    token = store.write_state("job", b"start")
+    token = store.states.write("job", b"start")
 
     def attempt(data: bytes, expected: str) -> str | None:
         try:
-            return store.write_state("job", data, expected)
+            return store.states.write("job", data, expected)
         except PreconditionFailed:
             return None
 
@@ -248,7 +249,7 @@ def test_write_state_race_from_one_token_has_exactly_one_winner(store: Store) ->
         results = race(8, lambda i, r=round_, t=token: attempt(b"%d:%d" % (r, i), t))
         winners = [i for i, new in results.items() if new is not None]
         assert len(winners) == 1, results
-        assert store.read_state("job") == b"%d:%d" % (round_, winners[0])
+        assert store.states.read("job") == b"%d:%d" % (round_, winners[0])
         token = results[winners[0]] or ""
 
 
@@ -256,75 +257,75 @@ def test_write_state_race_from_one_token_has_exactly_one_winner(store: Store) ->
 
 
 def test_append_log_and_read_from_offsets(store: Store) -> None:
-    assert store.log_size("job") == 0
-    store.append_log("job", b"hello ")
-    store.append_log("job", b"world\n")
-    store.append_log("job", b"")
-    assert store.read_log("job") == b"hello world\n"
-    assert store.log_size("job") == 12
-    assert store.read_log("job", 6) == b"world\n"
-    assert store.read_log("job", 12) == b""
-    assert store.read_log("job", 100) == b""
-    assert store.log_size("other") == 0  # logs are per name
-    store.append_log("job.cleanup", b"cleanup\n")
-    assert store.read_log("job") == b"hello world\n"
-    assert store.read_log(Store.log_name("job", cleanup=True)) == b"cleanup\n"
+    assert store.logs.size("job") == 0
+    store.logs.append("job", b"hello ")
+    store.logs.append("job", b"world\n")
+    store.logs.append("job", b"")
+    assert store.logs.read("job") == b"hello world\n"
+    assert store.logs.size("job") == 12
+    assert store.logs.read("job", 6) == b"world\n"
+    assert store.logs.read("job", 12) == b""
+    assert store.logs.read("job", 100) == b""
+    assert store.logs.size("other") == 0  # logs are per name
+    store.logs.append("job.cleanup", b"cleanup\n")
+    assert store.logs.read("job") == b"hello world\n"
+    assert store.logs.read(job_log_name("job", cleanup=True)) == b"cleanup\n"
 
 
 def test_concurrent_appends_lose_no_bytes(store: Store) -> None:
     def appender(i: int) -> Callable[[], None]:
-        return lambda: [store.append_log("job", f"{i}:{n}\n".encode()) for n in range(200)]
+        return lambda: [store.logs.append("job", f"{i}:{n}\n".encode()) for n in range(200)]
 
     run_threads(*(appender(i) for i in range(4)))
-    lines = store.read_log("job").decode().splitlines()
+    lines = store.logs.read("job").decode().splitlines()
     assert sorted(lines) == sorted(f"{i}:{n}" for i in range(4) for n in range(200))
 
 
 def test_history_append_and_read(store: Store) -> None:
-    assert list(store.read_history("job")) == []
+    assert list(store.history.read("job")) == []
     events = [{"event": "PENDING", "n": 1}, {"event": "STARTED", "n": 2, "reason": "ü ok"}]
-    store.save_history("job", "000000000002-b", events[1:])
-    store.save_history("job", "000000000001-a", events[:1])
-    store.save_history("job", "000000000002-b", events[1:])  # saving again is harmless
-    assert list(store.read_history("job")) == events
-    assert list(store.read_history("other")) == []
+    store.history.save("job", "000000000002-b", events[1:])
+    store.history.save("job", "000000000001-a", events[:1])
+    store.history.save("job", "000000000002-b", events[1:])  # saving again is harmless
+    assert list(store.history.read("job")) == events
+    assert list(store.history.read("other")) == []
 
 
 # -- what is missing, and what it costs --------------------------------------------------------
 
 
 def test_missing_objects_are_none_or_empty(store: Store) -> None:
-    assert store.read_spec("nope") is None
-    assert store.read_state("nope") is None
-    assert store.read_request("nope") is None
-    assert store.read_complete("nope") is None
-    assert store.read_log("nope") == b""
-    assert store.read_log("nope", 10) == b""
-    assert store.log_size("nope") == 0
-    assert list(store.read_history("nope")) == []
-    store.delete_spec("nope")  # deleting what is not there is not an error
-    store.delete_state("nope")
-    store.delete_request("nope")
+    assert store.specs.read("nope") is None
+    assert store.states.read("nope") is None
+    assert store.requests.read("nope") is None
+    assert store.complete.read("nope") is None
+    assert store.logs.read("nope") == b""
+    assert store.logs.read("nope", 10) == b""
+    assert store.logs.size("nope") == 0
+    assert list(store.history.read("nope")) == []
+    store.specs.delete("nope")  # deleting what is not there is not an error
+    store.states.delete("nope")
+    store.requests.delete("nope")
 
 
 def test_op_counters_count_each_call_kind(store: Store) -> None:
     assert sum(store.ops.values()) == 0
-    store.list_specs()
-    store.list_states()
-    store.list_requests()
-    store.submit_spec("job", b"{}")
-    store.replace_spec("job", b"{}")
-    store.write_state("job", b"{}")
-    store.write_request("job", b"{}")
-    store.write_complete("job", {"state": {}})
-    store.read_spec("job")
-    store.read_state("job")
-    store.read_log("job")
-    store.append_log("job", b"x")
-    store.save_history("job", "1", [{"event": "E"}])
-    store.log_size("job")
-    store.delete_spec("job")
-    store.delete_request("job")
+    store.specs.list()
+    store.states.list()
+    store.requests.list()
+    store.specs.submit("job", b"{}")
+    store.specs.replace("job", b"{}")
+    store.states.write("job", b"{}")
+    store.requests.write("job", b"{}")
+    store.complete.write("job", {"state": {}})
+    store.specs.read("job")
+    store.states.read("job")
+    store.logs.read("job")
+    store.logs.append("job", b"x")
+    store.history.save("job", "1", [{"event": "E"}])
+    store.logs.size("job")
+    store.specs.delete("job")
+    store.requests.delete("job")
     assert dict(store.ops) == {
         "list": 3,
         "write": 6,
@@ -342,22 +343,22 @@ def test_url_token_and_read_url_for_a_file_in_another_directory(
     store: Store, tmp_path: Path
 ) -> None:
     quota = tmp_path / "elsewhere" / "quota.toml"
-    assert store.url_token(str(quota)) is None  # absent: no token, no exception
+    assert store.quota.token(str(quota)) is None  # absent: no token, no exception
     quota.parent.mkdir()
     quota.write_text("[pool]\n")
-    token = store.url_token(str(quota))
+    token = store.quota.token(str(quota))
     assert token is not None
-    assert store.url_token(str(quota)) == token  # untouched: unchanged
-    assert store.read_url(str(quota)) == b"[pool]\n"
+    assert store.quota.token(str(quota)) == token  # untouched: unchanged
+    assert store.quota.read(str(quota)) == b"[pool]\n"
     tmp = quota.with_name("quota.tmp")
     tmp.write_text("[pool]\n")  # same bytes, new object (how editors save)
     os.replace(tmp, quota)
-    assert store.url_token(str(quota)) != token
-    token = store.url_token(str(quota))
+    assert store.quota.token(str(quota)) != token
+    token = store.quota.token(str(quota))
     quota.write_text("[pool]\ncpu = 4\n")  # rewritten in place
-    assert store.url_token(str(quota)) != token
-    assert store.read_url(str(quota)) == b"[pool]\ncpu = 4\n"
-    assert store.url_token(f"file://{quota}") == store.url_token(str(quota))
+    assert store.quota.token(str(quota)) != token
+    assert store.quota.read(str(quota)) == b"[pool]\ncpu = 4\n"
+    assert store.quota.token(f"file://{quota}") == store.quota.token(str(quota))
     assert store.ops["info"] == 8 and store.ops["read"] == 2
     with pytest.raises(FileNotFoundError):  # QuotaSource tells "absent" by url_token first
-        store.read_url(str(quota.with_name("missing.toml")))
+        store.quota.read(str(quota.with_name("missing.toml")))

@@ -159,24 +159,24 @@ def test_status_before_and_after_a_lease(server, root):
         "duration": 60.0,
         "owner": f"{NAME}:4242:abc",
     }
-    store.write_lease(record, None)
+    store.lease.write(record, None)
     code, out, _ = run_cli("status", root)
     assert f"lease: held by {NAME} pid 4242" in out and "(current)" in out
     assert "daemon on this VM holds the lease: yes" in out
     # Held by another host: not this VM's daemon.
-    token = store.read_lease()[1]
-    store.write_lease({**record, "host": "laptop"}, token)
+    token = store.lease.read()[1]
+    store.lease.write({**record, "host": "laptop"}, token)
     assert "holds the lease: no" in run_cli("status", root)[1]
     # A stale lease (not renewed for longer than its duration) is not held.
-    token = store.read_lease()[1]
-    store.write_lease({**record, "renewed": time.time() - 600}, token)
+    token = store.lease.read()[1]
+    store.lease.write({**record, "renewed": time.time() - 600}, token)
     out = run_cli("status", root)[1]
     assert "expired or released" in out and "holds the lease: no" in out
 
 
 def test_delete_removes_the_vm_and_leaves_the_root_alone(server, root):
     assert run_cli("create", root)[0] == 0
-    Store(root).write_lease({"host": NAME, "pid": 1, "renewed": time.time()}, None)
+    Store(root).lease.write({"host": NAME, "pid": 1, "renewed": time.time()}, None)
     Path(root, "jobs", "active", "j1").write_text("spec")
     before = snapshot(root)
     code, out, err = run_cli("delete", root)

@@ -61,7 +61,7 @@ class LogSync:
         listing at start (one request per 1,000 logs) plus our own appends stay exact, and a
         burst of new jobs costs no size query each."""
         if self._sizes is None:
-            self._sizes = {name: info.size for name, info in self.store.list_logs().items()}
+            self._sizes = {name: info.size for name, info in self.store.logs.list().items()}
         return self._sizes.get(log_name, 0)
 
     def forget_remote(self) -> None:
@@ -205,7 +205,7 @@ class LogSync:
         size = self._size(log_name)
         done = self._uploaded.get(log_name)
         if done is None:  # after a restart or an uncertain upload: ask the bucket
-            done = max(0, self.store.log_size(log_name) - self.base(log_name))
+            done = max(0, self.store.logs.size(log_name) - self.base(log_name))
             self._uploaded[log_name] = done
         if size <= done:
             return 0
@@ -213,7 +213,7 @@ class LogSync:
             f.seek(done)
             chunk = f.read(min(size - done, _MAX_CHUNK))
         try:
-            self.store.append_log(log_name, chunk, size=self.base(log_name) + done)
+            self.store.logs.append(log_name, chunk, size=self.base(log_name) + done)
         except Exception:
             self._uploaded.pop(log_name, None)  # we may or may not have appended: re-ask
             self._sizes = None
@@ -233,11 +233,11 @@ class LogSync:
         base = self._bases[log_name]
         done = self._uploaded.get(log_name)
         if done is None:  # an uncertain upload: ask the bucket how far it got
-            done = max(0, self.store.log_size(log_name) - base)
+            done = max(0, self.store.logs.size(log_name) - base)
         chunk = bytes(pending[done : done + _MAX_CHUNK])
         if chunk:
             try:
-                self.store.append_log(log_name, chunk, size=base + done)
+                self.store.logs.append(log_name, chunk, size=base + done)
             except Exception:
                 self._uploaded.pop(log_name, None)
                 self._sizes = None

@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from bastion.bucket.objects import LocalObjects
+from bastion.bucket.local import LocalObjects
 
 if TYPE_CHECKING:
     from bastion.bucket.store import Store
@@ -62,13 +62,13 @@ class OutputPaths:
     def url(self, job: str, worker: int = 0) -> str:
         """``ROOT/outputs/<job>/`` (worker k: ``.../workers/<k>/``): $BASTION_OUTPUT_URL."""
         parts = [OUTPUTS, job] + ([WORKERS, str(int(worker))] if worker else [])
-        return self.store.url(*parts) + "/"
+        return self.store.bucket.url(*parts) + "/"
 
     def list(self, job: str, worker: int | None = 0) -> dict[str, OutputFile]:
         """The files of ``worker`` (None: every worker's, names as in the bucket, e.g.
         ``workers/1/log.txt``) by name relative to its top; one recursive listing. Worker 0's
         listing leaves out the other workers' directories and nothing else."""
-        self.store._count("list")
+        self.store.bucket.count("list")
         top = self._top(job, worker or 0)
         fs = self.store.fs
         with contextlib.suppress(Exception):
@@ -91,7 +91,7 @@ class OutputPaths:
 
     def upload(self, job: str, name: str, local_path: str, worker: int = 0) -> None:
         """Stream a local file to ``name``; readers see the old or the whole new file."""
-        self.store._count("write")
+        self.store.bucket.count("write")
         target = f"{self._top(job, worker)}/{name}"
         if _is_local(self.store):
             os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -107,7 +107,7 @@ class OutputPaths:
 
     def download(self, job: str, name: str, local_path: str, worker: int | None = 0) -> None:
         """Stream ``name`` to ``local_path`` through a temporary file beside it."""
-        self.store._count("read")
+        self.store.bucket.count("read")
         source = f"{self._top(job, worker or 0)}/{name}"
         os.makedirs(os.path.dirname(local_path) or ".", exist_ok=True)
         part = f"{local_path}{_PART}{uuid.uuid4().hex[:8]}"
@@ -121,7 +121,7 @@ class OutputPaths:
     def delete(self, job: str, names: list[str], worker: int | None = 0) -> None:
         top = self._top(job, worker or 0)
         for name in names:
-            self.store._count("delete")
+            self.store.bucket.count("delete")
             with contextlib.suppress(FileNotFoundError):
                 self.store.fs.rm_file(f"{top}/{name}")
 
@@ -138,7 +138,7 @@ class OutputPaths:
     def write_summary(
         self, job: str, attempt: int, worker: int, record: dict[str, Any], purpose: str = "run"
     ) -> None:
-        self.store._count("write")
+        self.store.bucket.count("write")
         suffix = "" if purpose == "run" else f"-{purpose}"
         path = f"{self._top(job)}/{SUMMARIES}/a{int(attempt)}-w{int(worker)}{suffix}.json"
         data = json.dumps(record, sort_keys=True).encode()
@@ -158,7 +158,7 @@ class OutputPaths:
         for name in files:
             if not (name.startswith(SUMMARIES + "/") and name.endswith(".json")):
                 continue
-            self.store._count("read")
+            self.store.bucket.count("read")
             try:
                 record = json.loads(self.store.fs.cat_file(f"{self._top(job)}/{name}"))
             except (OSError, ValueError):
@@ -169,7 +169,7 @@ class OutputPaths:
 
     def read_checkpoint(self, job: str) -> dict[str, Any] | None:
         """The job's ``.bastion/checkpoint.json`` as last synced; None if absent or unreadable."""
-        self.store._count("read")
+        self.store.bucket.count("read")
         try:
             record = json.loads(self.store.fs.cat_file(f"{self._top(job)}/{CHECKPOINT}"))
         except (OSError, ValueError):

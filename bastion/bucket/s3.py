@@ -54,6 +54,7 @@ from fsspec import AbstractFileSystem
 from fsspec.asyn import sync
 
 from bastion.bucket.objects import ObjectInfo, Objects, PreconditionFailed
+from bastion.retry import read_back
 
 log = logging.getLogger(__name__)
 
@@ -294,7 +295,7 @@ class S3Objects(Objects):
         except OSError as e:
             if isinstance(e, FileExistsError) or _status(e) == 412:
                 # A retried request may have created it on its first try: then it is ours.
-                return self.read(path) == data
+                return read_back(lambda: self.read(path), lambda now: now == data).ours
             raise
         return True
 
@@ -309,7 +310,8 @@ class S3Objects(Objects):
             # object we expected was deleted meanwhile.
             gone = expected is not None and _status(e) == 404 and _code(e) == "NoSuchKey"
             if _status(e) == 412 or gone or isinstance(e, FileExistsError):
-                if self.read(path) == data:  # our own first try won, and was then retried
+                # our own first try may have won, and was then retried
+                if read_back(lambda: self.read(path), lambda now: now == data).ours:
                     current = self.info(path)
                     return current.token if current else ""
                 raise PreconditionFailed(f"{path} changed since it was read") from e
@@ -395,13 +397,14 @@ class S3Objects(Objects):
             self.fs.invalidate_cache(path)
 
     def _appended(self, path: str, before: ObjectInfo, data: bytes) -> bool:
-        try:
-            now = self.info(path)
+        def ours(now: ObjectInfo) -> bool:
             return (
-                now is not None
-                and now.token != before.token
+                now.token != before.token
                 and now.size == before.size + len(data)
                 and self.read(path, start=before.size) == data
             )
+
+        try:
+            return read_back(lambda: self.info(path), ours).ours
         except Exception:
             return False

@@ -9,7 +9,7 @@ starting with ``_`` is never a job name), so the one listing a cycle already mad
 ``jobs/user_states/`` now brings both: one request while fewer than 1,000 entries wait.
 
 It is an inbox, not a log. The daemon reads the spec each marker names, with the listing token
-of the bytes it read (``Store.read_spec_with_token``, one request), takes it in as a listed
+of the bytes it read (``store.specs.read_with_token``, one request), takes it in as a listed
 spec would be, and at the end of the cycle deletes the markers it consumed (in the effects pool,
 one batch request per 100 on GCS). So the prefix holds only what is not yet taken in, its
 listing costs O(new) whatever came before, and no client's clock is trusted: the time in the
@@ -38,6 +38,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
+from bastion.bucket.jobs import is_marker, marked_job
 from bastion.bucket.objects import ObjectInfo
 from bastion.bucket.store import Store
 from bastion.jobspec import name_problem
@@ -104,13 +105,13 @@ class SpecWatch:
         the spec listing covers each marker it comes with."""
         with self._lock:  # before the listing: a delete that ends in between is not listed
             deleting = set(self._deleting)
-        entries = self.store.list_requests()
+        entries = self.store.requests.list()
         look = Look(requests={}, markers={}, specs=None, now=now)
         for entry, info in entries.items():
-            if not Store.is_marker(entry):
+            if not is_marker(entry):
                 look.requests[entry] = info
             elif entry not in deleting:
-                name = Store.marked_job(entry)
+                name = marked_job(entry)
                 if name is None or name_problem(name):
                     look.malformed.append(entry)
                 else:
@@ -120,11 +121,11 @@ class SpecWatch:
                 "%s is not a submission marker Bastion writes "
                 "(_submitted-<13 digits>-<8 hex digits>-<job name>); deleting it (a spec it "
                 "meant is still found by the full listing within %gs)",
-                self.store.url("jobs", "user_states", entry),
+                self.store.requests.url(entry),
                 self.full_listing_seconds,
             )
         if full or self.due(now):
-            look.specs = self.store.list_specs()
+            look.specs = self.store.specs.list()
         return look
 
     def taken_in(self, look: Look, unread: set[str]) -> None:
@@ -148,7 +149,7 @@ class SpecWatch:
         """In the effects pool, all in one call (a batch request per 100 on GCS). A marker whose
         delete failed is listed, and its spec read, again: nothing changes for it."""
         try:
-            self.store.delete_markers(markers)
+            self.store.requests.delete_markers(markers)
         except Exception as e:
             log.warning("could not delete %d submission markers (read again): %s", len(markers), e)
         finally:

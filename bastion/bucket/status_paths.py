@@ -67,15 +67,15 @@ class ReportObjects:
         to it so far (0: not yet; None: unknown), which saves a request per append on GCS."""
         if not _DAY.match(day):
             raise ValueError(f"usage day {day!r} is not YYYY-MM-DD")
-        self._store._append(data, USAGE, day, self.ledger_object(session), size=size)
+        self._store.bucket.append(data, USAGE, day, self.ledger_object(session), size=size)
 
     def usage_index(self) -> dict[str, list[str]]:
         """The ledger's objects by day, oldest day first: one recursive listing (GCS lists no
         "directories" under a delimiter, and a ledger has one object per day and session).
         Anything else under ROOT/usage/ is ignored."""
-        self._store._count("list")
+        self._store.bucket.count("list")
         index: dict[str, list[str]] = {}
-        for name in self._store.objects.find(self._store._path(USAGE)):
+        for name in self._store.objects.find(self._store.bucket.path(USAGE)):
             day, _, obj = name.partition("/")
             if _DAY.match(day) and _SESSION.match(obj):
                 index.setdefault(day, []).append(obj)
@@ -85,14 +85,14 @@ class ReportObjects:
         return list(self.usage_index())
 
     def read_usage_object(self, day: str, name: str) -> bytes:
-        return self._store._read(USAGE, day, name) or b""
+        return self._store.bucket.read(USAGE, day, name) or b""
 
     def usage_url(self) -> str:
-        return self._store.url(USAGE)
+        return self._store.bucket.url(USAGE)
 
     def prices_url(self) -> str:
         """The root's price table (optional), read by ``bastion usage`` without --prices."""
-        return self._store.url(USAGE, PRICES)
+        return self._store.bucket.url(USAGE, PRICES)
 
     # -- the status page -------------------------------------------------------------------
 
@@ -101,18 +101,18 @@ class ReportObjects:
         its data. Counted as PAGE_OP, not as writes: the page is written by a background
         thread at any moment, and a cycle's own writes must stay measurable."""
         for raw, name in ((json.dumps(data, sort_keys=True).encode(), PAGE_DATA), (html, PAGE)):
-            self._store._count(PAGE_OP)
-            self._store.objects.write(self._store._path(STATUS, name), raw)
+            self._store.bucket.count(PAGE_OP)
+            self._store.objects.write(self._store.bucket.path(STATUS, name), raw)
 
     def read_page(self) -> bytes | None:
-        return self._store._read(STATUS, PAGE)
+        return self._store.bucket.read(STATUS, PAGE)
 
     def read_page_data(self) -> dict[str, Any] | None:
-        raw = self._store._read(STATUS, PAGE_DATA)
+        raw = self._store.bucket.read(STATUS, PAGE_DATA)
         return json.loads(raw) if raw else None
 
     def log_link(self, name: str, relative: bool = True) -> str:
         return log_url(self._store.root_url, name, relative)
 
     def page_url(self) -> str:
-        return self._store.url(STATUS, PAGE)
+        return self._store.bucket.url(STATUS, PAGE)

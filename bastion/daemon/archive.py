@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import logging
 
-from bastion.bucket.store import Store
+from bastion.bucket.logs import job_log_name
 from bastion.daemon import pools, status_page
 from bastion.daemon.context import DELETE_WAIT_SECONDS, Context, Job
 from bastion.jobspec import JobSpec, name_problem
@@ -37,7 +37,7 @@ def finalize_all(ctx: Context, now: float) -> None:
     mirrors = mirror_names(ctx)
     for job in ready:
         if name_problem(job.name) is None:  # a rejected name owns no log
-            for log_name in (job.name, Store.log_name(job.name, cleanup=True)):
+            for log_name in (job.name, job_log_name(job.name, cleanup=True)):
                 if log_name in mirrors:
                     ctx.logs.close(log_name)
     ctx.may_act()
@@ -59,7 +59,7 @@ def finalize(ctx: Context, job: Job, now: float) -> None:
     record = {"spec": job.spec.to_json() if job.spec else None, "state": state.to_json()}
     if job.spec is None:  # never read (a failed read after a recovery) or never valid
         try:
-            raw = ctx.store.read_spec(job.name)
+            raw = ctx.store.specs.read(job.name)
         except ValueError as e:  # a symlink or an oversized object: never copied
             raw = f"<not copied: {e}>".encode()
         try:
@@ -67,7 +67,7 @@ def finalize(ctx: Context, job: Job, now: float) -> None:
         except Exception:  # not a valid spec: its text, for the user to see
             record["spec_text"] = raw.decode(errors="replace")[:10_000] if raw else None
         if raw is None:  # deleted by an earlier try of this finalize: keep what it recorded
-            earlier = ctx.store.read_complete(job.name)
+            earlier = ctx.store.complete.read(job.name)
             if (
                 earlier
                 and earlier.get("spec")
@@ -76,11 +76,11 @@ def finalize(ctx: Context, job: Job, now: float) -> None:
                 record["spec"] = earlier["spec"]
     submission = f"{int(state.submit_time or now):012d}-{state.submission or 'x'}"
     if valid_name:
-        ctx.store.save_history(job.name, submission, state.events)  # long-term record
-        ctx.store.save_finished_run(job.name, submission, record)  # reachable after a relaunch
-    ctx.store.write_complete(job.name, record)
-    ctx.store.delete_spec(job.name)
-    ctx.store.delete_state(job.name)
+        ctx.store.history.save(job.name, submission, state.events)  # long-term record
+        ctx.store.finished_runs.save(job.name, submission, record)  # reachable after a relaunch
+    ctx.store.complete.write(job.name, record)
+    ctx.store.specs.delete(job.name)
+    ctx.store.states.delete(job.name)
 
 
 def mirror_names(ctx: Context) -> set[str]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bastion import lifecycle
+from bastion.bucket.logs import daemon_log_name
 from bastion.bucket.logsync import LogSync
 from bastion.bucket.specwatch import SpecWatch
 from bastion.bucket.store import Store
@@ -120,7 +121,7 @@ class Context:
         self.quota = quota
         self.grace_seconds = grace_seconds
         self.logs = LogSync(store, os.path.join(work_dir, "logs"))
-        self.daemon_log = Store.daemon_log_name(socket.gethostname(), os.path.abspath(work_dir))
+        self.daemon_log = daemon_log_name(socket.gethostname(), os.path.abspath(work_dir))
         self.jobs: dict[str, Job] = {}
         # Archived jobs' statuses as their records say, for the jobs that wait for them
         # (bastion/daemon/gates.py): read once each, forgotten when a name is archived again.

@@ -263,7 +263,7 @@ def job_env(ctx: Context, job: Job) -> dict[str, str]:
         "BASTION_PROJECT_ID": spec.metadata.project_id,
         "BASTION_USER_ID": spec.metadata.user_id,
         "BASTION_TIER": "" if state.tier is None else str(state.tier),
-        "BASTION_SPEC_URL": ctx.store.url("jobs", "active", job.name),
+        "BASTION_SPEC_URL": ctx.store.specs.url(job.name),
         # Where the job's outputs live (the runner's supervisor restores and syncs them) and
         # how it is warned before a stop (bastion/outputs/).
         "BASTION_OUTPUT_URL": ctx.store.outputs.url(job.name),

@@ -9,7 +9,7 @@ import logging
 import time
 
 from bastion import lifecycle
-from bastion.bucket.store import Store
+from bastion.bucket.logs import job_log_name
 from bastion.daemon.context import Context, Job
 from bastion.jobstate import JobState
 from bastion.lifecycle import CLEANUP
@@ -50,7 +50,7 @@ def apply(ctx: Context, job: Job, event: lifecycle.Event, now: float) -> None:
         if isinstance(effect, lifecycle.Log):
             log_line(ctx, job, effect.purpose, effect.text)
         elif isinstance(effect, lifecycle.NeedsCleanup):
-            log_name = Store.log_name(job.name, cleanup=True)
+            log_name = job_log_name(job.name, cleanup=True)
             apply(
                 ctx,
                 job,
@@ -70,7 +70,7 @@ def apply(ctx: Context, job: Job, event: lifecycle.Event, now: float) -> None:
 
 
 def log_line(ctx: Context, job: Job, purpose: str, text: str) -> None:
-    log_name = Store.log_name(job.name, cleanup=purpose == CLEANUP)
+    log_name = job_log_name(job.name, cleanup=purpose == CLEANUP)
     job.pending_log.append((log_name, text))
     try:
         while job.pending_log:

@@ -79,7 +79,7 @@ def _status_of(ctx: Context, name: str) -> str | None:
     cache = ctx.finished_status
     if name not in cache:
         try:
-            record = ctx.store.read_complete(name)
+            record = ctx.store.complete.read(name)
         except Exception as e:  # the bucket blinked: wait, ask again next pass
             log.warning("could not read the record of dependency %s: %s", name, e)
             return "UNKNOWN"

@@ -30,11 +30,11 @@ def read_specs(ctx: Context, look: Look, now: float) -> None:
     if listed is not None:
         jobs = ctx.jobs
         changed = [n for n, i in listed.items() if n not in jobs or jobs[n].token != i.token]
-        read: Callable[[str], Any] = ctx.store.read_spec
+        read: Callable[[str], Any] = ctx.store.specs.read
     else:
         unseen = {n for n in look.requests if n not in ctx.jobs and not name_problem(n)}
         changed = sorted(set(look.marked()) | unseen)
-        read = ctx.store.read_spec_with_token
+        read = ctx.store.specs.read_with_token
     results = dict(zip(changed, ctx.pool.map(pools.quietly(read), changed), strict=True))
     unread = set()
     for name in changed:
@@ -83,7 +83,7 @@ def spec_absent(ctx: Context, name: str, marked: bool) -> None:
             "%s: a submission marker names it but %s is absent (deleted since, or the "
             "marker was written without its spec); nothing to take in",
             name,
-            ctx.store.url("jobs", "active", name),
+            ctx.store.specs.url(name),
         )
 
 
@@ -103,7 +103,7 @@ def absorb_spec(
         else:
             refused = lifecycle.SpecRefused(
                 f"spec update ignored, the job keeps its last good spec: {problem}; "
-                f"fix {ctx.store.url('jobs', 'active', name)}"
+                f"fix {ctx.store.specs.url(name)}"
             )
             log.error("%s: %s", name, refused.reason)
             events.apply(ctx, job, refused, now)
@@ -166,10 +166,10 @@ def apply_requests(ctx: Context, requests: dict[str, ObjectInfo], now: float) ->
 
 def apply_request(ctx: Context, name: str, now: float) -> None:
     try:
-        raw = ctx.store.read_request(name)
+        raw = ctx.store.requests.read(name)
     except ValueError as e:  # not a regular file or too large: drop it
         log.warning("%s: deleting an unreadable request: %s", name, e)
-        ctx.store.delete_request(name)
+        ctx.store.requests.delete(name)
         return
     if raw is None:
         return
@@ -195,4 +195,4 @@ def apply_request(ctx: Context, name: str, now: float) -> None:
     else:
         why = lifecycle.attributed("cancelled", requester(request), job.spec.metadata.user_id)
         events.apply(ctx, job, lifecycle.Cancel(why, job.grace(ctx.grace_seconds)), now)
-    ctx.store.delete_request(name)
+    ctx.store.requests.delete(name)

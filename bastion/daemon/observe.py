@@ -8,7 +8,7 @@ import functools
 import logging
 
 from bastion import lifecycle
-from bastion.bucket.store import Store
+from bastion.bucket.logs import job_log_name
 from bastion.daemon import events, pools
 from bastion.daemon.context import OUTPUT_CHUNK, Context, Job
 from bastion.jobstate import Status
@@ -67,7 +67,7 @@ def watch(ctx: Context, item: tuple[Job, str]) -> Observation:
     assert record is not None
     runner = ctx.runners.get(record["kind"])
     observation = runner.poll(record["handle"])
-    log_name = Store.log_name(job.name, cleanup=purpose == CLEANUP)
+    log_name = job_log_name(job.name, cleanup=purpose == CLEANUP)
     while True:
         offset = max(0, ctx.logs.total(log_name) - int(record.get("origin") or 0))
         data = runner.read_output(record["handle"], offset, OUTPUT_CHUNK)

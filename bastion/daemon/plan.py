@@ -124,7 +124,7 @@ def publish_queue(ctx: Context, plan: Plan) -> None:
         return
     try:
         ctx.may_act()
-        ctx.store.write_queue({**summary, "time": time.time(), "cycle": ctx.cycles})
+        ctx.store.queue.write({**summary, "time": time.time(), "cycle": ctx.cycles})
         ctx.queue_written = raw
     except NotHolding:
         raise
@@ -186,9 +186,9 @@ def record_decisions(ctx: Context, changed: list[Decision], now: float) -> None:
     if omitted:
         record["omitted"] = omitted
     try:
-        ctx.store.write_decisions(now, record)
+        ctx.store.decisions.write(now, record)
         ctx.decision_records += 1
         if ctx.decision_records % 100 == 0:
-            ctx.store.prune_decisions(keep=DECISION_RECORDS_KEPT)
+            ctx.store.decisions.prune(keep=DECISION_RECORDS_KEPT)
     except Exception:
         log.exception("could not write the decision log")

@@ -51,7 +51,7 @@ def publish_capabilities(ctx: Context) -> None:
         return
     try:
         ctx.may_act()
-        ctx.store.write_capabilities(record)
+        ctx.store.capabilities.write(record)
         ctx.capabilities_written = raw
     except NotHolding:
         return  # a standby publishes nothing: the holder's record stands

@@ -12,6 +12,7 @@ from bastion import lifecycle
 from bastion.bucket.objects import ObjectInfo, UnacceptableObject
 from bastion.daemon import events, pools, sweep
 from bastion.daemon.context import Context, Job
+from bastion.daemon.writeback import read_back_state
 from bastion.jobstate import JobState, Status
 from bastion.lifecycle import CLEANUP, RUN
 from bastion.runners.base import (
@@ -25,9 +26,9 @@ log = logging.getLogger("bastion.daemon")
 def recover(ctx: Context, specs: dict[str, ObjectInfo]) -> None:
     """First cycle: load every state, so attempts are found by name, never started again."""
     if ctx.info:
-        ctx.store.write_daemon_info({**ctx.info, "acting_since": time.time()})
+        ctx.store.daemon_info.write({**ctx.info, "acting_since": time.time()})
     ctx.logs.forget_remote()
-    states = ctx.store.list_states()
+    states = ctx.store.states.list()
     names = sorted(states)
     raws = list(ctx.pool.map(pools.retrying(functools.partial(read_state_or_problem, ctx)), names))
     ctx.jobs.clear()
@@ -75,7 +76,7 @@ def check_states(ctx: Context) -> None:
     """Only the daemon writes states. One whose listing token is not the token of our own
     last write was written (or deleted) by someone else: report it and write ours back
     over it on this cycle's write-back, never acting on what it says."""
-    listed = ctx.store.list_states()
+    listed = ctx.store.states.list()
     for name, job in ctx.jobs.items():
         info = listed.get(name)
         if not job.written or job.state_token is None:
@@ -83,9 +84,9 @@ def check_states(ctx: Context) -> None:
         if job.state.status is Status.COMPLETED and info is None:
             continue  # our own finalize deleted it (its answer lost): not a foreign delete
         if info is not None and info.token != job.state_token:
-            current = ctx.store.read_state_with_token(name)
-            if current is not None and current[0] in (job.written, *job.attempted):
-                job.state_token = current[1]  # our own write, whose answer was lost
+            back = read_back_state(ctx, job)
+            if back.ours and back.found is not None:
+                job.state_token = back.found[1]  # our own write, whose answer was lost
                 continue
         if info is None or info.token != job.state_token:
             log.error(
@@ -99,6 +100,6 @@ def check_states(ctx: Context) -> None:
 
 def read_state_or_problem(ctx: Context, name: str) -> bytes | UnacceptableObject | None:
     try:
-        return ctx.store.read_state(name)
+        return ctx.store.states.read(name)
     except UnacceptableObject as e:  # not a regular file: a problem, not a retry
         return e

@@ -212,7 +212,7 @@ def start_daemon(
         "quota_file": daemon.quota.url,
         "poll_seconds": poll_seconds,
         "work_dir": work_dir,
-        "log": daemon.store.url("logs", daemon.daemon_log),
+        "log": daemon.store.logs.url(daemon.daemon_log),
     }
     try:
         daemon.run(poll_seconds, once=once)

@@ -8,8 +8,8 @@ import functools
 import logging
 import time
 
+from bastion.bucket.logs import job_log_name
 from bastion.bucket.objects import PreconditionFailed
-from bastion.bucket.store import Store
 from bastion.daemon import accounting, pools
 from bastion.daemon.context import (
     DAEMON_LOG_SYNC_SECONDS,
@@ -20,6 +20,7 @@ from bastion.daemon.context import (
     NotHolding,
 )
 from bastion.jobstate import Status
+from bastion.retry import ReadBack, read_back
 
 log = logging.getLogger("bastion.daemon")
 
@@ -53,7 +54,7 @@ def write_back(ctx: Context) -> None:
         check_marks(ctx)
     work: list[tuple[Job | None, list[str]]] = []
     for job in ctx.jobs.values():
-        logs = [n for n in (job.name, Store.log_name(job.name, cleanup=True)) if n in mirrors]
+        logs = [n for n in (job.name, job_log_name(job.name, cleanup=True)) if n in mirrors]
         mirrors.difference_update(logs)
         if logs or job.unwritten():
             work.append((job, logs))
@@ -112,6 +113,15 @@ def sync_daemon_log(ctx: Context, force: bool = False) -> None:
         print(f"bastion: daemon log upload failed: {e}", flush=True)
 
 
+def read_back_state(ctx: Context, job: Job) -> ReadBack[tuple[bytes, str]]:
+    """The job's state object (bytes, token) now, and whether it holds bytes this daemon
+    wrote or tried: a state write whose answer was lost."""
+    return read_back(
+        lambda: ctx.store.states.read_with_token(job.name),
+        lambda now: now[0] in (job.written, *job.attempted),
+    )
+
+
 def write_state(ctx: Context, job: Job) -> bool:
     """Write the job's state if its bytes changed (False: unchanged, nothing sent)."""
     raw = job.state.dumps()
@@ -120,13 +130,14 @@ def write_state(ctx: Context, job: Job) -> bool:
         return False
     job.attempted.append(raw)
     try:
-        job.state_token = ctx.store.write_state(job.name, raw, job.state_token)
+        job.state_token = ctx.store.states.write(job.name, raw, job.state_token)
     except PreconditionFailed:
         # Our own earlier write may have landed with its answer lost, or its new token
         # may be unknown: then the object holds bytes we wrote or tried, and we carry
         # on from its token. Otherwise another daemon (or someone else) wrote it.
-        current = ctx.store.read_state_with_token(job.name)
-        if current is None or current[0] not in (job.written, *job.attempted):
+        back = read_back_state(ctx, job)
+        current = back.found
+        if not back.ours:
             if ctx.lease is None or not ctx.lease.valid():
                 raise
             # We hold the lease, so no daemon wrote this: a foreign write. Our state
@@ -136,14 +147,15 @@ def write_state(ctx: Context, job: Job) -> bool:
                 "restoring the daemon's own state",
                 job.name,
             )
-            job.state_token = ctx.store.write_state(job.name, raw, current[1] if current else None)
+            job.state_token = ctx.store.states.write(job.name, raw, current[1] if current else None)
             job.written = raw
             job.attempted.clear()
             job.state.mark_written()
             return True
+        assert current is not None  # ours: our own bytes are there
         job.state_token = current[1]
         if current[0] != raw:
-            job.state_token = ctx.store.write_state(job.name, raw, job.state_token)
+            job.state_token = ctx.store.states.write(job.name, raw, job.state_token)
     job.written = raw
     job.attempted.clear()
     job.state.mark_written()

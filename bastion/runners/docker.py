@@ -68,6 +68,7 @@ from bastion.runners.base import root_tag as make_root_tag
 from bastion.runners.docker_outputs import DockerOutputs
 from bastion.runners.fence import fenced
 from bastion.runners.gpus import GpuLedger, ledger_of
+from bastion.runners.kit.retry import read_back
 from bastion.runners.local import default_attempts_dir
 
 OPTIONS = frozenset({"image", "network", "env", "mounts", "shm_size", "user", "workdir"})
@@ -453,12 +454,17 @@ class DockerRunner(Runner):
             raise StartRefused(f"docker could not start {name}: {_one_line(e)}") from e
 
     def _adopt(self, name: str) -> Handle:
-        try:
-            info = self._api().inspect_container(name)
-        except NotFound as e:  # removed between our create and this look
-            raise RunnerError(f"container {name} vanished while it was being adopted") from e
+        """A 409 on create: the container exists. Ours (a lost answer, a daemon killed after
+        the create) when its labels name this root; anything else is a name clash."""
+        back = read_back(
+            lambda: self._inspect_or_none(name),
+            lambda found: (found["Config"].get("Labels") or {}).get("bastion.root") == self.tag,
+        )
+        info = back.found
+        if info is None:  # removed between our create and this look
+            raise RunnerError(f"container {name} vanished while it was being adopted")
         labels = info["Config"].get("Labels") or {}
-        if labels.get("bastion.root") != self.tag:
+        if not back.ours:
             raise RunnerError(
                 f"a container named {name} exists but is not this daemon's "
                 f"(bastion.root={labels.get('bastion.root')!r}, ours is {self.tag!r})"
@@ -466,6 +472,13 @@ class DockerRunner(Runner):
         if info["State"].get("Status") == "created":  # created, then the daemon died
             self._start(info["Id"], name, remove_on_failure=False)
         return _handle({"Id": info["Id"], "Labels": labels})
+
+    def _inspect_or_none(self, name: str) -> dict[str, Any] | None:
+        try:
+            info: dict[str, Any] = self._api().inspect_container(name)
+        except NotFound:
+            return None
+        return info
 
     def _allocate_gpus(self, name: str, count: int) -> list[int]:
         """``count`` GPUs no live container of any Bastion daemon on this engine holds."""

@@ -10,7 +10,7 @@ Getting the agent onto a bare image: if ``import bastion`` fails and the daemon 
 ``package_url`` (a wheel of its own version in the bucket), the script copies it with
 ``gcloud storage cp`` (any ``gs://`` URL; a local path or ``https`` URL is used as it is) and
 ``pip install``s it. The cloud runners publish the daemon's own code there by default
-(:func:`package_wheel` then ``Store.put_package``: ``ROOT/packages/<sha256>/bastion-<version>+
+(:func:`package_wheel` then ``store.packages.put``: ``ROOT/packages/<sha256>/bastion-<version>+
 <hash>-py3-none-any.whl``, written once per content), so a bare VM installs exactly the code the
 daemon runs, its dependencies from its package index; settings ``package_url`` (a wheel of your
 own) wins, ``publish_package = false`` turns publishing off (the image must have bastion).

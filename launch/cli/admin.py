@@ -51,10 +51,10 @@ def cmd_start(args: Sequence[str]) -> int:
     no_args(args, "start")
     root = resolve_root(FLAGS.root)
     check_root(root, reading=False)
-    if FLAGS.quota_file and Store(root).url_token(FLAGS.quota_file) is None:
+    if FLAGS.quota_file and Store(root).quota.token(FLAGS.quota_file) is None:
         raise UnknownJob(
             f"no quota file at {FLAGS.quota_file}; fix --quota_file, or leave it out (the daemon "
-            f"then reads {Store(root).default_quota_url()}, and without it runs one project "
+            f"then reads {Store(root).quota.default_url()}, and without it runs one project "
             "'default' on this machine's pool)"
         )
     return start_daemon(
@@ -149,14 +149,14 @@ def _check_root_quota(root: str) -> int:
     client = Client(root)
     url = daemon_quota_url(client)
     print(f"{root}: the daemon reads the quota file {url}")
-    if client.store.url_token(url) is None:
+    if client.store.quota.token(url) is None:
         print(f"no quota file at {url}: the daemon runs one project 'default' on its pool")
         return 0
     code = commands.check(url, sys.stdout)
     refusal = quota_refusal(client, url)
     if refusal:
         print(refusal.splitlines()[0])
-        last_good = client.store.read_last_good_quota()
+        last_good = client.store.quota.read_last_good()
         if last_good:
             from quota.config import parse_quota
 

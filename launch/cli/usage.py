@@ -43,7 +43,7 @@ def cmd_usage(args: Sequence[str]) -> int:
         since, until = window(FLAGS.since, FLAGS.until, now)
         client = client_of()
         default = client.store.reports.prices_url()
-        url = FLAGS.prices or (default if client.store.url_token(default) else None)
+        url = FLAGS.prices or (default if client.store.quota.token(default) else None)
         prices, currency = load_prices(client.store, url) if url else ({}, "")
         rows = report(client.store, FLAGS.by, since, until, now)
     except UsageInputError as e:

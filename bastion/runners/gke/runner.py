@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from bastion.bucket.store import Store
+from bastion.retry import read_back
 from bastion.runners import startup
 from bastion.runners.base import (
     Attempt,
@@ -86,13 +87,13 @@ class GkeRunner(Runner):
         provisioning record, check the lease term and create it (409: adopt if ours)."""
         sh = shape(self._options(attempt))
         name = jobset_name(attempt.name)
-        record = self.store.read_provision(attempt.job, attempt.name) or {}
+        record = self.store.runs.read_provision(attempt.job, attempt.name) or {}
         handle = self._handle(attempt.job, attempt.name, name, sh, record.get("time"))
         if name in self.cluster.jobsets(fresh=not self.cluster.per_cycle):
             return handle
         body = self.manifest(attempt, sh)
         created = time.time()
-        self.store.write_provision(
+        self.store.runs.write_provision(
             attempt.job,
             attempt.name,
             {
@@ -122,19 +123,34 @@ class GkeRunner(Runner):
     def _adopt_existing(self, name: str, attempt: Attempt) -> None:
         """A 409: the JobSet exists. Ours (a lost answer, a daemon killed after the create)
         when its labels name this root and attempt; anything else is a name clash."""
-        try:
-            found = self.cluster.get_jobset(name)
-        except Exception as e:
-            if getattr(e, "status", None) == 404:  # deleted in between: create next cycle
-                raise TryAgain(f"JobSet {name} existed and is gone now") from e
-            raise
-        labels = (found.get("metadata") or {}).get("labels") or {}
-        if labels.get(ROOT_LABEL) != self.tag or labels.get(ATTEMPT_LABEL) != attempt.name:
+
+        def labels_of(found: dict[str, Any]) -> dict[str, str]:
+            return (found.get("metadata") or {}).get("labels") or {}
+
+        back = read_back(
+            lambda: self._jobset_or_none(name),
+            lambda found: (
+                labels_of(found).get(ROOT_LABEL) == self.tag
+                and labels_of(found).get(ATTEMPT_LABEL) == attempt.name
+            ),
+        )
+        if back.found is None:  # deleted in between: create next cycle
+            raise TryAgain(f"JobSet {name} existed and is gone now")
+        if not back.ours:
             raise RunnerError(
                 f"a JobSet named {name} already exists in namespace "
-                f"{self.namespace} and is not this attempt's (labels {labels}); "
+                f"{self.namespace} and is not this attempt's (labels {labels_of(back.found)}); "
                 "delete it or use another namespace"
             )
+
+    def _jobset_or_none(self, name: str) -> dict[str, Any] | None:
+        """The JobSet ``name`` as the apiserver has it; None when it does not exist."""
+        try:
+            return self.cluster.get_jobset(name)
+        except Exception as e:
+            if getattr(e, "status", None) == 404:
+                return None
+            raise
 
     def _options(self, attempt: Attempt) -> dict[str, Any]:
         """The job's options over the settings' defaults (``instance_type``, ``num_replicas``):
@@ -171,7 +187,7 @@ class GkeRunner(Runner):
             return self.settings.get("package_url")
         with self._lock:
             if self._package_url is None:
-                self._package_url = self.store.put_package(*startup.package_wheel())
+                self._package_url = self.store.packages.put(*startup.package_wheel())
             return self._package_url
 
     def manifest(self, attempt: Attempt, sh: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -258,7 +274,7 @@ class GkeRunner(Runner):
         owned = [self._owned(name, js) for name, js in self.cluster.jobsets().items()]
         names = {item.name for item in owned}
         for job, attempt, workers in self.channel.owned_records(f"bst-{self.tag}-", names):
-            provision = self.store.read_provision(job, attempt) or {}
+            provision = self.store.runs.read_provision(job, attempt) or {}
             if provision.get("kind") != self.kind:
                 continue  # another runner's attempt: its records are that runner's to sweep
             handle = {"name": attempt, "job": job, "workers": workers, "records_only": True}

@@ -50,8 +50,8 @@ The flow (:class:`ZonalProvisioner`):
 
 - *One list call per zone per cycle*: a poll never asks the API about one attempt; it looks the
   attempt up in the zone's listing (:class:`bastion.runners.kit.listing.CycleListing`).
-- *Provisioning record before every create* (``Store.write_provision``): a daemon killed between
-  the create call and its own state write finds the zone (and the create operation) of the
+- *Provisioning record before every create* (``store.runs.write_provision``): a daemon killed
+  between the create call and its own state write finds the zone (and the create operation) of the
   attempt again on restart, and ``start`` adopts by name; a 409 on create is adoption too
   (even a phantom one), so nothing is ever created twice.
 - *Blocks* (:mod:`bastion.runners.kit.failover`): a stockout blocks its zone, a quota error its
@@ -291,7 +291,7 @@ class ZonalProvisioner:
         """Adopt the attempt if it exists in any zone; else create it in the first unblocked
         zone (the recorded one first), writing the provisioning record before the call."""
         workers = self.provider.workers(attempt)
-        record = self.store.read_provision(attempt.job, attempt.name) or {}
+        record = self.store.runs.read_provision(attempt.job, attempt.name) or {}
         zones = list(self.zones)
         if record.get("zone") in zones:
             zones.remove(record["zone"])
@@ -320,7 +320,7 @@ class ZonalProvisioner:
                 "root_tag": self.tag,
                 "time": created,
             }
-            self.store.write_provision(attempt.job, attempt.name, provision)
+            self.store.runs.write_provision(attempt.job, attempt.name, provision)
             check_term(self.store, attempt)
             try:
                 op = self._create(attempt, zone, workers)
@@ -341,7 +341,7 @@ class ZonalProvisioner:
                     raise refused from e
                 raise RunnerError(f"cannot create {attempt.name} in {zone}: {e}") from e
             self.listings.invalidate(zone)
-            self.store.write_provision(attempt.job, attempt.name, {**provision, "op": op})
+            self.store.runs.write_provision(attempt.job, attempt.name, {**provision, "op": op})
             return self.handle(attempt, attempt.job, attempt.name, zone, workers, op, created)
         raise NoCapacity("waiting for capacity: " + "; ".join(dict.fromkeys(reasons)))
 
@@ -365,7 +365,7 @@ class ZonalProvisioner:
         with self._lock:
             if name in self._created:
                 return self._created[name]
-        record = self.store.read_provision(handle["job"], name) or {}
+        record = self.store.runs.read_provision(handle["job"], name) or {}
         found = float(record["time"]) if record.get("time") is not None else None
         with self._lock:
             self._created[name] = found
@@ -391,7 +391,7 @@ class ZonalProvisioner:
             env=attempt.env,
             python=str(settings.get("python") or "python3"),
             package_url=self.package_url(),
-            bootstrap_url=self.store.bootstrap_url(attempt.job, attempt.name),
+            bootstrap_url=self.store.runs.bootstrap_url(attempt.job, attempt.name),
             agent_args=list(settings.get("agent_args") or []) + list(extra_args) + bundle,
         )
 
@@ -404,7 +404,7 @@ class ZonalProvisioner:
             return settings.get("package_url")
         with self._lock:
             if self._package_url is None:
-                self._package_url = self.store.put_package(*startup.package_wheel())
+                self._package_url = self.store.packages.put(*startup.package_wheel())
             return self._package_url
 
     # -- what poll composes --------------------------------------------------------------------
@@ -460,7 +460,7 @@ class ZonalProvisioner:
         """The create operation's name: the handle's, else the provisioning record's."""
         if handle.get("op"):
             return handle["op"]
-        return (self.store.read_provision(handle["job"], handle["name"]) or {}).get("op")
+        return (self.store.runs.read_provision(handle["job"], handle["name"]) or {}).get("op")
 
     # -- stop, delete, list --------------------------------------------------------------------
     def stop(self, handle: Handle, deadline: float) -> None:

@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from bastion.bucket.runs import parse_run_name, run_name
 from bastion.bucket.store import ObjectInfo, Store
 from bastion.runners.base import AttemptPhase, Handle, Observation
 from bastion.runners.kit.listing import CycleListing
@@ -59,7 +60,7 @@ class AgentChannel:
         self.flush_seconds = flush_seconds
         self.start_timeout = start_timeout
         self.listing: CycleListing[None, AgentListing] = CycleListing(
-            lambda _key: store.list_agents(), listing_ttl
+            lambda _key: store.agents.list_all(), listing_ttl
         )
         self._lock = threading.Lock()
         self._records: dict[str, RemoteRecords] = {}
@@ -148,10 +149,8 @@ class AgentChannel:
     def flushed(self, handle: Handle) -> bool:
         """Every worker that started has its exit record."""
         listing = self.attempt_records(handle)
-        started = [
-            w for w in range(int(handle["workers"])) if Store.run_name(w, "started") in listing
-        ]
-        return all(Store.run_name(w, "exit") in listing for w in started)
+        started = [w for w in range(int(handle["workers"])) if run_name(w, "started") in listing]
+        return all(run_name(w, "exit") in listing for w in started)
 
     def up(
         self,
@@ -176,7 +175,7 @@ class AgentChannel:
         if seen is not None and seen.finished:
             return seen
         listing = self.attempt_records(handle)
-        waiting = [w for w in range(n) if Store.run_name(w, "started") not in listing]
+        waiting = [w for w in range(n) if run_name(w, "started") not in listing]
         if not waiting and seen is not None:
             came_up()
             return seen
@@ -207,7 +206,7 @@ class AgentChannel:
         """The last lines the worker's startup script printed, as one line: what the script
         copied to the bucket (:func:`bastion.runners.startup.bootstrap_lines`)."""
         try:
-            data = self.store.read_bootstrap(handle["job"], handle["name"], worker)
+            data = self.store.runs.read_bootstrap(handle["job"], handle["name"], worker)
         except OSError:
             return None
         return last_lines(data.decode(errors="replace")) if data else None
@@ -225,15 +224,13 @@ class AgentChannel:
         found = []
         for (job, name), records in self.agent_listing().items():
             if name not in names and name.startswith(prefix):
-                workers = 1 + max(
-                    (p[0] for r in records if (p := Store.parse_run_name(r))), default=0
-                )
+                workers = 1 + max((p[0] for r in records if (p := parse_run_name(r))), default=0)
                 found.append((job, name, workers))
         return found
 
     def delete(self, handle: Handle) -> None:
         """The machines are verified gone: their agents' records go too (output stays)."""
-        self.store.delete_agent_records(handle["job"], handle["name"])
+        self.store.agents.delete(handle["job"], handle["name"])
         self.forget(handle["name"])
 
     def forget(self, name: str) -> None:

@@ -22,7 +22,7 @@ def check_term(store: Store, attempt: Attempt) -> None:
     (a start without a lease, ``fence`` 0, is never refused)."""
     if attempt.fence <= 0:
         return
-    found = store.read_lease()
+    found = store.lease.read()
     term = int((found[0] if found else {}).get("term") or 0)
     if term > attempt.fence:
         raise Fenced(

@@ -25,6 +25,7 @@ import bisect
 import dataclasses
 from typing import Any
 
+from bastion.bucket.runs import run_name
 from bastion.bucket.store import ObjectInfo, Store
 from bastion.runners.base import AttemptPhase, Observation
 
@@ -45,26 +46,26 @@ class RemoteRecords:
 
     def list(self) -> dict[str, ObjectInfo]:
         """This attempt's records alone (the runner lists every attempt's at once)."""
-        return self.store.list_agent_records(self.job, self.attempt)
+        return self.store.agents.list(self.job, self.attempt)
 
     def _record(
         self, listing: dict[str, ObjectInfo], worker: int, kind: str
     ) -> dict[str, Any] | None:
         """A record from the listing, read again only when its token changed."""
-        info = listing.get(Store.run_name(worker, kind))
+        info = listing.get(run_name(worker, kind))
         if info is None:
             return None
         cached = self._records.get((worker, kind))
         if cached is None or cached[0] != info.token:
-            record = self.store.read_run_record(self.job, self.attempt, worker, kind)
+            record = self.store.agents.read(self.job, self.attempt, worker, kind)
             cached = (info.token, record)
             self._records[(worker, kind)] = cached
         return cached[1]
 
     def _silent_for(self, listing: dict[str, ObjectInfo], worker: int, now: float) -> float:
         """Seconds since the worker's heartbeat (or claim) last changed, on our clock."""
-        info = listing.get(Store.run_name(worker, "heartbeat")) or listing.get(
-            Store.run_name(worker, "started")
+        info = listing.get(run_name(worker, "heartbeat")) or listing.get(
+            run_name(worker, "started")
         )
         token = info.token if info else ""
         seen = self._beats.get(worker)
@@ -82,7 +83,7 @@ class RemoteRecords:
         times = [
             (self._record(listing, w, "checkpoint") or {}).get("time")
             for w in range(self.num_workers)
-            if Store.run_name(w, "checkpoint") in listing
+            if run_name(w, "checkpoint") in listing
         ]
         latest = max((float(t) for t in times if isinstance(t, int | float)), default=None)
         return seen if latest is None else dataclasses.replace(seen, checkpoint=latest)
@@ -94,7 +95,7 @@ class RemoteRecords:
         Preemption wins over failure (a preempted worker's command dies of SIGTERM, which is
         not the job's fault); among failures the earliest exit is named, since the other
         workers are then stopped and exit non-zero too."""
-        started = {w for w in range(self.num_workers) if Store.run_name(w, "started") in listing}
+        started = {w for w in range(self.num_workers) if run_name(w, "started") in listing}
         if not started:
             return None
         exits = {}
@@ -161,9 +162,9 @@ class RemoteRecords:
         """Sizes of chunks not yet read (a restarted daemon resuming mid-output): one
         listing of the worker's output."""
         sizes, starts = self._sizes.setdefault(worker, []), self._starts.setdefault(worker, [])
-        listing = self.store.list_run(self.job, self.attempt)
+        listing = self.store.runs.list(self.job, self.attempt)
         while len(sizes) < upto:
-            info = listing.get(Store.run_name(worker, "log", len(sizes)))
+            info = listing.get(run_name(worker, "log", len(sizes)))
             if info is None:
                 return
             starts.append(starts[-1] + sizes[-1] if sizes else 0)
@@ -199,7 +200,7 @@ class RemoteRecords:
             if seq < len(sizes) and skip >= sizes[seq]:
                 seq += 1
                 continue
-            data = self.store.read_run_chunk(self.job, self.attempt, worker, seq, start=skip)
+            data = self.store.runs.read_chunk(self.job, self.attempt, worker, seq, start=skip)
             if seq == len(sizes):  # read to its end from ``skip``: now its size is known
                 starts.append(begin)
                 sizes.append(skip + len(data))

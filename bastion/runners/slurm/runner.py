@@ -157,11 +157,11 @@ class SlurmRunner(Runner):
                 "root_tag": self.tag,
                 "time": created,
             }
-            self.store.write_provision(attempt.job, attempt.name, record)
+            self.store.runs.write_provision(attempt.job, attempt.name, record)
             check_term(self.store, attempt)  # sbatch takes no fencing token
             out = self.run("sbatch", *args, input=script)
             job_id = int(out.strip().split(";")[0])
-            self.store.write_provision(attempt.job, attempt.name, {**record, "job_id": job_id})
+            self.store.runs.write_provision(attempt.job, attempt.name, {**record, "job_id": job_id})
             found = self._adopt(attempt)  # a racing submit of the same name: the oldest wins
             if found is not None:
                 return found
@@ -175,7 +175,7 @@ class SlurmRunner(Runner):
         keep, extra = rows[0], [r for r in rows[1:] if r.live]
         if extra:
             self.run("scancel", *(str(r.job_id) for r in extra))
-        record = self.store.read_provision(attempt.job, attempt.name) or {}
+        record = self.store.runs.read_provision(attempt.job, attempt.name) or {}
         self._invalidate()
         return self._handle(
             attempt.job, attempt.name, keep.job_id, batch.nodes_of(attempt), record.get("time")

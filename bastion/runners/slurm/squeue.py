@@ -11,7 +11,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from bastion.bucket.store import ObjectInfo, Store
+from bastion.bucket.runs import parse_run_name
+from bastion.bucket.store import ObjectInfo
 
 # squeue's columns: id, name, state, reason, nodes, partition, priority, comment (the comment
 # last, since only it may hold the separator).
@@ -142,4 +143,4 @@ def scontrol_state(text: str) -> tuple[str, int | None]:
 
 def workers_of(records: Mapping[str, ObjectInfo]) -> int:
     """How many workers an attempt had, from its agents' record names."""
-    return 1 + max((p[0] for r in records if (p := Store.parse_run_name(r))), default=0)
+    return 1 + max((p[0] for r in records if (p := parse_run_name(r))), default=0)

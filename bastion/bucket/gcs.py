@@ -1,0 +1,249 @@
+"""GCS as a bucket (gcsfs): generation preconditions on multipart uploads, compose for appends,
+listings split into name ranges fetched in parallel."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from typing import Any
+
+from fsspec import AbstractFileSystem
+from fsspec.asyn import sync
+
+from bastion.bucket.objects import ObjectInfo, Objects, PreconditionFailed, hidden_name
+from bastion.retry import read_back
+
+log = logging.getLogger(__name__)
+
+
+class GcsObjects(Objects):
+    """GCS via gcsfs: generation preconditions on multipart uploads, compose for appends,
+    listings split into name ranges fetched in parallel."""
+
+    PAGE = 1000  # GCS returns at most 1,000 names per page
+    SPLIT_EVERY = 800  # names per range: room to grow by a quarter before it takes two pages
+    RANGES_IN_FLIGHT = 16
+    _FIELDS = "items(name,size,generation),prefixes,nextPageToken"  # a tenth of the bytes
+
+    def __init__(self, fs: AbstractFileSystem) -> None:
+        super().__init__(fs)
+        # (directory, recursive) -> names that split its listing
+        self._splits: dict[tuple[str, bool], list[str]] = {}
+
+    def list(self, directory: str) -> dict[str, ObjectInfo]:
+        """One page after another is 10 round trips for 10,000 names. The names seen last time
+        split the key space into ranges of 800 names (startOffset inclusive, endOffset
+        exclusive, the first and last open), listed concurrently: one round trip in a steady
+        state, and still every name whatever was added or deleted since, as the ranges cover
+        the whole key space (a range that grew past a page takes more pages, in turn)."""
+        return self._ranged(directory, recursive=False)
+
+    def find(self, directory: str) -> dict[str, ObjectInfo]:
+        """As ``list``, at every depth (no delimiter): the same ranges, the same one round trip
+        in a steady state (the agents' records of every running attempt: one listing)."""
+        return self._ranged(directory, recursive=True)
+
+    def _ranged(self, directory: str, recursive: bool) -> dict[str, ObjectInfo]:
+        bucket, key, _ = self.fs.split_path(directory)
+        prefix = key.rstrip("/") + "/" if key.strip("/") else ""
+        memo = (directory, recursive)
+        splits = self._splits.get(memo, [])
+        bounds = list(zip([None, *splits], [*splits, None], strict=True))
+        delimiter = None if recursive else "/"
+        try:
+            pages = sync(self.fs.loop, self._list_ranges, bucket, prefix, bounds, delimiter)
+        except FileNotFoundError:
+            return {}
+        found = {}
+        names = []
+        for items in pages:
+            for item in items:
+                names.append(item["name"])
+                name = item["name"][len(prefix) :]
+                if not name or hidden_name(name) or (not recursive and "/" in name):
+                    continue
+                size, token = int(item.get("size") or 0), str(item["generation"])
+                found[name] = ObjectInfo(name, size, token)
+        if len(names) > self.SPLIT_EVERY:
+            self._splits[memo] = names[self.SPLIT_EVERY :: self.SPLIT_EVERY]
+        else:  # one page does: remember nothing for small directories
+            self._splits.pop(memo, None)
+        return found
+
+    def read_with_token(self, path: str, limit: int | None = None) -> tuple[bytes, str] | None:
+        """One GET: the download's ``x-goog-generation`` header is the generation of the bytes
+        it carries (the listing's token). Without the header (an emulator that omits it), or
+        for an empty object (a range request on it is refused), the generic info-then-read."""
+        try:
+            headers, data = sync(self.fs.loop, self._download, path, limit)
+        except FileNotFoundError:
+            return None
+        except Exception as e:
+            if getattr(e, "code", None) != 416:
+                raise
+            return super().read_with_token(path, limit)
+        generation = headers.get("x-goog-generation") if headers else None
+        if not generation:
+            return super().read_with_token(path, limit)
+        return self._within(path, data, limit), str(generation)
+
+    async def _download(self, path: str, limit: int | None) -> tuple[Any, bytes]:
+        """(response headers, bytes): at most ``limit + 1`` bytes, so an oversized object is
+        refused without downloading it whole."""
+        head = {} if limit is None else {"Range": f"bytes=0-{limit}"}
+        return await self.fs._call("GET", self.fs.url(path), headers=head)
+
+    async def _list_ranges(
+        self,
+        bucket: str,
+        prefix: str,
+        bounds: list[tuple[str | None, str | None]],
+        delimiter: str | None = "/",
+    ) -> list[list[dict[str, Any]]]:
+        gate = asyncio.Semaphore(self.RANGES_IN_FLIGHT)
+
+        async def one(start: str | None, end: str | None) -> list[dict[str, Any]]:
+            items: list[dict[str, Any]] = []
+            token = None
+            async with gate:
+                while True:
+                    page = await self.fs._call(
+                        "GET",
+                        "b/{}/o",
+                        bucket,
+                        prefix=prefix,
+                        delimiter=delimiter,
+                        startOffset=start,
+                        endOffset=end,
+                        maxResults=self.PAGE,
+                        pageToken=token,
+                        fields=self._FIELDS,
+                        json_out=True,
+                    )
+                    items.extend(page.get("items", []))
+                    token = page.get("nextPageToken")
+                    if not token:
+                        return items
+
+        tasks = [asyncio.ensure_future(one(start, end)) for start, end in bounds]
+        try:
+            return await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:  # one range failed: the listing has; stop retrying the others
+                task.cancel()
+            raise
+
+    BATCH = 100  # deletes per batch request (GCS's limit)
+
+    def delete_many(self, paths: list[str]) -> None:
+        """GCS batch requests: up to 100 deletes in one round trip (gcsfs's own batching; an
+        emulator gets one request each). An absent object counts as deleted."""
+        results = sync(self.fs.loop, self.fs._delete_files, list(paths), self.BATCH)
+        failures = [
+            r
+            for r in results
+            if isinstance(r, Exception)
+            and not isinstance(r, FileNotFoundError)
+            and "No such object" not in str(r)
+        ]
+        if failures:
+            raise failures[0]
+
+    def write_if(self, path: str, data: bytes, expected: str | None) -> str:
+        bucket, key, _ = self.fs.split_path(path)
+        body = (
+            b"--==0==\nContent-Type: application/json; charset=UTF-8\n\n"
+            + json.dumps({"name": key}).encode()
+            + b"\n--==0==\nContent-Type: application/octet-stream\n\n"
+            + data
+            + b"\n--==0==--"
+        )
+        try:
+            result = self.fs.call(
+                "POST",
+                f"{self.fs._location}/upload/storage/v1/b/{bucket}/o",
+                uploadType="multipart",
+                ifGenerationMatch=expected or "0",
+                headers={"Content-Type": 'multipart/related; boundary="==0=="'},
+                data=body,
+                json_out=True,
+            )
+        except Exception as e:
+            if getattr(e, "code", None) == 412 or isinstance(e, FileExistsError):
+                # our own first try may have succeeded, then been retried
+                if read_back(lambda: self.read(path), lambda now: now == data).ours:
+                    current = self.info(path)
+                    return current.token if current else ""
+                raise PreconditionFailed(f"{path} changed since it was read") from e
+            raise
+        self.fs.invalidate_cache(path)
+        return str(result["generation"])
+
+    def append(self, path: str, data: bytes, size: int | None = None) -> None:
+        """Upload the bytes as a part, compose [object, part] into the object: O(new bytes).
+
+        The compose is sent exactly once per try (no client-side retry): when its answer is
+        lost, the object's size says whether it happened, so bytes are never appended twice.
+        With ``size`` known, a new log costs one request and a growing one three.
+        """
+        if size is None:
+            before = self.info(path)
+            size = before.size if before else 0
+        if size == 0:
+            self.write(path, data)
+            return
+        directory, name = path.rsplit("/", 1)
+        part = f"{directory}/.{name}.{uuid.uuid4().hex[:8]}.part"
+        self.write(part, data)
+        grown = size + len(data)
+        try:
+            for attempt in range(5):
+                try:
+                    self._compose(path, part)
+                    return
+                except Exception as e:
+                    back = read_back(lambda: self.info(path), lambda now: now.size == grown)
+                    if back.gone:  # deleted under us (by hand): start it again
+                        self.write(path, data)
+                        return
+                    if back.ours:  # the compose happened; its answer was lost
+                        return
+                    if attempt == 4:
+                        raise
+                    log.warning("compose of %s failed (%s); retrying", path, e)
+                    time.sleep(min(8.0, 0.5 * 2**attempt))
+        finally:
+            self.delete(part)
+
+    def _compose(self, path: str, part: str) -> None:
+        """compose [path, part] -> path, sent exactly once (see append)."""
+        bucket, key, _ = self.fs.split_path(path)
+        body = {
+            "kind": "storage#composeRequest",
+            "sourceObjects": [{"name": key}, {"name": self.fs.split_path(part)[1]}],
+            "destination": {"name": key, "bucket": bucket},
+        }
+        url = self.fs._format_path("b/{}/o/{}/compose", [bucket, key])
+        sync(self.fs.loop, self._post_once, url, {}, body)
+        self.fs.invalidate_cache(path)
+
+    async def _post_once(self, url: str, params: dict[str, str], body: dict[str, Any]) -> None:
+        """One POST without gcsfs's retry loop: a lost answer must surface to our check."""
+        await self.fs._set_session()
+        headers = self.fs._get_headers({"Content-Type": "application/json"})
+        async with self.fs.session.request(
+            "POST",
+            url,
+            params=params,
+            json=body,
+            headers=headers,
+            timeout=self.fs.requests_timeout,
+        ) as response:
+            content = await response.read()
+            if response.status >= 400:
+                error = OSError(f"POST {url}: HTTP {response.status}: {content[:300]!r}")
+                error.code = response.status  # type: ignore[attr-defined]
+                raise error

@@ -1,0 +1,176 @@
+"""``ROOT/jobs/``: the four inboxes and outboxes of a job, one namespace each.
+
+jobs/active/<name>        specs, written by users (``store.specs``)
+jobs/states/<name>        states, written only by the daemon (``store.states``)
+jobs/user_states/<name>   cancel requests, and submission markers (``store.requests``)
+jobs/complete/<name>      finished jobs' records (``store.complete``)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from bastion.bucket.counted import CountedObjects
+from bastion.bucket.objects import ObjectInfo, UnacceptableObject
+from bastion.jobspec import MAX_SPEC_BYTES
+
+JOBS = "jobs"
+ACTIVE, STATES, USER_STATES, COMPLETE = "active", "states", "user_states", "complete"
+JOB_DIRECTORIES = (ACTIVE, STATES, USER_STATES, COMPLETE)
+T = TypeVar("T")
+
+# A submission marker in jobs/user_states/: "_submitted-<ms, 13 digits>-<8 hex>-<job name>".
+# Names starting with "_" are never job names, so markers and cancel requests share one
+# listing (see bastion/bucket/specwatch.py for why markers exist).
+MARKER_PREFIX = "_submitted-"
+_HEX = frozenset("0123456789abcdef")
+
+
+def marker_name(name: str, now: float | None = None) -> str:
+    """A new marker for job ``name``: unique (a later write of the same spec gets its own,
+    so deleting a consumed marker never drops a newer one), and sorting by the writer's
+    clock for a human listing the bucket (the daemon trusts no clock: it takes them all)."""
+    stamp = int((time.time() if now is None else now) * 1000)
+    return f"{MARKER_PREFIX}{stamp:013d}-{uuid.uuid4().hex[:8]}-{name}"
+
+
+def is_marker(entry: str) -> bool:
+    """Whether a jobs/user_states/ entry is a submission marker (else a cancel request)."""
+    return entry.startswith(MARKER_PREFIX)
+
+
+def marked_job(marker: str) -> str | None:
+    """The job a marker names; None when the marker is not of the form marker_name
+    writes (any bucket writer can put anything there)."""
+    stamp, _, rest = marker.removeprefix(MARKER_PREFIX).partition("-")
+    unique, _, name = rest.partition("-")
+    if len(stamp) != 13 or not stamp.isdigit() or len(unique) != 8 or set(unique) - _HEX:
+        return None
+    return name or None
+
+
+class Specs:
+    """``jobs/active/``: what users asked to run."""
+
+    def __init__(self, bucket: CountedObjects) -> None:
+        self._bucket = bucket
+
+    def url(self, name: str | None = None) -> str:
+        """The spec's URL (the directory's, without a name), for messages and the job's
+        environment (``BASTION_SPEC_URL``)."""
+        return self._bucket.url(JOBS, ACTIVE, *([name] if name is not None else []))
+
+    def list(self) -> dict[str, ObjectInfo]:
+        return self._bucket.list(JOBS, ACTIVE)
+
+    def read(self, name: str) -> bytes | None:
+        """A spec's bytes, at most MAX_SPEC_BYTES. UnacceptableObject (its message is the
+        rejection reason) for a larger one and, on a local root, for anything but a regular
+        file: a link to a secret must never have its content copied into jobs/complete/."""
+        return self._read_with(self._bucket.read, name)
+
+    def read_with_token(self, name: str) -> tuple[bytes, str] | None:
+        """As ``read``, with the listing token of the bytes read (one request on GCS and on a
+        local root): for a spec named by a submission marker, whose token no listing gave."""
+        return self._read_with(self._bucket.read_with_token, name)
+
+    def _read_with(self, reader: Callable[..., T], name: str) -> T:
+        try:
+            return reader(JOBS, ACTIVE, name, limit=MAX_SPEC_BYTES)
+        except UnacceptableObject as e:
+            if e.rule == UnacceptableObject.REGULAR:
+                raise UnacceptableObject(e.path, e.what, "specs must be regular files") from None
+            raise
+
+    def submit(self, name: str, data: bytes) -> bool:
+        """Create a spec; False when a job of that name is already active."""
+        return self._bucket.create(data, JOBS, ACTIVE, name)
+
+    def replace(self, name: str, data: bytes) -> None:
+        self._bucket.write(data, JOBS, ACTIVE, name)
+
+    def delete(self, name: str) -> None:
+        self._bucket.delete(JOBS, ACTIVE, name)
+
+
+class States:
+    """``jobs/states/``: what the daemon decided; written only by it, conditionally."""
+
+    def __init__(self, bucket: CountedObjects) -> None:
+        self._bucket = bucket
+
+    def list(self) -> dict[str, ObjectInfo]:
+        return self._bucket.list(JOBS, STATES)
+
+    def read(self, name: str) -> bytes | None:
+        return self._bucket.read(JOBS, STATES, name)
+
+    def write(self, name: str, data: bytes, expected: str | None = None) -> str:
+        """Write a state only if it is still at ``expected`` (None: absent); new token.
+
+        Raises PreconditionFailed when someone else wrote it since: a stale daemon must not
+        overwrite what the current one decided."""
+        return self._bucket.write_if(data, expected, JOBS, STATES, name)
+
+    def read_with_token(self, name: str) -> tuple[bytes, str] | None:
+        info = self._bucket.info(JOBS, STATES, name)
+        raw = self._bucket.read(JOBS, STATES, name) if info else None
+        return (raw, info.token) if info and raw is not None else None
+
+    def delete(self, name: str) -> None:
+        self._bucket.delete(JOBS, STATES, name)
+
+
+class Requests:
+    """``jobs/user_states/``: cancel requests (named by their job) and submission markers
+    ("look at this spec", named by ``marker_name``), in one listing."""
+
+    def __init__(self, bucket: CountedObjects) -> None:
+        self._bucket = bucket
+
+    def url(self, entry: str) -> str:
+        return self._bucket.url(JOBS, USER_STATES, entry)
+
+    def list(self) -> dict[str, ObjectInfo]:
+        return self._bucket.list(JOBS, USER_STATES)
+
+    def read(self, name: str) -> bytes | None:
+        return self._bucket.read(JOBS, USER_STATES, name)
+
+    def write(self, name: str, data: bytes) -> None:
+        self._bucket.write(data, JOBS, USER_STATES, name)
+
+    def delete(self, name: str) -> None:
+        self._bucket.delete(JOBS, USER_STATES, name)
+
+    def write_marker(self, name: str) -> str:
+        """After a spec is created or replaced: tells the daemon to read it next cycle."""
+        marker = marker_name(name)
+        body = {"name": name, "time": time.time()}  # for a human; the daemon reads the name
+        self._bucket.write(json.dumps(body, sort_keys=True).encode(), JOBS, USER_STATES, marker)
+        return marker
+
+    def delete_markers(self, markers: list[str]) -> None:
+        """Consumed markers, in one batch request per 100 on GCS (counted once)."""
+        self._bucket.delete_many([(JOBS, USER_STATES, m) for m in markers])
+
+
+class Complete:
+    """``jobs/complete/``: the record of every finished job."""
+
+    def __init__(self, bucket: CountedObjects) -> None:
+        self._bucket = bucket
+
+    def list(self) -> dict[str, ObjectInfo]:
+        return self._bucket.list(JOBS, COMPLETE)
+
+    def read(self, name: str) -> dict[str, Any] | None:
+        raw = self._bucket.read(JOBS, COMPLETE, name)
+        return json.loads(raw) if raw else None
+
+    def write(self, name: str, record: dict[str, Any]) -> None:
+        self._bucket.write(json.dumps(record, sort_keys=True).encode(), JOBS, COMPLETE, name)
