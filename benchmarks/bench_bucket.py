@@ -303,7 +303,7 @@ def run_one(n: int, args: argparse.Namespace, tmp: Path, model: Path) -> dict[st
 
         daemon = build_daemon(root, work_dir=str(tmp / "work"), lease_seconds=60)
         if args.backend == "model":
-            proxy = daemon.store.objects = LatencyBucket(daemon.store.objects, args.latency)
+            proxy = daemon.store.bucket.objects = LatencyBucket(daemon.store.objects, args.latency)
         for i in range(1, 4):  # take everything in; the cycle after that is steady
             report, stats = step(daemon, proxy)
             print(

@@ -267,7 +267,7 @@ def daemon_on(bucket: Backend, phase: str, users: Client, submitted: int) -> Ite
     latency: LatencyBucket | None = None
     if bucket.kind == "model":
         latency = LatencyBucket(daemon.store.objects, bucket.latency)
-        daemon.store.objects = latency
+        daemon.store.bucket.objects = latency
     run = Run(
         daemon, users, RequestCount(daemon, latency), DecisionLog(users.store), attempts, submitted
     )

@@ -375,7 +375,7 @@ class Bench:
             Bucket(self.daemon.store.objects, args.latency),
             Bucket(runner.store.objects, args.latency),
         ]
-        self.daemon.store.objects, runner.store.objects = self.buckets
+        self.daemon.store.bucket.objects, runner.store.bucket.objects = self.buckets
         self.cycles: list[Cycle] = []
         self.last_end = 0.0
 
