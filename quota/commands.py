@@ -126,6 +126,13 @@ def quota_table(config: QuotaConfig) -> str:
 
 
 def metrics_table(m: dict[str, Any]) -> str:
+    jobs = m["jobs"]
+    if jobs["started"] == 0:  # 100% utilization and attainment of nothing would mislead
+        return (
+            f"no job ran: {jobs['total']} in the trace, {jobs['rejected']} rejected (the "
+            "events file, --events=FILE, has each rejection's reason); no utilization, wait "
+            "or attainment to report"
+        )
     w = m["wait_seconds"]
     lines = [
         "utilization (while jobs wait): "

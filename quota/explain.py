@@ -27,8 +27,11 @@ def explain_plan(
     used = plan.usage.get(p, {})
     pool = config.pool
     keys = sorted(set(need) | set(q))
+    borrowing = any(used.get(r, 0) > q.get(r, 0.0) + EPS for r in need)
     lines = [
-        f"job {name}: {d.verdict.value}" + (f" on tier {d.tier}" if d.tier is not None else ""),
+        f"job {name}: {d.verdict.value}"
+        + (f" on tier {d.tier}" if d.tier is not None else "")
+        + _in_words(config, d, borrowing),
         f"  reason: {d.reason}",
         f"  request: {fmt_units(need)}, priority {job.priority}, user {job.user_id}, "
         f"project {p}, submitted t={job.submit_time:.0f} ({now - job.submit_time:.0f}s ago)",
@@ -66,6 +69,32 @@ def explain_plan(
             add(claimed, j.resources)
     lines.append(f"  to start: {_to_start(config, job, d.verdict, plan, claimed, q)}")
     return "\n".join(lines)
+
+
+def _in_words(config: QuotaConfig, d: Decision, borrowing: bool) -> str:
+    """The verdict and tier as a user reads them: where it runs, and what would stop it."""
+    if d.verdict not in (Verdict.START, Verdict.KEEP) or d.tier is None:
+        return ""
+    if len(config.tiers) == 1:
+        where = "the pool"
+    elif d.tier == 0:
+        where = "reserved capacity (tier 0, taken first)"
+    else:
+        where = f"tier {d.tier} capacity (used once tier 0 is full)"
+    doing = "starting now on" if d.verdict is Verdict.START else "running on"
+    if borrowing:
+        risk = (
+            "its project is over its quota (borrowing), so it may be preempted when other "
+            "projects need their quota back; lowest priority and least work lost go first"
+        )
+    elif config.scheduling.preempt_within_project:
+        risk = (
+            "within its project's quota: only a higher-priority job of its own project may "
+            "preempt it"
+        )
+    else:
+        risk = "within its project's quota: no other job preempts it"
+    return f" ({doing} {where}; {risk})"
 
 
 def _checkpoint(job: JobRequest, now: float) -> str | None:

@@ -116,3 +116,26 @@ def test_simulate_reports_bad_trace_lines(tmp_path: Path) -> None:
     out = io.StringIO()
     assert simulate(str(EXAMPLE), str(trace), 30, True, None, out) == 1
     assert out.getvalue().startswith(f"{trace}:1: field project_id: must be a non-empty string")
+
+
+def test_simulate_of_a_trace_where_no_job_ran_says_so_instead_of_full_utilization(
+    tmp_path: Path,
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    rows = [  # a project the quota file does not have: every job is rejected
+        {
+            "name": f"j{i}",
+            "project_id": "nobody",
+            "user_id": "x",
+            "submit": i,
+            "duration": 10,
+            "resources": {"v4": 8},
+        }
+        for i in range(3)
+    ]
+    trace.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = io.StringIO()
+    assert simulate(str(EXAMPLE), str(trace), 10.0, False, None, out) == 0
+    text = out.getvalue()
+    assert "no job ran: 3 in the trace, 3 rejected" in text, text
+    assert "100.0%" not in text and "utilization (while" not in text

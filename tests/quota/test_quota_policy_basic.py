@@ -244,3 +244,6 @@ def test_explain_within_quota_and_rejected_jobs() -> None:
     assert "nothing will: fix the job" in text
     text = explain(c, jobs, {}, NOW, "b1")
     assert "job b1: KEEP on tier 0" in text and "borrowed 5 v4" in text
+    # Issue 27: the verdict in words: where it runs and what would preempt it.
+    headline = text.splitlines()[0]
+    assert "running on" in headline and "borrowing" in headline, headline
