@@ -60,7 +60,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bastion.jobspec import user_label
 from bastion.jobstate import JobState, Outcome, Status, StopKind
 from bastion.lifecycle_observe import (
     cancelled_before_start,
@@ -81,6 +80,7 @@ from bastion.lifecycle_records import (
     Stop,
     add_event,
     attempt_record,
+    attributed,
     complete,
     fmt_time,
     history_line,
@@ -102,6 +102,7 @@ __all__ = [  # the effects and helpers re-exported: the daemon and tests name th
     "Start",
     "Stop",
     "attempt_record",
+    "attributed",
     "fmt_time",
     "start_marker",
 ]
@@ -329,15 +330,6 @@ Event = (
     | StartAgain
     | Noted
 )
-
-
-def attributed(what: str, by: Any, owner: Any) -> str:
-    """``cancelled by mallory (owner alice)``: the reason an Update or a Cancel carries into
-    the history names who asked (``unknown`` when the request or spec says nobody) and the
-    job's owner beside it. Neither is authenticated (the bucket is the boundary): it is what
-    the writer's client said, so the history shows who changed a job by accident or on purpose
-    and under whose identity it goes on running (the owner's, always)."""
-    return f"{what} by {user_label(by)} (owner {user_label(owner)})"
 
 
 # -- the table -------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from bastion.jobspec import user_label
 from bastion.jobstate import JobState, Outcome, Status, StopKind
 from bastion.runners.base import Handle
 
@@ -171,3 +172,12 @@ def complete(result: Result, outcome: Outcome, reason: str, now: float) -> None:
     state.stop = None
     state.running_since = None
     add_event(result, outcome.value, reason)
+
+
+def attributed(what: str, by: Any, owner: Any) -> str:
+    """``cancelled by mallory (owner alice)``: the reason an Update or a Cancel carries into
+    the history names who asked (``unknown`` when the request or spec says nobody) and the
+    job's owner beside it. Neither is authenticated (the bucket is the boundary): it is what
+    the writer's client said, so the history shows who changed a job by accident or on purpose
+    and under whose identity it goes on running (the owner's, always)."""
+    return f"{what} by {user_label(by)} (owner {user_label(owner)})"

@@ -135,6 +135,21 @@ class Context:
         self.page_queue: tuple[str, dict[str, Any] | None] = ("", None)  # summary, parsed
         self.cycles = 0
         self.decision_records = 0
+        self._init_effects(max_workers)
+        self.stop = threading.Event()
+        self.lost_ownership = False
+        self.recovered = False
+        self.info: dict[str, Any] = {}  # published to ROOT/history/daemon when we start acting
+        self.queue_written = ""  # the queue summary last written (without its time)
+        self.capabilities_written = ""  # what ROOT/history/capabilities last said
+        # The policy pass runs when a job changed, the quota file did, or a time threshold of
+        # the last plan passed (quota.policy.replan_by); a quiet cycle skips it.
+        self.inputs_changed = True
+        self.planned_config: Any = None
+        self.replan_at = 0.0
+
+    def _init_effects(self, max_workers: int) -> None:
+        """The pools and the books of effects in flight, results to take in, and deletes."""
         # Two pools: the cycle's own requests (spec reads, watches, write-backs) must not queue
         # behind the effects handed off by the last cycle (a burst's 1,000 starts kept the next
         # cycle's watches waiting 2 s), and effects must not wait for a cycle's requests.
@@ -151,17 +166,6 @@ class Context:
         self.deleted: list[tuple[str, str, dict[str, Any] | None]] = []  # verified gone
         self.undeleted: list[tuple[str, str, dict[str, Any] | None]] = []  # from the pool
         self.futures: set[concurrent.futures.Future[None]] = set()  # effects in flight
-        self.stop = threading.Event()
-        self.lost_ownership = False
-        self.recovered = False
-        self.info: dict[str, Any] = {}  # published to ROOT/history/daemon when we start acting
-        self.queue_written = ""  # the queue summary last written (without its time)
-        self.capabilities_written = ""  # what ROOT/history/capabilities last said
-        # The policy pass runs when a job changed, the quota file did, or a time threshold of
-        # the last plan passed (quota.policy.replan_by); a quiet cycle skips it.
-        self.inputs_changed = True
-        self.planned_config: Any = None
-        self.replan_at = 0.0
 
     def may_act(self) -> None:
         """Before every effect. The lease's validity already ends a margin (a quarter of its
