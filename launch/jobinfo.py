@@ -27,6 +27,7 @@ class JobInfo:
     problem: str = ""  # why its spec, state or record could not be read or parsed
     queue: str = ""  # a waiting job's place in its queue, from the daemon's queue summary
     live_reason: str = ""  # the whole current reason (the summary has it for a queue's first)
+    standing: str = ""  # a running job's place when its project is over quota (see placed)
 
     @property
     def workers(self) -> list[str]:
@@ -73,6 +74,8 @@ class JobInfo:
             return self.live_reason
         if self.state.status is Status.PENDING and self.queue:
             return f"{self.state.reason}; {self.queue}"
+        if self.state.status is Status.ACTIVE and self.standing:
+            return f"now {self.standing}; {self.state.reason}"  # first: the row is cut at 90
         return self.state.reason
 
     @property
@@ -113,6 +116,7 @@ class JobInfo:
         if self.workers:
             data["workers"] = self.workers
         data["state"] = self.state.to_json() if self.state else None
+        data["reason"] = self.reason  # as `bastion list` shows it, uncut
         if self.problem:
             data["problem"] = self.problem
         return data
@@ -163,13 +167,38 @@ def placed(jobs: list[JobInfo], summary: Mapping[str, Any]) -> list[JobInfo]:
     if isinstance(free, Mapping) and free:
         with contextlib.suppress(TypeError, ValueError):  # a foreign summary: no tail
             tail = f"; {fmt_units(free, zeros=True)} free in the pool"
+    going = _first_to_go(projects)
     placed = []
     for job in jobs:
         pending = job.state is not None and job.state.status is Status.PENDING
         if pending and job.name in where:
             job = replace(job, queue=where[job.name] + tail, live_reason=live.get(job.name, ""))
+        elif job.state is not None and job.state.status is Status.ACTIVE:
+            job = replace(job, standing=_standing(job, going))
         placed.append(job)
     return placed
+
+
+def _first_to_go(projects: Mapping[str, Any]) -> dict[str, set[str]]:
+    out = {}
+    for project, entry in projects.items():
+        names = entry.get("first_to_go") if isinstance(entry, Mapping) else None
+        if isinstance(names, list):
+            out[str(project)] = {str(n) for n in names}
+    return out
+
+
+def _standing(job: JobInfo, going: Mapping[str, set[str]]) -> str:
+    """A running job's label said when it started ("within quota", "borrowing idle
+    capacity"); when its project is over quota now, say whether a reclaim takes it first."""
+    project = job.spec.metadata.project_id if job.spec else None
+    if project not in going or job.state is None:
+        return ""
+    if job.name in going[project]:
+        return f"borrowing: among the first a reclaim takes from {project}"
+    if "borrowing idle capacity" in job.state.reason:
+        return f"within {project}'s quota: others of {project} go first when owners reclaim"
+    return ""
 
 
 def ordinal(n: int) -> str:

@@ -14,11 +14,11 @@ still lacking covered by each) are taken instead if they are fewer: every preemp
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from quota.capacity import EPS, add, fmt_ratio, fmt_units
-from quota.model import JobRequest
+from quota.model import JobRequest, Phase
 from quota.passview import PassView
 
 REPEATED = 2  # jobs preempted this often already are chosen last, never run as backfill
@@ -50,6 +50,42 @@ def victim_order(now: float) -> Callable[[JobRequest], tuple[bool, int, float, f
         return (j.preemptions >= REPEATED, -j.priority, unsaved, -started, j.name)
 
     return key
+
+
+def first_to_go(
+    jobs: Sequence[JobRequest],
+    usage: Mapping[str, Mapping[str, float]],
+    quotas: Mapping[str, Mapping[str, float]],
+    now: float,
+) -> dict[str, list[str]]:
+    """Per project over its quota: the running jobs a reclaim would take first (in
+    ``victim_order``), as many as cover what the project borrows. The label a job got when it
+    started ("within quota" or "borrowing idle capacity") goes stale as the project's other
+    jobs start and end; this says which ones would go now (issue 27)."""
+    running: dict[str, list[JobRequest]] = {}
+    for j in jobs:
+        if j.phase is Phase.RUNNING:
+            running.setdefault(j.project_id, []).append(j)
+    out: dict[str, list[str]] = {}
+    for p, candidates in sorted(running.items()):
+        quota = quotas.get(p, {})
+        over = {r: n - quota.get(r, 0.0) for r, n in usage.get(p, {}).items()}
+        over = {r: n for r, n in over.items() if n > EPS}
+        names: list[str] = []
+        for j in sorted(candidates, key=victim_order(now)):
+            if not over:
+                break
+            if not any(r in over for r in j.resources):
+                continue
+            names.append(j.name)
+            for r, n in j.resources.items():
+                if r in over and (over[r] - n) <= EPS:
+                    del over[r]
+                elif r in over:
+                    over[r] -= n
+        if names:
+            out[p] = names
+    return out
 
 
 class Reclaim:

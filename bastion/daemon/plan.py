@@ -29,6 +29,7 @@ from bastion.runners.base import (
 )
 from quota.model import Plan
 from quota.policy import Decision, Verdict, replan_by, schedule
+from quota.reclaim import first_to_go
 
 log = logging.getLogger("bastion.daemon")
 
@@ -82,7 +83,7 @@ def run_pass(ctx: Context, now: float) -> bool:
     # The plan's own starts and preemptions are what it assumed: no new pass for them.
     ctx.inputs_changed = failed
     record_decisions(ctx, changed, now)
-    publish_queue(ctx, plan)
+    publish_queue(ctx, plan, first_to_go(requests, plan.usage, plan.quotas, now))
     return True
 
 
@@ -101,10 +102,11 @@ def holding(ctx: Context, now: float) -> dict[str, float]:
     return held
 
 
-def publish_queue(ctx: Context, plan: Plan) -> None:
+def publish_queue(ctx: Context, plan: Plan, going: dict[str, list[str]]) -> None:
     """The facts every waiting job shares (order, free capacity, usage) in one object,
     written when they change: one request where rewriting each waiting job's state to
-    carry its own position would be thousands."""
+    carry its own position would be thousands. ``going``: per project over its quota, the
+    running jobs a reclaim would take first (`bastion list` labels them)."""
     order = {p: names for p, names in plan.waiting.items() if names}  # (queue order)
     projects = {
         p: {
@@ -115,8 +117,9 @@ def publish_queue(ctx: Context, plan: Plan) -> None:
             },
             "usage": dict(plan.usage.get(p, {})),
             "quota": dict(plan.quotas.get(p, {})),
+            **({"first_to_go": going[p]} if p in going else {}),
         }
-        for p in sorted(set(order) | set(plan.usage))
+        for p in sorted(set(order) | set(plan.usage) | set(going))
     }
     summary = {"free": dict(plan.free), "projects": projects}
     raw = json.dumps(summary, sort_keys=True)
