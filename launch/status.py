@@ -145,10 +145,15 @@ def check_root(root: str, reading: bool) -> None:
 
     def probe() -> None:
         last: BaseException | None = None
+        try:
+            store = Store(root)  # in the thread: making a bucket's client can hang too
+        except Exception as e:
+            result["error"] = e
+            return
+        result["client"] = True
         deadline = time.monotonic() + PROBE_SECONDS
         while time.monotonic() < deadline:
             try:
-                store = Store(root)  # inside the bound: making a bucket's client can hang too
                 store.fs.invalidate_cache(store.root)
                 result["names"] = store.fs.ls(store.root, detail=False)
                 return
@@ -163,6 +168,10 @@ def check_root(root: str, reading: bool) -> None:
     thread = threading.Thread(target=probe, name="probe-root", daemon=True)
     thread.start()
     thread.join(PROBE_SECONDS + 1)  # a probe still hanging then is left behind (daemon thread)
+    if "client" in result and not {"names", "error"} & result.keys():
+        # The client came (late: a loaded machine's imports and credentials): the listing
+        # itself gets its whole bound, as it did before the client was made in here.
+        thread.join(PROBE_SECONDS + 1)
     if "names" not in result:
         error = result.get("error")
         why = f" ({brief(error)})" if error else ""
