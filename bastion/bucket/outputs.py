@@ -59,6 +59,15 @@ class OutputPaths:
             parts += [WORKERS, str(int(worker))]
         return "/".join(parts)
 
+    def reachable_elsewhere(self) -> bool:
+        """Whether another process (the job's supervisor, an agent) can open this root: a
+        local path, or a protocol fsspec loads by name. A filesystem registered only in this
+        process (tests' fault-injecting ones) cannot be, so its jobs get no outputs."""
+        from fsspec.registry import known_implementations
+
+        protocol = self.store.root_url.partition("://")[0] if "://" in self.store.root_url else ""
+        return protocol in ("", "file") or protocol in known_implementations
+
     def url(self, job: str, worker: int = 0) -> str:
         """``ROOT/outputs/<job>/`` (worker k: ``.../workers/<k>/``): $BASTION_OUTPUT_URL."""
         parts = [OUTPUTS, job] + ([WORKERS, str(int(worker))] if worker else [])

@@ -266,10 +266,11 @@ def job_env(ctx: Context, job: Job) -> dict[str, str]:
         "BASTION_SPEC_URL": ctx.store.specs.url(job.name),
         # Where the job's outputs live (the runner's supervisor restores and syncs them) and
         # how it is warned before a stop (bastion/outputs/).
-        "BASTION_OUTPUT_URL": ctx.store.outputs.url(job.name),
         "BASTION_STOP_SIGNAL": spec.stop_signal or "TERM",
         "BASTION_GRACE_SECONDS": f"{job.grace(ctx.grace_seconds):g}",
     }
+    if ctx.store.outputs.reachable_elsewhere():
+        env["BASTION_OUTPUT_URL"] = ctx.store.outputs.url(job.name)
     if job.spec_json[0] is not spec:  # serialized once per spec, not once per attempt
         job.spec_json = (spec, json.dumps(spec.to_json()))
     serialized = job.spec_json[1]
