@@ -222,14 +222,8 @@ class LocalRunner(Runner):
         if not left.get("pids"):
             self._free_gpus(handle["name"])
         note = str(left.get("note") or "")
-        code = read_int(os.path.join(self._dir(handle["name"]), "exit"))
-        if code == 0:
-            return Observation(AttemptPhase.SUCCEEDED, "exited with status 0", 0, note=note)
-        if code is None:
-            killed = "was killed before it could report its status"
-            return Observation(AttemptPhase.FAILED, killed, note=note, checkpoint=checkpoint)
-        reason = f"exited with status {code}"
-        return Observation(AttemptPhase.FAILED, reason, code, note=note, checkpoint=checkpoint)
+        directory = self._dir(handle["name"])
+        return _ended(directory, note, checkpoint)
 
     def stop(self, handle: Handle, deadline: float) -> None:
         if handle.get("host") != self.host or not self._alive(handle):
@@ -531,3 +525,20 @@ class LocalRunner(Runner):
             self._signal_group(handle, signal.SIGKILL)
             leftovers.send(found, signal.SIGKILL)
         return False
+
+
+def _ended(directory: str, note: str, checkpoint: float | None) -> Observation:
+    """An attempt whose wrapper is gone, from what it left in its directory."""
+    code = read_int(os.path.join(directory, "exit"))
+    if code == 0:
+        return Observation(AttemptPhase.SUCCEEDED, "exited with status 0", 0, note=note)
+    if code is None and read_int(os.path.join(directory, JOB_GROUP_FILE)) is None:
+        # Its wrapper died before it ran the command (restoring outputs, or killed with its
+        # container): the job never ran, so it is no failure of the job's; requeued.
+        gone = "its wrapper ended before the command started"
+        return Observation(AttemptPhase.LOST, gone, None, True, note=note)
+    if code is None:
+        killed = "was killed before it could report its status"
+        return Observation(AttemptPhase.FAILED, killed, note=note, checkpoint=checkpoint)
+    reason = f"exited with status {code}"
+    return Observation(AttemptPhase.FAILED, reason, code, note=note, checkpoint=checkpoint)
