@@ -253,7 +253,7 @@ def test_outputs_and_resume_examples_run_as_written(user, tmp_path):
         outputs[argv[2] if argv[1] == "outputs" and len(argv) > 3 else shlex.join(argv)] = (
             proc.stdout
         )
-    log = outputs["bastion logs train"]
+    log = outputs["bastion logs train --follow"]
     resumed = [ln for ln in log.splitlines() if ln.startswith("resumed from step")]
     assert resumed and int(resumed[0].split()[-1]) > 0, log
     assert "outputs: attempt 1 restored 0 file(s)" in outputs["bastion history train"]
