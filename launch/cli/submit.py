@@ -252,7 +252,9 @@ def _launch_client() -> Client:
     root = resolve_root(FLAGS.root)
     local = "://" not in root or root.startswith("file://")
     new_root = local and not os.path.isdir(root.removeprefix("file://"))
-    client = client_of(reading=False)
+    # A bucket root was probed at the start of launch, before bundling: a second probe here
+    # only doubled the wait (and the chance a busy bucket misses the bound).
+    client = client_of(reading=False) if local else Client(root)
     if new_root:
         print(
             f"bastion: warning: {root} did not exist; created a new root there (check --root "
