@@ -21,7 +21,25 @@ import fsspec
 
 from bastion.bucket.store import Store
 
-PROBE_SECONDS = 8.0  # how long a reading verb waits for an unreachable bucket
+PROBE_SECONDS = 8.0  # how long a verb waits for an unreachable bucket (BASTION_PROBE_SECONDS)
+
+
+def probe_seconds() -> float:
+    """The probe's bound: ``BASTION_PROBE_SECONDS`` where a slow link or a starved machine
+    needs more than the default (a bad value is named, not ignored)."""
+    text = os.environ.get("BASTION_PROBE_SECONDS", "").strip()
+    if not text:
+        return PROBE_SECONDS
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds <= 3600:
+        raise RootProblem(
+            f"BASTION_PROBE_SECONDS={text!r} is not a number of seconds in (0, 3600]; "
+            "unset it or give e.g. 30"
+        )
+    return seconds
 
 
 class RootProblem(Exception):
@@ -141,6 +159,14 @@ def check_root(root: str, reading: bool) -> None:
         if reading and not os.access(path, os.R_OK | os.X_OK):
             raise RootProblem(f"root {root} is not readable by this user; {fix}")
         return
+    bound = probe_seconds()
+    # The filesystem's code is imported before the clock starts: that is CPU, not the network,
+    # and a machine busy starting a burst of jobs took longer than the bound to import gcsfs.
+    protocol = fsspec.utils.get_protocol(root)
+    try:
+        fsspec.get_filesystem_class(protocol)
+    except (ValueError, ImportError) as e:
+        raise RootProblem(f"root {root}: {protocol}:// cannot be opened ({brief(e)}); {fix}") from e
     result: dict[str, Any] = {}
 
     def probe() -> None:
@@ -151,7 +177,7 @@ def check_root(root: str, reading: bool) -> None:
             result["error"] = e
             return
         result["client"] = True
-        deadline = time.monotonic() + PROBE_SECONDS
+        deadline = time.monotonic() + bound
         while time.monotonic() < deadline:
             try:
                 store.fs.invalidate_cache(store.root)
@@ -167,17 +193,18 @@ def check_root(root: str, reading: bool) -> None:
 
     thread = threading.Thread(target=probe, name="probe-root", daemon=True)
     thread.start()
-    thread.join(PROBE_SECONDS + 1)  # a probe still hanging then is left behind (daemon thread)
+    thread.join(bound + 1)  # a probe still hanging then is left behind (daemon thread)
     if "client" in result and not {"names", "error"} & result.keys():
-        # The client came (late: a loaded machine's imports and credentials): the listing
-        # itself gets its whole bound, as it did before the client was made in here.
-        thread.join(PROBE_SECONDS + 1)
+        # The client came (late: a loaded machine's credentials): the listing itself gets its
+        # whole bound, as it did before the client was made in here.
+        thread.join(bound + 1)
     if "names" not in result:
         error = result.get("error")
         why = f" ({brief(error)})" if error else ""
         raise RootProblem(
-            f"cannot reach {root} within {PROBE_SECONDS:g}s{why}; check the URL, the network "
-            "and the credentials (gcloud auth application-default login, AWS_*)"
+            f"cannot reach {root} within {bound:g}s{why}; check the URL, the network "
+            "and the credentials (gcloud auth application-default login, AWS_*); on a slow "
+            "link set BASTION_PROBE_SECONDS"
         )
     if reading and not result["names"]:
         raise RootProblem(f"no Bastion root at {root} (nothing there); {fix}")

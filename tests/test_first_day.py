@@ -279,6 +279,21 @@ def test_an_unreachable_gs_root_fails_launch_and_list_in_one_line_within_the_bou
         assert took < 30, took  # the 8 s probe and Python's start on a busy machine; was 38-76 s
 
 
+def test_a_root_on_an_unknown_protocol_or_a_bad_probe_bound_is_one_line(tmp_path):
+    b = Bastion(tmp_path, root="nosuch://bucket/x")
+    proc = b.cli("list", check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "bastion: error: root nosuch://bucket/x: nosuch:// cannot be opened "
+        "(ValueError: Protocol not known: nosuch); check --root or $BASTION_ROOT"
+    ]
+    b = Bastion(tmp_path, root="gs://bastion-test/x")
+    b.env["BASTION_PROBE_SECONDS"] = "soon"
+    proc = b.cli("list", check=False)
+    assert proc.returncode == 1
+    assert "BASTION_PROBE_SECONDS='soon' is not a number of seconds" in proc.stderr
+
+
 def test_a_quota_file_deleted_after_a_good_one_keeps_the_last_good_and_warns(local_bastion):
     b = local_bastion
     published_root(b)
