@@ -233,7 +233,8 @@ class RunnerContract:
         assert runner.poll(handle).phase != AttemptPhase.SUCCEEDED
 
     def test_restarted_runner_adopts_a_running_attempt(self, runner):
-        attempt = self.attempt("restart", "echo first; sleep 1.5; echo second")
+        # 4 s: long enough to be adopted while it runs on a busy machine (1.5 s was not).
+        attempt = self.attempt("restart", "echo first; sleep 4; echo second")
         runner.start(attempt)
         restarted = self.new_runner()
         owned = [o for o in restarted.list_owned() if o.name == attempt.name]

@@ -116,6 +116,26 @@ def test_summaries_say_what_each_attempt_restored_and_synced(store, tmp_path):
     assert not (tmp_path / "a3" / ".bastion").exists()  # summaries stay in the bucket
 
 
+def test_a_summary_counts_what_every_process_of_the_attempt_synced(store, tmp_path):
+    """The Docker runner restores in the daemon, its watcher syncs, and the final sync is by
+    whoever holds the lock then: each a Syncer of its own on one kept manifest."""
+    write(tmp_path / "seed" / "old", "o" * 7)
+    Syncer(store.outputs, "kept", str(tmp_path / "seed"), attempt=1).sync(final=True)
+    directory, manifest = str(tmp_path / "a2"), str(tmp_path / "a2.manifest.json")
+    Syncer(store.outputs, "kept", directory, attempt=2, manifest_path=manifest).restore()
+    watcher = Syncer(store.outputs, "kept", directory, attempt=2, manifest_path=manifest)
+    write(tmp_path / "a2" / "early", "e" * 5)
+    watcher.sync()  # a periodic sync, in the watcher's process
+    write(tmp_path / "a2" / "late", "l" * 3)
+    last = Syncer(store.outputs, "kept", directory, attempt=2, manifest_path=manifest)
+    last.sync(final=True)  # the watcher is gone: the runner's delete does the final sync
+    last.write_summary()
+    summary = next(s for s in store.outputs.read_summaries("kept") if s["attempt"] == 2)
+    assert (summary["restored_files"], summary["restored_bytes"]) == (1, 7)
+    assert (summary["synced_files"], summary["synced_bytes"], summary["syncs"]) == (2, 8, 2)
+    assert summary["final"]
+
+
 # -- jobs on the local runner ------------------------------------------------------------------
 
 # A job that resumes: it says where it starts from, then counts on from its checkpoint.

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 Signature = tuple[int, int]  # (size, mtime in ns)
 SYNC_SECONDS = 5.0  # between two syncs while the job runs
+STATS = ".stats"  # beside a kept manifest: the attempt's SyncStats so far
 
 
 @dataclass
@@ -68,7 +69,9 @@ class Syncer:
         # (the Docker runner restores, its watcher syncs): the watcher uploads nothing restored.
         self.manifest_path = manifest_path
         self.manifest: dict[str, Signature] = self._load_manifest()
-        self.stats = SyncStats(attempt=attempt, worker=worker)
+        # Its stats too: the attempt's summary counts what every process did (the runner's
+        # restore, the watcher's syncs, the final sync by whoever holds the lock then).
+        self.stats = self._load_stats() or SyncStats(attempt=attempt, worker=worker)
         self._lock = threading.Lock()
         os.makedirs(self.local_dir, exist_ok=True)
 
@@ -82,12 +85,25 @@ class Syncer:
         except (OSError, ValueError, TypeError, IndexError, AttributeError):
             return {}
 
+    def _load_stats(self) -> SyncStats | None:
+        if not self.manifest_path:
+            return None
+        try:
+            with open(self.manifest_path + STATS) as f:
+                return SyncStats(**json.load(f))
+        except (OSError, ValueError, TypeError):
+            return None
+
     def _save_manifest(self) -> None:
         if not self.manifest_path:
             return
-        with open(self.manifest_path + ".tmp", "w") as f:
-            json.dump(self.manifest, f)
-        os.replace(self.manifest_path + ".tmp", self.manifest_path)
+        for path, data in (
+            (self.manifest_path, self.manifest),
+            (self.manifest_path + STATS, asdict(self.stats)),
+        ):
+            with open(path + ".tmp", "w") as f:
+                json.dump(data, f)
+            os.replace(path + ".tmp", path)
 
     # -- restore ---------------------------------------------------------------------------
 
@@ -159,10 +175,10 @@ class Syncer:
                     self._failed("removing", removed[0], e)
             self.stats.syncs += 1
             self.stats.last_sync = time.time()
-            if changed or removed:
-                self._save_manifest()
             if final:
                 self.stats.final = not any(self.manifest.get(n) != s for n, s in current.items())
+            if changed or removed or final:
+                self._save_manifest()
         return self.stats
 
     def _upload(self, name: str, before: Signature) -> None:

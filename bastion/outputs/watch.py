@@ -47,13 +47,21 @@ RESTORED, SYNCED = ".restored", ".synced"  # beside DIR: restored by the runner;
 CHECK_SECONDS = 1.0  # between two looks at the container
 
 
-def final_sync(root: str, job: str, attempt: int, directory: str, purpose: str = "run") -> None:
+def final_sync(
+    root: str,
+    job: str,
+    attempt: int,
+    directory: str,
+    purpose: str = "run",
+    syncer: Syncer | None = None,
+) -> None:
     """The last sync of an attempt whose container has ended, then its summary and the
-    ``.synced`` mark; by whoever holds the watch lock (the watcher, or the runner's delete
-    when no watcher is left). Nothing to do without ``.restored`` or with ``.synced``."""
+    ``.synced`` mark; by whoever holds the watch lock (the watcher, with its own syncer, or
+    the runner's delete when no watcher is left: a syncer made from the manifest and stats
+    kept on disk). Nothing to do without ``.restored`` or with ``.synced``."""
     if not os.path.exists(directory + RESTORED) or os.path.exists(directory + SYNCED):
         return
-    syncer = _syncer(root, job, attempt, directory)
+    syncer = syncer or _syncer(root, job, attempt, directory)
     syncer.stats.purpose = purpose
     syncer.sync(final=True)
     syncer.write_summary()
@@ -96,7 +104,7 @@ def watch(args: argparse.Namespace) -> int:
             if time.monotonic() >= next_sync:
                 syncer.sync()
                 next_sync = time.monotonic() + args.sync_seconds
-        final_sync(args.root, args.job, args.attempt, args.dir, args.purpose)
+        final_sync(args.root, args.job, args.attempt, args.dir, args.purpose, syncer)
     return 0
 
 

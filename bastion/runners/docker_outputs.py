@@ -19,7 +19,7 @@ import sys
 
 from bastion.outputs.checkpoint import read_checkpoint_time
 from bastion.outputs.supervise import sync_seconds
-from bastion.outputs.syncer import Syncer
+from bastion.outputs.syncer import STATS, Syncer
 from bastion.outputs.watch import RESTORED, SYNCED, final_sync, watching
 from bastion.runners.base import Attempt, TryAgain
 
@@ -50,6 +50,9 @@ class DockerOutputs:
             from bastion.bucket.store import Store
 
             shutil.rmtree(directory, ignore_errors=True)  # a restore cut short: again
+            for kept in (".manifest.json", ".manifest.json" + STATS):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(directory + kept)
             try:
                 Syncer(
                     Store(self.root).outputs,
@@ -111,7 +114,8 @@ class DockerOutputs:
                     return False
                 final_sync(self.root, job, attempt, directory)
         shutil.rmtree(directory, ignore_errors=True)
-        for suffix in (RESTORED, SYNCED, ".manifest.json", ".watch", ".watch.log"):
+        kept = (".manifest.json", ".manifest.json" + STATS, ".watch", ".watch.log")
+        for suffix in (RESTORED, SYNCED, *kept):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(directory + suffix)
         return not os.path.exists(directory)
