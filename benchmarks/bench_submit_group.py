@@ -68,17 +68,15 @@ def main() -> None:
 
             (Path(tmp) / "gcs").mkdir()
             emulator = GcsEmulator(Path(tmp) / "gcs").start()
-            emulator.create_bucket("bench")
             os.environ["STORAGE_EMULATOR_HOST"] = emulator.endpoint
             os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
         try:
             totals = []
             for i in range(args.repeat):
-                root = (
-                    f"gs://bench/{uuid.uuid4().hex[:8]}"
-                    if emulator
-                    else str(Path(tmp) / f"root{i}")
-                )
+                root = str(Path(tmp) / f"root{i}")
+                if emulator:  # a bucket per run: the emulator's writes slow with its size
+                    emulator.create_bucket(f"bench-{i}")
+                    root = f"gs://bench-{i}/{uuid.uuid4().hex[:8]}"
                 expand_s, write_s, count = submit_once(root, sweep, f"sw{i}")
                 totals.append(expand_s + write_s)
                 print(

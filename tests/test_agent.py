@@ -20,17 +20,16 @@ from bastion.bucket.runs import Runs, parse_run_name, run_name
 from bastion.bucket.store import Store
 from bastion.runners.base import AttemptPhase
 from bastion.runners.kit.records import RemoteRecords
+from tests.conftest import fresh_gcs_root
 from tests.harness import REPO, kill_all, processes_with_env, wait_for
 from tests.standins.metadata import MetadataServer
-
-BUCKET = "bastion-test"  # the session emulator's bucket (conftest.py)
 
 
 @pytest.fixture(params=["local", "gcs"])
 def root(request, tmp_path):
     if request.param == "gcs":
         request.getfixturevalue("gcs_emulator")
-        return f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}"
+        return fresh_gcs_root()
     return str(tmp_path / "root")
 
 

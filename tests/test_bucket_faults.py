@@ -39,7 +39,7 @@ import pytest
 import bastion.bucket.counted
 from bastion.bucket.logs import daemon_log_name
 from bastion.bucket.store import Store
-from tests.conftest import BUCKET
+from tests.conftest import BUCKET, fresh_gcs_root
 from tests.faultproxy import FaultPlan, FaultProxy
 from tests.gcs_emulator import GcsEmulator
 from tests.harness import Bastion, gated, ticks_complete, wait_for
@@ -65,7 +65,7 @@ def rig(proxy: FaultProxy, tmp_path: Path) -> Iterator[Bastion]:
     """A fresh root on the session emulator; the CLI and ``rig.read`` go to it directly.
 
     Torn down before the proxy, healed first, so the daemons stop (and release) promptly."""
-    b = Bastion(tmp_path, root=f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}")
+    b = Bastion(tmp_path, root=fresh_gcs_root())
     yield b
     proxy.set_plan(FaultPlan())
     proxy.release()
@@ -279,7 +279,7 @@ def test_a_request_that_never_answers_ends_in_a_timeout(
     The store's timeout is shortened for the test (the code path is the real one: the Store
     builds its gcsfs filesystem with it); a listing of the specs is then left unanswered."""
     monkeypatch.setattr(bastion.bucket.counted, "REQUEST_TIMEOUT_SECONDS", 2.0)
-    store = Store(f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}", endpoint_url=proxy.endpoint)
+    store = Store(fresh_gcs_root(), endpoint_url=proxy.endpoint)
     assert store.specs.submit("waiting", b"{}")
     proxy.fail_next(listing("jobs/active"), "hang")
     result: dict[str, object] = {}
@@ -309,7 +309,7 @@ def test_a_stalled_quota_lookup_ends_in_a_timeout(
 ) -> None:
     monkeypatch.setattr(bastion.bucket.counted, "REQUEST_TIMEOUT_SECONDS", 2.0)
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.endpoint)  # how the daemon is pointed
-    store = Store(f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}")
+    store = Store(fresh_gcs_root())
     proxy.fail_next(r"^GET /storage/v1/b/[^/]+/o/[^?]*project-quotas\.config", "hang")
 
     def lookup() -> None:

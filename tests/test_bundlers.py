@@ -8,7 +8,6 @@ import os
 import re
 import shutil
 import subprocess
-import uuid
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ import bundlers
 from bastion.bucket.store import Store
 from bundlers import Bundle, BundleError, parse_spec_options, with_excludes
 from launch.bundling import bundler_for
-from tests.conftest import BUCKET
+from tests.conftest import fresh_gcs_root
 
 TAR = bundler_for("tar")
 
@@ -26,7 +25,7 @@ TAR = bundler_for("tar")
 def store(request, tmp_path):
     if request.param == "gcs":
         request.getfixturevalue("gcs_emulator")
-        return Store(f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}")
+        return Store(fresh_gcs_root())
     return Store(str(tmp_path / "root"))
 
 

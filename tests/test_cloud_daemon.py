@@ -17,7 +17,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from bastion.runners.base import Attempt
 from bastion.runners.google.tpu import TpuRunner
 from launch.api import Client, new_jobspec
 from launch.why import explain_job
+from tests.conftest import fresh_gcs_root
 from tests.standins.compute import ComputeServer
 from tests.standins.tpu import TpuServer
 from tests.test_cloud_runners import FAST, SLICE_ECHO, ZA, ZB, Guests, P
@@ -700,7 +700,7 @@ def any_cloud(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[AnyRoo
     root = str(tmp_path / "root")
     if request.param == "gcs":
         request.getfixturevalue("gcs_emulator")
-        root = f"gs://bastion-test/{uuid.uuid4().hex[:12]}"
+        root = fresh_gcs_root()
     guests = Guests(tmp_path)
 
     def on_ready(node: dict, worker: int, metadata: dict) -> None:
@@ -880,7 +880,7 @@ def boot(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Boot]:
     root = str(tmp_path / "root")
     if where == "gcs":
         request.getfixturevalue("gcs_emulator")
-        root = f"gs://bastion-test/{uuid.uuid4().hex[:12]}"
+        root = fresh_gcs_root()
     guests = Guests(tmp_path)
     server = (
         TpuServer(on_ready=guests.on_ready)

@@ -35,6 +35,7 @@ from bastion.runners.base import (
 from bastion.runners.google.gce import GceRunner, request_id
 from bastion.runners.google.queued import QueuedRunner, node_prefix
 from bastion.runners.google.tpu import TpuRunner
+from tests.conftest import fresh_gcs_root
 from tests.harness import REPO, kill_all, processes_with_env
 from tests.standins.compute import ComputeServer
 from tests.standins.metadata import MetadataServer
@@ -124,7 +125,7 @@ def any_root(request, tmp_path):
     """A local directory, and gs:// on the GCS emulator (the agents inherit its address)."""
     if request.param == "gcs":
         request.getfixturevalue("gcs_emulator")
-        return f"gs://bastion-test/{uuid.uuid4().hex[:12]}"
+        return fresh_gcs_root()
     return str(tmp_path / "root")
 
 

@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,7 +27,7 @@ import pytest
 from bastion.bucket.store import Store
 from bastion.lease import Lease, process_identity, provably_gone
 from launch.api import Client, new_jobspec
-from tests.conftest import BUCKET
+from tests.conftest import fresh_gcs_root
 from tests.faultproxy import FaultPlan, FaultProxy
 from tests.harness import (
     REPO,
@@ -80,7 +79,7 @@ def chaos_root(request, tmp_path) -> Iterator[tuple[Bastion, dict[str, str]]]:
         b.close()
         return
     emulator = request.getfixturevalue("gcs_emulator")
-    b = Bastion(tmp_path, root=f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}")
+    b = Bastion(tmp_path, root=fresh_gcs_root())
     if request.param == "gcs":
         yield b, {}
         b.close()

@@ -13,11 +13,11 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
 
 from launch import Client, new_jobspec
+from tests.conftest import fresh_gcs_root
 from tests.harness import REPO, Bastion, wait_for
 
 QUOTA = """\
@@ -242,7 +242,7 @@ def test_logs_follow_on_a_waiting_job_says_why_once_and_ctrl_c_says_it_keeps_run
 
 
 def test_library_logging_stays_off_the_terminal_on_gs_unless_bastion_debug(gcs_emulator, tmp_path):
-    b = Bastion(tmp_path, root=f"gs://bastion-test/quiet-{uuid.uuid4().hex[:8]}")
+    b = Bastion(tmp_path, root=fresh_gcs_root("quiet"))
     try:
         b.cli("launch", "--name=quiet", "--bundler=none", "--", "echo hi")
         b.start()

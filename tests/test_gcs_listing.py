@@ -19,7 +19,7 @@ import pytest
 from bastion.bucket.gcs import GcsObjects
 from bastion.bucket.objects import Objects, UnacceptableObject
 from bastion.bucket.store import Store
-from tests.conftest import BUCKET
+from tests.conftest import BUCKET, fresh_gcs_root
 from tests.faultproxy import FaultProxy
 from tests.gcs_emulator import GcsEmulator
 
@@ -33,8 +33,8 @@ def proxy(gcs_emulator: GcsEmulator) -> Iterator[FaultProxy]:
 
 
 @pytest.fixture
-def directory() -> str:
-    return f"{BUCKET}/{uuid.uuid4().hex[:12]}/specs"
+def directory(gcs_emulator: GcsEmulator) -> str:
+    return fresh_gcs_root(f"{uuid.uuid4().hex[:12]}/specs").removeprefix("gs://")
 
 
 def _objects(endpoint: str) -> GcsObjects:

@@ -16,7 +16,7 @@ from bastion.bucket.store import Store
 from bundlers import BundleError
 from bundlers.cloudbuild import CloudBuildBundler
 from launch.bundling import bundler_for
-from tests.conftest import BUCKET
+from tests.conftest import fresh_gcs_root
 from tests.standins.cloudbuild import CloudBuildServer, DockerExecutor
 
 DOCKER = bundler_for("docker")
@@ -254,7 +254,7 @@ def cloudbuild(monkeypatch):
 
 @pytest.fixture
 def gs_store(gcs_emulator):
-    return Store(f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}")
+    return Store(fresh_gcs_root())
 
 
 def cb_project(tmp_path: Path) -> Path:

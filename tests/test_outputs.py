@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 import os
 import time
-import uuid
 
 import pytest
 
 from bastion.bucket.store import Store
 from bastion.outputs.syncer import Syncer
-from tests.conftest import BUCKET
+from tests.conftest import fresh_gcs_root
 from tests.harness import wait_for
 
 
@@ -20,7 +19,7 @@ from tests.harness import wait_for
 def store(request, tmp_path):
     if request.param == "gcs":
         request.getfixturevalue("gcs_emulator")
-        return Store(f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}")
+        return Store(fresh_gcs_root())
     return Store(str(tmp_path / "root"))
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-import uuid
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +29,7 @@ from bastion.daemon import Daemon
 from bastion.daemon.start import build_daemon
 from bastion.jobstate import Status
 from launch.api import Client, new_jobspec
-from tests.conftest import BUCKET
+from tests.conftest import fresh_gcs_root
 
 QUOTA = """\
 [toml-schema]
@@ -48,7 +47,7 @@ cpu = 1.0
 def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "gcs":
         request.getfixturevalue("gcs_emulator")
-        return f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}"
+        return fresh_gcs_root()
     return str(tmp_path / "root")
 
 

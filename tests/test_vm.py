@@ -14,6 +14,7 @@ import pytest
 from bastion import vm
 from bastion.bucket.store import Store
 from bastion.runners.base import root_tag
+from tests.conftest import fresh_gcs_root
 from tests.standins.compute import ComputeServer
 
 P, Z, NAME = "proj", "us-central1-a", "bastion-1"
@@ -246,7 +247,7 @@ def test_cli_vm_create_refuses_a_local_directory_root(server, root):
 
 
 def test_cli_verb_end_to_end(server, gcs_emulator):
-    root = f"gs://bastion-test/vm-{os.getpid()}-{time.monotonic_ns()}"
+    root = fresh_gcs_root("vm")
     env = {**os.environ, vm.ENDPOINT_ENV: server.endpoint, "BASTION_ROOT": root}
     base = [sys.executable, "-m", "launch.cli", "vm"]
     flags = [f"--vm_name={NAME}", f"--zone={Z}", f"--project={P}"]
