@@ -19,6 +19,7 @@ from bastion.agent import Agent
 from bastion.bucket.runs import Runs, parse_run_name, run_name
 from bastion.bucket.store import Store
 from bastion.runners.base import AttemptPhase
+from bastion.runners.kit.channel import AgentChannel
 from bastion.runners.kit.records import RemoteRecords
 from tests.conftest import fresh_gcs_root
 from tests.harness import REPO, kill_all, processes_with_env, wait_for
@@ -289,6 +290,27 @@ def test_stale_records_written_directly(tmp_path):
     assert remote.observe(remote.list(), 1100.0).phase == AttemptPhase.LOST
     store.agents.write("train", "a1", 0, "heartbeat", {"worker": 0, "time": 1090.0})
     assert remote.observe(remote.list(), 1100.0).phase == AttemptPhase.RUNNING
+
+
+def test_an_attempt_the_provider_ended_is_judged_from_its_records_now(tmp_path):
+    """The cycle's listing may predate the agents' last records (a short job started, printed
+    and exited between it and the provider's listing): judged from it, the attempt was LOST
+    (requeued: run twice) or its output cut short."""
+    store = Store(str(tmp_path / "root"))
+    channel = AgentChannel(
+        store, heartbeat_timeout=60, flush_seconds=0, start_timeout=60, listing_ttl=3600
+    )
+    handle = {"job": "train", "name": "a1", "workers": 1}
+    assert channel.agents(handle) is None  # the cycle's listing: no agent yet
+    store.agents.claim("train", "a1", 0, {"worker": 0, "time": time.time()})
+    store.runs.write_chunk("train", "a1", 0, 0, b"first line\n")
+    store.runs.write_chunk("train", "a1", 0, 1, b"second\n")
+    store.agents.write("train", "a1", 0, "exit", {"code": 0, "preempted": False, "chunks": 2})
+    assert channel.agents(handle) is None  # still the cycle's listing
+    seen = channel.gone(handle, "the machines are gone")
+    assert (seen.phase, seen.exit_code) == (AttemptPhase.SUCCEEDED, 0)
+    assert channel.read_output(handle, 0, 100) == b"first line\nsecond\n"
+    assert channel.agents(handle).phase is AttemptPhase.SUCCEEDED  # kept for later polls
 
 
 def test_each_worker_health_is_one_stable_word(tmp_path):

@@ -67,6 +67,7 @@ class AgentChannel:
         self._ended_at: dict[str, float] = {}  # attempt -> when its end was first seen
         self._up_at: dict[str, float] = {}  # attempt -> when its machines were first seen up
         self._not_started: dict[str, Observation] = {}  # attempts failed by start_timeout
+        self._settled: dict[str, dict[str, ObjectInfo]] = {}  # ended attempts' last records
 
     def begin_cycle(self) -> None:
         self.listing.begin_cycle()
@@ -76,7 +77,28 @@ class AgentChannel:
         return self.listing.get(None)
 
     def attempt_records(self, handle: Handle) -> dict[str, ObjectInfo]:
+        with self._lock:
+            settled = self._settled.get(handle["name"])
+        if settled is not None:
+            return settled
         return self.agent_listing().get((handle["job"], handle["name"]), {})
+
+    def settled(self, handle: Handle) -> Observation | None:
+        """What the agents say once the provider says the attempt is over, from a listing of
+        its records made now; kept, once every agent finished, for its output and later polls.
+
+        Why not the cycle's listing: it may predate the agents' last records. A short job
+        can start, print, exit and leave the provider between the two listings, and judging
+        it from the older one called it LOST (requeued: run twice) or cut its output short."""
+        name = handle["name"]
+        with self._lock:
+            kept = self._settled.get(name)
+        records = kept if kept is not None else self.store.agents.list(handle["job"], name)
+        seen = self.records(handle).observe(records, time.time())
+        if kept is None and seen is not None and seen.finished:
+            with self._lock:
+                self._settled[name] = records
+        return seen
 
     def records(self, handle: Handle) -> RemoteRecords:
         with self._lock:
@@ -103,7 +125,7 @@ class AgentChannel:
         ``wait_flush``: where the provider's object goes before its processes do (a pod's
         container outlives its API object by its grace period), started agents that have
         not finished still speak for ``flush_seconds`` after the end was first seen."""
-        seen = self.agents(handle)
+        seen = self.settled(handle)
         if seen is not None and seen.finished and seen.phase is not AttemptPhase.LOST:
             return seen
         if wait_flush and seen is not None and not seen.finished:
@@ -130,7 +152,7 @@ class AgentChannel:
         finished and never again, so the attempt is reported finished only once every
         started worker has its exit record, or ``flush_seconds`` after the end was seen."""
         name = handle["name"]
-        seen = self.agents(handle)
+        seen = self.settled(handle)
         if seen is not None and seen.phase is AttemptPhase.SUCCEEDED:
             return seen
         if seen is not None and not self.flushed(handle):
@@ -237,6 +259,7 @@ class AgentChannel:
         with self._lock:
             self._records.pop(name, None)
             self._ended_at.pop(name, None)
+            self._settled.pop(name, None)
             self._up_at.pop(name, None)
             self._not_started.pop(name, None)
 

@@ -131,10 +131,12 @@ class SlurmRunner(Runner):
     def _invalidate(self) -> None:
         self._jobs.deleted(None)
 
-    def agents(self, handle: Handle) -> Observation | None:
+    def agents(self, handle: Handle, over: bool = False) -> Observation | None:
+        """The agents' word; ``over``: Slurm says the job is over, so from a listing made now
+        (the cycle's may predate the agents' last records)."""
         if not self.agents_report:
             return None
-        return self.channel.agents(handle)
+        return self.channel.settled(handle) if over else self.channel.agents(handle)
 
     # -- start -----------------------------------------------------------------------------------
     def start(self, attempt: Attempt) -> Handle:
@@ -209,9 +211,9 @@ class SlurmRunner(Runner):
         if row.state in QUEUED:
             _, _, pending = self._jobs.get(None)
             return states.queued(row, queue_position(row, pending))
-        seen = self.agents(handle)
         if row.live:
-            return states.live(row, seen, self.agents_report)
+            return states.live(row, self.agents(handle), self.agents_report)
+        seen = self.agents(handle, over=True)
         return self._ended(handle, row.job_id, row.state, row.reason, seen)
 
     def _ended(
@@ -230,7 +232,7 @@ class SlurmRunner(Runner):
     def _left_squeue(self, handle: Handle) -> Observation:
         """Gone from squeue (MinJobAge passed, or a controller that lost its state): the
         agents' word if they all finished, else accounting, else LOST."""
-        seen = self.agents(handle)
+        seen = self.agents(handle, over=True)
         job_id = handle.get("job_id")
         found = self.commands.account(int(job_id)) if job_id is not None else None
         if found is not None:
