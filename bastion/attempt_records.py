@@ -110,7 +110,7 @@ class AttemptRecord:
             origin=int(data.get("origin") or 0),
             phase=None if data.get("phase") is None else str(data["phase"]),
             deferred_since=_float_or_none(data.get("deferred_since")),
-            workers=tuple(str(w) for w in workers) if isinstance(workers, list) else None,
+            workers=tuple(workers) if isinstance(workers, list) else None,
             extra=_extra(data, _ATTEMPT_KEYS),
         )
 
