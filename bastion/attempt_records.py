@@ -43,7 +43,7 @@ def _extra(data: Mapping[str, Any], known: frozenset[str]) -> dict[str, Any]:
     return {k: v for k, v in data.items() if k not in known}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class AttemptRecord:
     """One attempt the daemon started (or is about to start) for a job.
 
@@ -115,7 +115,7 @@ class AttemptRecord:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StopRecord:
     """A stop Bastion asked of a job's run attempt, and why: what it is stopped for decides
     where the job goes once the attempt is gone (see :class:`StopKind`)."""
