@@ -13,6 +13,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from bastion.attempt_records import AttemptRecord, StopKind, StopRecord
+
+__all__ = ["AttemptRecord", "JobState", "Outcome", "Status", "StopKind", "StopRecord"]
+
 MAX_EVENTS = 100  # per job state; the first few and the latest are kept
 KEPT_FIRST_EVENTS = 10
 
@@ -33,15 +37,6 @@ class Outcome(enum.StrEnum):
     TIMEOUT = "TIMEOUT"  # stopped at its time limit (Slurm's TIMEOUT); never requeued
 
 
-class StopKind(enum.StrEnum):
-    """Why a running attempt is being stopped; decides where the job goes once it is gone."""
-
-    CANCEL = "cancel"  # -> CLEANING -> COMPLETED(CANCELLED)
-    PREEMPT = "preempt"  # -> PENDING, new attempt later
-    UPDATE = "update"  # -> PENDING, new attempt with the new spec
-    TIMEOUT = "timeout"  # its time limit passed -> CLEANING -> COMPLETED(TIMEOUT)
-
-
 @dataclass
 class JobState:
     status: Status = Status.PENDING
@@ -56,11 +51,12 @@ class JobState:
     exit_code: int | None = None
     tier: int | None = None
     submission: str = ""  # the daemon's own id for this submission: attempt names derive from it
-    # The daemon's record of the current attempt: {"kind", "name", "handle", "origin", "phase"};
-    # "handle" is the runner's, opaque to the daemon (see bastion.lifecycle).
-    runner: dict[str, Any] | None = None
-    cleanup_runner: dict[str, Any] | None = None
-    stop: dict[str, Any] | None = None  # {"kind": StopKind, "since": t, "by": ..., "deadline": t}
+    # The daemon's records of the current run attempt and of the cleanup command's attempt
+    # (JSON keys "runner" and "cleanup_runner", as older daemons wrote them); the record's
+    # handle is the runner's, opaque to the daemon (see bastion.lifecycle).
+    run_attempt: AttemptRecord | None = None
+    cleanup_attempt: AttemptRecord | None = None
+    stop: StopRecord | None = None  # the stop Bastion asked of the run attempt, if any
     running_since: float | None = None  # when the runner first reported RUNNING (min runtime)
     pending_since: float | None = None  # when the job last became pending (submit or requeue)
     provider_preemptions: int = 0  # attempts the provider took away (not the job's failures)
@@ -99,8 +95,12 @@ class JobState:
     def to_json(self) -> dict[str, Any]:
         # Shallow: json.dumps walks the nested dicts itself, and the daemon serializes every
         # state each cycle to see which changed (dataclasses.asdict deep-copies: 3x slower).
-        data = {f.name: getattr(self, f.name) for f in _FIELDS}
+        data = {f.name: getattr(self, f.name) for f in _PLAIN_FIELDS}
         data["status"] = self.status.value
+        run, cleanup, stop = self.run_attempt, self.cleanup_attempt, self.stop
+        data["runner"] = run.to_json() if run is not None else None
+        data["cleanup_runner"] = cleanup.to_json() if cleanup is not None else None
+        data["stop"] = stop.to_json() if stop is not None else None
         data["outcome"] = self.outcome.value if self.outcome else None
         if self.tier is not None:
             data["metadata"] = {**self.metadata, "tier": self.tier}
@@ -111,12 +111,12 @@ class JobState:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> JobState:
-        known = {f.name for f in dataclasses.fields(cls)}
-        kwargs = {k: v for k, v in data.items() if k in known}
+        kwargs = {k: v for k, v in data.items() if k in _PLAIN_NAMES}
         kwargs["status"] = Status(str(data.get("status", "PENDING")).upper())
-        stop = kwargs.get("stop")
-        if isinstance(stop, dict) and "deadline" not in stop:  # written before deadlines
-            stop["deadline"] = float(stop.get("since", 0)) + float(stop.get("grace", 30.0))
+        for key, name, record_type in _RECORDS:
+            raw = data.get(key)
+            if isinstance(raw, dict) and raw:  # (an empty record is none, as it was)
+                kwargs[name] = record_type.from_json(raw)
         if data.get("outcome"):
             kwargs["outcome"] = Outcome(data["outcome"])
         return cls(**kwargs)
@@ -133,10 +133,19 @@ class JobState:
         """What users read: COMPLETED jobs show their outcome."""
         if self.status is Status.COMPLETED and self.outcome:
             return self.outcome.value
-        phase = (self.runner or {}).get("phase")
+        phase = self.run_attempt.phase if self.run_attempt is not None else None
         if self.status is Status.ACTIVE and phase in ("STARTING", "QUEUED", "PROVISIONING"):
             return str(phase)
         return self.status.value
 
 
-_FIELDS = dataclasses.fields(JobState)
+# The records' JSON keys are those older daemons wrote (the attributes' names explain better).
+_RECORDS: tuple[tuple[str, str, type[AttemptRecord] | type[StopRecord]], ...] = (
+    ("runner", "run_attempt", AttemptRecord),
+    ("cleanup_runner", "cleanup_attempt", AttemptRecord),
+    ("stop", "stop", StopRecord),
+)
+_PLAIN_FIELDS = tuple(
+    f for f in dataclasses.fields(JobState) if f.name not in {name for _, name, _ in _RECORDS}
+)
+_PLAIN_NAMES = frozenset(f.name for f in _PLAIN_FIELDS)

@@ -47,8 +47,9 @@ job's status changes nothing.
 The rows are data (:data:`ROWS`, first match wins); every history line and every change of a
 job's state, the daemon's own included, goes through :func:`transition`.
 
-The attempt record (``state.runner`` / ``state.cleanup_runner``) is the daemon's own:
-``{"kind", "name", "handle", "origin", "phase"}``; ``handle`` is the runner's and opaque here.
+The attempt record (``state.run_attempt`` / ``state.cleanup_attempt``, an
+:class:`~bastion.attempt_records.AttemptRecord`; JSON keys ``runner`` / ``cleanup_runner``) is
+the daemon's own: kind, name, handle, origin, phase; ``handle`` is the runner's and opaque here.
 It is written to the bucket *before* the attempt is started (the daemon writes states before
 it executes effects), so a daemon that dies at any point finds the attempt by its name.
 """
@@ -60,7 +61,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bastion.jobstate import JobState, Outcome, Status, StopKind
+from bastion.jobstate import AttemptRecord, JobState, Outcome, Status, StopKind
 from bastion.lifecycle_observe import (
     cancelled_before_start,
     observed,
@@ -379,23 +380,20 @@ def _timed_out(result: Result, event: TimedOut, now: float, *_: Any) -> None:
 
 
 def _started(result: Result, event: Started, *_: Any) -> None:
-    record = attempt_record(result.state, event.purpose) or {}
-    set_record(result.state, event.purpose, {**record, "handle": event.handle})
+    record = attempt_record(result.state, event.purpose)
+    if record is not None:  # (the row's condition: recorded and unstarted)
+        set_record(result.state, event.purpose, record.started(event.handle))
 
 
-def _unstarted(state: JobState, event: Started) -> bool:
+def _unstarted(state: JobState, event: Started | StartAgain) -> bool:
     record = attempt_record(state, event.purpose)
-    return record is not None and record.get("handle") is None
+    return record is not None and record.unstarted
 
 
 def _cleanup_admit(result: Result, event: CleanupAdmit, *_: Any) -> None:
-    result.state.cleanup_runner = {
-        "kind": event.runner_kind,
-        "name": event.attempt_name,
-        "handle": None,
-        "origin": event.log_size,
-        "phase": "STARTING",
-    }
+    result.state.cleanup_attempt = AttemptRecord.admitted(
+        event.runner_kind, event.attempt_name, event.log_size
+    )
     result.effects.append(Start(CLEANUP))
 
 
@@ -407,10 +405,12 @@ def _tick_cancelled(result: Result, event: Tick, now: float, job: str, cleanup: 
 
 def _tick_stopping(result: Result, event: Tick, now: float, *_: Any) -> None:
     new = result.state
-    deadline = float(new.stop["deadline"])
-    if now >= deadline and not new.stop.get("forced"):
-        new.stop = {**new.stop, "forced": True}
-        grace = deadline - float(new.stop["since"])
+    stop = new.stop
+    assert stop is not None  # (the row's condition)
+    deadline = stop.deadline
+    if now >= deadline and not stop.forced:
+        new.stop = stop.as_forced()
+        grace = deadline - stop.since
         result.events.append(
             ("KILLED", f"still running {grace:g}s after it was asked to stop; forced")
         )
@@ -472,7 +472,7 @@ ROWS: tuple[Row, ...] = (
         TimedOut,
         _ACTIVE,
         _timed_out,
-        lambda s, e: not s.stop or s.stop["kind"] != StopKind.TIMEOUT.value,
+        lambda s, e: s.stop is None or s.stop.kind != StopKind.TIMEOUT,
         says="Stop(run), TIMEOUT at its end",
     ),
     Row(Started, None, _started, _unstarted, says="handle recorded"),
@@ -501,7 +501,7 @@ ROWS: tuple[Row, ...] = (
         CleanupAdmit,
         _only(Status.CLEANING),
         _cleanup_admit,
-        lambda s, e: not s.cleanup_runner,
+        lambda s, e: s.cleanup_attempt is None,
         says="Start(cleanup)",
     ),
     Row(
@@ -515,7 +515,7 @@ ROWS: tuple[Row, ...] = (
         Tick,
         None,
         _tick_stopping,
-        lambda s, e: bool(s.stop and s.runner),
+        lambda s, e: s.stop is not None and s.run_attempt is not None,
         says="Stop(run) again; KILLED past the deadline",
     ),
     Row(Detected, None, _detected, lambda s, e: not s.job_identity, says="identity recorded"),
@@ -583,12 +583,7 @@ def _admit(result: Result, event: Admit, job: str, now: float) -> None:
     if event.backfill_for:  # the policy reclaims it for these jobs (see quota/engine.py)
         state.metadata = {**state.metadata, "backfill_for": list(event.backfill_for)}
     marker = start_marker(job, state.attempt, event.tier, now)
-    state.runner = {
-        "kind": event.runner_kind,
-        "name": event.attempt_name,
-        "handle": None,
-        "origin": event.log_size + len(marker.encode()),
-        "phase": "STARTING",
-    }
+    origin = event.log_size + len(marker.encode())
+    state.run_attempt = AttemptRecord.admitted(event.runner_kind, event.attempt_name, origin)
     result.effects += [Log(RUN, marker), Start(RUN)]
     add_event(result, "STARTED", f"attempt {state.attempt} started: {event.reason}")

@@ -4,9 +4,7 @@ finished, timed out). Pure, like the table (:mod:`bastion.lifecycle`)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from bastion.jobstate import JobState, Outcome, StopKind
+from bastion.jobstate import AttemptRecord, JobState, Outcome, StopKind, StopRecord
 from bastion.lifecycle_records import (
     CLEANING_NOTE,
     CLEANUP,
@@ -43,20 +41,20 @@ def start_failed(result: Result, purpose: str, error: str, now: float, has_clean
         Log(RUN, f"=== [bastion] attempt {state.attempt} could not start: {error} ===\n")
     )
     stop, state.stop = state.stop, None
-    if stop and stop["kind"] == StopKind.CANCEL.value:  # cancelled before it could start
-        complete(result, Outcome.CANCELLED, stop.get("reason", ""), now)
+    if stop is not None and stop.is_cancel:  # cancelled before it could start
+        complete(result, Outcome.CANCELLED, stop.reason, now)
         return
     complete(result, Outcome.FAILED, f"could not start the command: {error}", now)
 
 
 def cancelled_before_start(state: JobState) -> bool:
-    record = state.runner
+    record = state.run_attempt
     return bool(
-        state.stop
-        and state.stop["kind"] == StopKind.CANCEL.value
-        and record
-        and record.get("handle") is None
-        and record.get("deferred_since") is not None
+        state.stop is not None
+        and state.stop.is_cancel
+        and record is not None
+        and record.unstarted
+        and record.deferred_since is not None
     )
 
 
@@ -73,13 +71,13 @@ def start_deferred(
     failed, or (``requeue_on_give_up``: the runner cannot start anything now) back to PENDING."""
     state = result.state
     record = attempt_record(state, purpose)
-    if record is None or record.get("handle") is not None:
+    if record is None or not record.unstarted:
         return
     stop = state.stop
-    if purpose == RUN and stop and stop["kind"] == StopKind.CANCEL.value:
+    if purpose == RUN and stop is not None and stop.is_cancel:
         start_failed(result, purpose, reason, now, has_cleanup)
         return
-    since = float(record.get("deferred_since") or now)
+    since = record.deferred_since or now
     bound = give_up_after
     if bound is not None and now - since >= bound and requeue_on_give_up and purpose == RUN:
         set_record(state, purpose, None)
@@ -97,8 +95,8 @@ def start_deferred(
         )
         start_failed(result, purpose, error, now, has_cleanup)
         return
-    if record.get("deferred_since") is None:
-        set_record(state, purpose, {**record, "deferred_since": now})
+    if record.deferred_since is None:
+        set_record(state, purpose, record.deferred(now))
     ends = "lets go of its quota" if requeue_on_give_up else "gives up"
     until = f"; {ends} at {fmt_time(since + bound)}" if bound is not None else ""
     state.reason = f"attempt {state.attempt} waits to start: {reason}{until}"
@@ -114,7 +112,7 @@ def end_marker(state: JobState, obs: Observation, now: float) -> str:
     else:
         how = f"ended: {obs.reason or 'was killed'}"
     stop = state.stop
-    why = f"; it was stopped ({stop['kind']}: {stop.get('reason', '')})" if stop else ""
+    why = f"; it was stopped ({stop.kind}: {stop.reason})" if stop is not None else ""
     return f"=== [bastion] attempt {state.attempt} {how} at {fmt_time(now)}{why} ===\n"
 
 
@@ -146,22 +144,22 @@ def observed(result: Result, purpose: str, obs: Observation, now: float, has_cle
     state.exit_code = obs.exit_code
     state.end_time = now
     stop, state.stop = state.stop, None
-    if stop:
+    if stop is not None:
         _stopped_run_ended(result, stop, now, has_cleanup)
     else:
         _run_ended(result, obs, now, has_cleanup)
 
 
 def _progress(
-    state: JobState, purpose: str, record: dict[str, Any], obs: Observation, now: float
+    state: JobState, purpose: str, record: AttemptRecord, obs: Observation, now: float
 ) -> None:
-    if obs.workers and record.get("workers") != list(obs.workers):
+    if obs.workers and record.workers != tuple(obs.workers):
         # Each worker's health ("running", "late", "exit 1"...), for list; stable words,
         # so the state is rewritten only when a worker's health changes.
-        record = {**record, "workers": list(obs.workers)}
+        record = record.with_workers(tuple(obs.workers))
         set_record(state, purpose, record)
-    if record.get("phase") != obs.phase.value:
-        set_record(state, purpose, {**record, "phase": obs.phase.value})
+    if record.phase != obs.phase.value:
+        set_record(state, purpose, record.with_phase(obs.phase.value))
         if purpose == RUN and obs.phase is AttemptPhase.RUNNING:
             state.running_since = now
     if purpose == RUN:
@@ -172,24 +170,24 @@ def _note_forced(result: Result, obs: Observation, now: float) -> None:
     """The runner forced the attempt at the stop's deadline before a tick could say so."""
     stop = result.state.stop
     forced = obs.exit_code in (None, 137)  # SIGKILL's status, or none (the wrapper died too)
-    if stop and forced and not stop.get("forced") and now >= float(stop["deadline"]):
-        grace = float(stop["deadline"]) - float(stop["since"])
+    if stop is not None and forced and not stop.forced and now >= stop.deadline:
+        grace = stop.deadline - stop.since
         result.events.append(
             ("KILLED", f"still running {grace:g}s after it was asked to stop; forced")
         )
 
 
-def _stopped_run_ended(result: Result, stop: dict[str, Any], now: float, has_cleanup: bool) -> None:
+def _stopped_run_ended(result: Result, stop: StopRecord, now: float, has_cleanup: bool) -> None:
     """A run that Bastion stopped has ended: a cancel or its time limit ends the job;
     a preemption or an update requeues it."""
     state = result.state
-    kind = stop["kind"]
-    if kind == StopKind.CANCEL.value:
-        finish_run(result, Outcome.CANCELLED, stop.get("reason", ""), now, has_cleanup)
-    elif kind == StopKind.TIMEOUT.value:
-        finish_run(result, Outcome.TIMEOUT, stop.get("reason", ""), now, has_cleanup)
+    kind = stop.kind
+    if kind == StopKind.CANCEL:
+        finish_run(result, Outcome.CANCELLED, stop.reason, now, has_cleanup)
+    elif kind == StopKind.TIMEOUT:
+        finish_run(result, Outcome.TIMEOUT, stop.reason, now, has_cleanup)
     else:
-        what = "preempted" if kind == StopKind.PREEMPT.value else "updated"
+        what = "preempted" if kind == StopKind.PREEMPT else "updated"
         requeue(result, f"attempt {state.attempt} {what}; waiting to restart")
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bastion.jobspec import user_label
-from bastion.jobstate import JobState, Outcome, Status, StopKind
+from bastion.jobstate import AttemptRecord, JobState, Outcome, Status, StopKind, StopRecord
 from bastion.runners.base import Handle
 
 RUN, CLEANUP = "run", "cleanup"
@@ -74,8 +74,8 @@ def start_marker(name: str, attempt: int, tier: int | None, now: float) -> str:
     )
 
 
-def attempt_record(state: JobState, purpose: str) -> dict[str, Any] | None:
-    return state.runner if purpose == RUN else state.cleanup_runner
+def attempt_record(state: JobState, purpose: str) -> AttemptRecord | None:
+    return state.run_attempt if purpose == RUN else state.cleanup_attempt
 
 
 # -- moves shared by the rows -----------------------------------------------------------------
@@ -100,11 +100,11 @@ def add_event(result: Result, event: str, reason: str) -> None:
     result.events.append((event, reason))
 
 
-def set_record(state: JobState, purpose: str, record: dict[str, Any] | None) -> None:
+def set_record(state: JobState, purpose: str, record: AttemptRecord | None) -> None:
     if purpose == RUN:
-        state.runner = record
+        state.run_attempt = record
     else:
-        state.cleanup_runner = record
+        state.cleanup_attempt = record
 
 
 def stop_attempt(
@@ -117,29 +117,22 @@ def stop_attempt(
     force: bool = False,
 ) -> None:
     state = result.state
-    if state.stop and state.stop["kind"] == StopKind.CANCEL.value:
+    earlier = state.stop
+    if earlier is not None and earlier.is_cancel:
         return  # a cancel already in progress wins
-    if state.stop and not force:
+    if earlier is not None and not force:
         return
-    since = state.stop["since"] if state.stop else now
-    deadline = state.stop["deadline"] if state.stop else now + grace
-    state.stop = {
-        "kind": kind.value,
-        "since": since,
-        "by": by,
-        "deadline": deadline,
-        "reason": reason,
-    }
-    if state.runner:
+    since = earlier.since if earlier is not None else now
+    deadline = earlier.deadline if earlier is not None else now + grace
+    state.stop = StopRecord(kind=kind, since=since, by=by, deadline=deadline, reason=reason)
+    if state.run_attempt is not None:
         result.effects.append(Stop(RUN, deadline))
     # A time limit's stop is TIME_LIMIT in the history; its end, TIMEOUT, is the outcome.
     add_event(result, "TIME_LIMIT" if kind is StopKind.TIMEOUT else kind.value.upper(), reason)
 
 
-def delete_attempt(result: Result, purpose: str, record: dict[str, Any]) -> None:
-    result.effects.append(
-        Delete(purpose, str(record["kind"]), str(record["name"]), record.get("handle"))
-    )
+def delete_attempt(result: Result, purpose: str, record: AttemptRecord) -> None:
+    result.effects.append(Delete(purpose, record.kind, str(record.name), record.handle))
 
 
 def requeue(result: Result, reason: str, event: str = "REQUEUED") -> None:

@@ -43,7 +43,7 @@ def job_request(name: str, spec: JobSpec | None, state: JobState, now: float) ->
         start_time=state.running_since or (now if phase is not Phase.PENDING else None),
         tier=state.tier,
         # A victim still stopping keeps its room earmarked for the job that reclaimed it.
-        preempted_by=(state.stop or {}).get("by") if phase is Phase.RELEASING else None,
+        preempted_by=state.stop.by if state.stop is not None and phase is Phase.RELEASING else None,
         creation_time=meta.creation_time.replace(tzinfo=dt.UTC).timestamp(),
         backfill_for=tuple(state.metadata.get("backfill_for") or ()),
         preemptions=state.preemptions,

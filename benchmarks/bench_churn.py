@@ -495,7 +495,7 @@ def end_one(run: Run) -> str:
     """SIGTERM to the ``sleep`` under one running job; ``|| true`` makes the job succeed.
     Returns once its wrapper has recorded the exit, so the next cycle sees it finished."""
     name = running(run.daemon)[0]
-    handle = run.daemon.jobs[name].state.runner["handle"]
+    handle = run.daemon.jobs[name].state.run_attempt.handle
     for proc in psutil.Process(handle["pid"]).children(recursive=True):
         if proc.name() == "sleep":
             proc.send_signal(signal.SIGTERM)

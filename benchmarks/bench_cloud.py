@@ -448,15 +448,16 @@ class Bench:
 
     def record(self, job: str) -> dict[str, Any]:
         j = self.daemon.jobs.get(job)
-        return (j.state.runner if j is not None else None) or {}
+        record = j.state.run_attempt if j is not None else None
+        return record.to_json() if record is not None else {}
 
     def running(self, job: str, attempt: int = 1) -> bool:
         j = self.daemon.jobs.get(job)
         if j is None or j.state.attempt != attempt:
             return False
-        r = j.state.runner or {}
-        workers = r.get("workers") or ["waiting"]
-        return r.get("phase") == "RUNNING" and all(w == "running" for w in workers)
+        r = j.state.run_attempt
+        workers = (r.workers if r is not None else None) or ("waiting",)
+        return r is not None and r.phase == "RUNNING" and all(w == "running" for w in workers)
 
     def until(self, phase: str, done: Any, limit: int) -> int:
         for i in range(limit):

@@ -85,7 +85,7 @@ def main() -> None:
         finally:
             local = daemon.runners.get("local")
             for job in list(daemon.jobs.values()):
-                handle = (job.state.runner or {}).get("handle")
+                handle = job.state.run_attempt.handle if job.state.run_attempt else None
                 if handle:
                     local.stop(handle, 0.0)
                     local.delete(handle)

@@ -163,7 +163,8 @@ class Rig:
 
     def phase(self, name: str) -> str | None:
         state = self.client.get(name).state
-        return ((state.runner if state else None) or {}).get("phase")
+        record = state.run_attempt if state else None
+        return record.phase if record is not None else None
 
     def finished(self, name: str) -> bool:
         return (self.root / "jobs" / "complete" / name).exists()
@@ -274,15 +275,14 @@ def _gke_phases(
 def evict_one(rig: Rig, cluster: Any, name: str) -> tuple[int, float]:
     """A spot eviction of the job's pod: cycles and seconds until its attempt 2's JobSet is
     in the cluster (the agent's exit record is written at the SIGTERM, as a real one flushes)."""
-    first = rig.client.get(name).state.runner["name"]
+    first = rig.client.get(name).state.run_attempt.name
     (pod,) = [p for p in cluster.pods() if p["metadata"]["labels"]["bastion-attempt-name"] == first]
     cluster.evict(pod["metadata"]["name"])
 
     def requeued() -> bool:
-        runner = rig.client.get(name).state.runner or {}
-        return runner.get("name", first) != first and any(
-            a == runner["name"] for a in cluster.attempts.values()
-        )
+        record = rig.client.get(name).state.run_attempt
+        now = record.name if record is not None else first
+        return now != first and any(a == now for a in cluster.attempts.values())
 
     return rig.until(requeued, f"{name}'s attempt 2 JobSet", 120)
 

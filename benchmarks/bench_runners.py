@@ -74,7 +74,8 @@ def running(daemon: Daemon, names: list[str]) -> int:
         if (
             job
             and job.state.status is Status.ACTIVE
-            and (job.state.runner or {}).get("phase") == "RUNNING"
+            and job.state.run_attempt is not None
+            and job.state.run_attempt.phase == "RUNNING"
         ):
             count += 1
     return count
@@ -174,9 +175,9 @@ def stop_all(daemon: Daemon, root: str) -> None:
     """Kill every attempt this benchmark started, then delete them through their runners."""
     handles = []
     for job in daemon.jobs.values():
-        record = job.state.runner
-        if record and record.get("handle"):
-            handles.append((record["kind"], record["handle"]))
+        record = job.state.run_attempt
+        if record is not None and record.handle:
+            handles.append((record.kind, record.handle))
     for kind, handle in handles:
         with contextlib.suppress(Exception):
             daemon.runners.get(kind).stop(handle, 0.0)

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bastion.bucket.status_paths import log_url
 from bastion.bucket.store import Store
 from bastion.jobspec import new_jobspec
-from bastion.jobstate import JobState, Status
+from bastion.jobstate import AttemptRecord, JobState, Status
 from bastion.status.data import page_data
 from bastion.status.html import render
 from bastion.usage.ledger import LedgerWriter
@@ -61,7 +61,7 @@ def make_jobs(count: int, rng: random.Random) -> tuple[list, dict]:
             attempt=1 if running else 0,
             submit_time=NOW - rng.uniform(0, 86400),
             start_time=NOW - rng.uniform(0, 3600) if running else None,
-            runner={"kind": "local", "name": f"a-{i}", "handle": {}, "phase": "RUNNING"}
+            run_attempt=AttemptRecord("local", f"a-{i}", handle={}, phase="RUNNING")
             if running
             else None,
             reason="waiting for capacity: needs 4 gpu" if not running else "attempt 1 started",

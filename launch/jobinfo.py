@@ -37,10 +37,10 @@ class JobInfo:
         from before (WORKERS "4/4 running" beside REASON "provisioning: node CREATING")."""
         if self.state is None or self.state.status is not Status.ACTIVE:
             return []
-        record = self.state.runner or {}
-        if record.get("phase") not in (None, "RUNNING"):
+        record = self.state.run_attempt
+        if record is None or record.phase not in (None, "RUNNING"):
             return []
-        return [str(w) for w in record.get("workers") or []]
+        return list(record.workers or ())
 
     @property
     def worker_summary(self) -> str:

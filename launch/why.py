@@ -150,8 +150,8 @@ _ADMITTED = "nothing: it is starting or running"  # quota.explain's words for an
 
 
 def _never_started(info) -> bool:
-    record = info.state.runner if info.state is not None else None
-    return bool(record) and record.get("handle") is None and info.state.status.value == "ACTIVE"
+    record = info.state.run_attempt if info.state is not None else None
+    return record is not None and record.unstarted and info.state.status.value == "ACTIVE"
 
 
 def not_started(info) -> str:

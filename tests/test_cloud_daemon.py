@@ -136,8 +136,10 @@ class Cloud:
         return self.client.get(name)
 
     def runner_record(self, name: str) -> dict[str, Any]:
+        """The run attempt's record as the bucket holds it (JSON key "runner"); {}: none."""
         state = self.client.get(name).state
-        return (state.runner if state else None) or {}
+        record = state.run_attempt if state else None
+        return record.to_json() if record is not None else {}
 
     def log(self, name: str) -> str:
         path = self.root / "logs" / name

@@ -153,7 +153,8 @@ def test_queued_provisioning_running_succeeded_with_output_in_the_log(rig: Rig) 
     def look() -> None:
         info = rig.info("fake-ok")
         if info.state is not None:
-            phase = (info.state.runner or {}).get("phase", "")
+            record = info.state.run_attempt
+            phase = (record.phase if record is not None else None) or ""
             seen.append((info.status, phase, info.state.reason))
 
     rig.drive(daemon, lambda: rig.finished("fake-ok"), what="fake-ok to finish", each=look)

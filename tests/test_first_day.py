@@ -329,16 +329,17 @@ def test_a_second_start_says_which_daemon_holds_the_root_and_how_to_stop_it(loca
 
 
 def test_workers_are_not_shown_running_while_the_runner_says_provisioning():
-    from bastion.jobstate import JobState, Status
+    from bastion.jobstate import AttemptRecord, JobState, Status
     from launch.api import JobInfo
 
-    running = ["running"] * 4
+    running = ("running",) * 4
     state = JobState(
         status=Status.ACTIVE, attempt=1, reason="attempt 1: provisioning: node CREATING"
     )
-    state.runner = {"kind": "tpu", "phase": "PROVISIONING", "workers": running}
+    provisioning = AttemptRecord(kind="tpu", name="a1", phase="PROVISIONING", workers=running)
+    state.run_attempt = provisioning
     info = JobInfo(name="tpujob", spec=None, state=state)
     assert info.status == "PROVISIONING" and info.worker_summary == ""
-    state.runner = {"kind": "tpu", "phase": "RUNNING", "workers": running}
+    state.run_attempt = provisioning.with_phase("RUNNING")
     state.reason = "attempt 1: running"
     assert JobInfo(name="tpujob", spec=None, state=state).worker_summary == "4/4 running"

@@ -87,7 +87,7 @@ def test_a_time_limit_stops_the_attempt_then_ends_timeout_without_requeue():
     state = active()
     result = step(state, TimedOut("time limit 1m reached", 30.0), T0 + 60)
     assert result.state.status is Status.ACTIVE
-    assert result.state.stop["kind"] == StopKind.TIMEOUT.value
+    assert result.state.stop.kind == StopKind.TIMEOUT.value
     assert result.effects == [Stop(RUN, T0 + 90)]  # the grace, as a cancel gets
     assert [name for name, _ in result.events] == ["TIME_LIMIT"]
     assert step(result.state, TimedOut("again", 30.0), T0 + 61).effects == []  # once
@@ -101,13 +101,13 @@ def test_a_time_limit_stops_the_attempt_then_ends_timeout_without_requeue():
 def test_a_time_limit_overrides_a_preemption_in_progress_but_not_a_cancel():
     preempting = step(active(), Preempt("reclaimed", "other", 30.0), T0 + 1).state
     timed = step(preempting, TimedOut("time limit reached", 30.0), T0 + 2).state
-    assert timed.stop["kind"] == StopKind.TIMEOUT.value
+    assert timed.stop.kind == StopKind.TIMEOUT.value
     ended = Observed(RUN, Observation(AttemptPhase.FAILED, "", 143))
     assert step(timed, ended, T0 + 3).state.outcome is Outcome.TIMEOUT  # not requeued
 
     cancelling = step(active(), Cancel("cancelled by bob", 30.0), T0 + 1).state
     after = step(cancelling, TimedOut("time limit reached", 30.0), T0 + 2).state
-    assert after.stop["kind"] == StopKind.CANCEL.value
+    assert after.stop.kind == StopKind.CANCEL.value
 
 
 # -- dependencies and group limits -----------------------------------------------------------

@@ -113,7 +113,7 @@ def test_pending_admit_starts_an_attempt():
     assert new.start_time == T0
     assert new.running_since is None and new.end_time is None and new.exit_code is None
     marker = start_marker(JOB, 3, 1, T0)
-    assert new.runner == {
+    assert new.run_attempt.to_json() == {
         "kind": "fake",
         "name": NAME,
         "handle": None,
@@ -131,7 +131,7 @@ def test_pending_admit_origin_counts_marker_bytes_not_characters():
     result = transition(pending(), admit(log_size=7), T0, job=job)
     marker = start_marker(job, 1, 0, T0)
     assert len(marker.encode()) > len(marker)
-    assert result.state.runner["origin"] == 7 + len(marker.encode())
+    assert result.state.run_attempt.origin == 7 + len(marker.encode())
 
 
 def test_pending_reject_completes_rejected():
@@ -174,11 +174,11 @@ def dataclass_without_reason(state: JobState) -> dict:
 def test_active_started_records_the_handle_once():
     state = step(pending(), admit()).state
     result = step(state, Started(RUN, HANDLE))
-    assert result.state.runner["handle"] == HANDLE
+    assert result.state.run_attempt.handle == HANDLE
     assert result.state.status is Status.ACTIVE
     assert result.effects == []
     again = step(result.state, Started(RUN, {"name": "other"}))
-    assert again.state.runner["handle"] == HANDLE  # a later answer does not replace it
+    assert again.state.run_attempt.handle == HANDLE  # a later answer does not replace it
 
 
 def test_active_start_failed_completes_failed_and_deletes():
@@ -188,7 +188,7 @@ def test_active_start_failed_completes_failed_and_deletes():
     assert new.status is Status.COMPLETED
     assert new.outcome is Outcome.FAILED
     assert "no such image: foo" in new.reason
-    assert new.runner is None
+    assert new.run_attempt is None
     assert deletes(result) == [Delete(RUN, "fake", NAME, None)]
     [line] = logs(result)
     assert "could not start" in line.text and "no such image: foo" in line.text
@@ -202,7 +202,7 @@ def test_active_observed_waiting_phase_sets_phase_and_reason(phase):
     result = step(state, observed(phase, reason="no capacity in zone"), T0 + 1)
     new = result.state
     assert new.status is Status.ACTIVE
-    assert new.runner["phase"] == phase.value
+    assert new.run_attempt.phase == phase.value
     assert phase.value.lower() in new.reason and "no capacity in zone" in new.reason
     assert "attempt 1" in new.reason
     assert new.display_status == phase.value
@@ -214,7 +214,7 @@ def test_active_observed_running_sets_running_since_once():
     state = active(phase=AttemptPhase.PROVISIONING)
     first = step(state, observed(AttemptPhase.RUNNING), T0 + 5).state
     assert first.running_since == T0 + 5
-    assert first.runner["phase"] == "RUNNING"
+    assert first.run_attempt.phase == "RUNNING"
     assert first.display_status == "ACTIVE"
     second = step(first, observed(AttemptPhase.RUNNING), T0 + 50).state
     assert second.running_since == T0 + 5
@@ -250,9 +250,9 @@ def test_active_preempt_stops_and_records_the_stop():
     new = result.state
     assert new.status is Status.ACTIVE
     assert new.preemptions == 1
-    assert new.stop["kind"] == StopKind.PREEMPT.value
-    assert new.stop["by"] == "bob-job"
-    assert new.stop["deadline"] == T0 + 11
+    assert new.stop.kind == StopKind.PREEMPT.value
+    assert new.stop.by == "bob-job"
+    assert new.stop.deadline == T0 + 11
     assert result.effects == [Stop(RUN, T0 + 11)]
     assert event_names(result) == ["PREEMPT"]
     again = step(new, Preempt("again", "carol-job", 10.0), T0 + 2)
@@ -262,7 +262,7 @@ def test_active_preempt_stops_and_records_the_stop():
 def test_active_update_stops_and_records_the_stop():
     result = step(active(), Update("spec updated; restarting with it", 30.0), T0 + 1)
     assert result.state.status is Status.ACTIVE
-    assert result.state.stop["kind"] == StopKind.UPDATE.value
+    assert result.state.stop.kind == StopKind.UPDATE.value
     assert result.state.preemptions == 0
     assert result.effects == [Stop(RUN, T0 + 31)]
 
@@ -271,9 +271,9 @@ def test_active_cancel_goes_cancelling_with_stop_at_now_plus_grace():
     result = step(active(), Cancel("cancelled by bob", 30.0), T0 + 2)
     new = result.state
     assert new.status is Status.CANCELLING
-    assert new.stop["kind"] == StopKind.CANCEL.value
-    assert new.stop["deadline"] == T0 + 32
-    assert new.stop["since"] == T0 + 2
+    assert new.stop.kind == StopKind.CANCEL.value
+    assert new.stop.deadline == T0 + 32
+    assert new.stop.since == T0 + 2
     assert result.effects == [Stop(RUN, T0 + 32)]
 
 
@@ -281,8 +281,8 @@ def test_cancel_after_preempt_takes_over_the_stop_keeping_its_deadline():
     state = step(active(), Preempt("needed", "x", 10.0), T0).state
     result = step(state, Cancel("cancelled by bob", 30.0), T0 + 5)
     assert result.state.status is Status.CANCELLING
-    assert result.state.stop["kind"] == StopKind.CANCEL.value
-    assert result.state.stop["deadline"] == T0 + 10
+    assert result.state.stop.kind == StopKind.CANCEL.value
+    assert result.state.stop.deadline == T0 + 10
     ended = step(result.state, observed(AttemptPhase.FAILED, exit_code=143), T0 + 6)
     assert ended.state.status is Status.COMPLETED
     assert ended.state.outcome is Outcome.CANCELLED
@@ -303,7 +303,7 @@ def test_active_finished_after_preempt_stop_requeues_and_deletes():
     new = result.state
     assert new.status is Status.PENDING
     assert new.outcome is None
-    assert new.stop is None and new.runner is None and new.tier is None
+    assert new.stop is None and new.run_attempt is None and new.tier is None
     assert new.running_since is None
     assert new.exit_code == 143
     assert new.preemptions == 1 and new.provider_preemptions == 0
@@ -332,7 +332,7 @@ def test_active_provider_preemption_requeues_without_counting_a_failure():
     assert new.outcome is None
     assert new.provider_preemptions == 1
     assert new.preemptions == 0
-    assert new.runner is None
+    assert new.run_attempt is None
     assert event_names(result) == ["PROVIDER_PREEMPTED"]
     assert "spot reclaimed" in new.reason and "attempt 2" in new.reason
     assert deletes(result) == [Delete(RUN, "fake", NAME, HANDLE)]
@@ -358,7 +358,7 @@ def test_active_succeeded_without_cleanup_completes():
     assert new.status is Status.COMPLETED
     assert new.outcome is Outcome.SUCCEEDED
     assert new.exit_code == 0 and new.end_time == T0 + 9
-    assert new.runner is None
+    assert new.run_attempt is None
     assert not any(isinstance(e, NeedsCleanup) for e in result.effects)
     assert deletes(result) == [Delete(RUN, "fake", NAME, HANDLE)]
     assert "exited with status 0" in logs(result)[0].text
@@ -403,7 +403,7 @@ def test_cancelling_finished_completes_cancelled():
     assert new.status is Status.COMPLETED
     assert new.outcome is Outcome.CANCELLED
     assert new.reason == "cancelled by bob"
-    assert new.stop is None and new.runner is None
+    assert new.stop is None and new.run_attempt is None
     assert deletes(result) == [Delete(RUN, "fake", NAME, HANDLE)]
 
 
@@ -423,7 +423,7 @@ def test_cancelling_finished_with_cleanup_goes_cleaning_then_keeps_cancelled():
 def test_cleaning_admit_names_and_starts_the_cleanup():
     state = step(active(), observed(AttemptPhase.SUCCEEDED, exit_code=0), T0 + 5, True).state
     result = step(state, CleanupAdmit(CLEANUP_NAME, "fake", 42), T0 + 5, True)
-    assert result.state.cleanup_runner == {
+    assert result.state.cleanup_attempt.to_json() == {
         "kind": "fake",
         "name": CLEANUP_NAME,
         "handle": None,
@@ -451,7 +451,7 @@ def test_cleaning_finished_completes_keeping_the_run_outcome(
     assert new.status is Status.COMPLETED
     assert new.outcome is outcome
     assert new.exit_code == run_code  # the run's, not the cleanup's
-    assert new.cleanup_runner is None
+    assert new.cleanup_attempt is None
     assert deletes(result) == [Delete(CLEANUP, "fake", CLEANUP_NAME, {"name": CLEANUP_NAME})]
     assert f"exited with status {run_code}" in new.reason  # the run's reason stays
     assert ("(cleanup" in new.reason) == (cleanup_code != 0)
@@ -480,7 +480,7 @@ def test_tick_before_the_deadline_reissues_stop_without_killed():
     result = step(state, Tick(), T0 + 10)
     assert result.effects == [Stop(RUN, T0 + 30)]
     assert result.events == []
-    assert not result.state.stop.get("forced")
+    assert not result.state.stop.forced
     assert result.state.status is Status.CANCELLING
 
 
@@ -490,7 +490,7 @@ def test_tick_after_the_deadline_records_killed_once():
     assert first.effects == [Stop(RUN, T0 + 30)]
     assert event_names(first) == ["KILLED"]
     assert "30s" in first.events[0][1]
-    assert first.state.stop["forced"] is True
+    assert first.state.stop.forced is True
     second = step(first.state, Tick(), T0 + 40)
     assert second.effects == [Stop(RUN, T0 + 30)]
     assert second.events == []
@@ -592,7 +592,7 @@ def test_events_without_a_row_change_nothing(case):
 def test_cancelling_cancel_again_keeps_the_first_deadline():
     state = cancelling(now=T0, grace=30.0)
     result = step(state, Cancel("again", 5.0), T0 + 1)
-    assert result.state.stop["deadline"] == T0 + 30
+    assert result.state.stop.deadline == T0 + 30
     assert result.state.status is Status.CANCELLING
 
 
@@ -608,10 +608,10 @@ def test_result_defaults_and_module_names():
 def test_start_deferred_records_its_first_failure_and_says_when_it_gives_up():
     state = step(pending(), admit()).state
     first = step(state, StartDeferred(RUN, "engine busy", give_up_after=60), T0 + 1).state
-    assert first.status is Status.ACTIVE and first.runner["deferred_since"] == T0 + 1
+    assert first.status is Status.ACTIVE and first.run_attempt.deferred_since == T0 + 1
     assert first.reason.startswith("attempt 1 waits to start: engine busy; gives up at ")
     later = step(first, StartDeferred(RUN, "engine busy", give_up_after=60), T0 + 30).state
-    assert later.runner["deferred_since"] == T0 + 1  # the first failure's time is kept
+    assert later.run_attempt.deferred_since == T0 + 1  # the first failure's time is kept
     assert later == first  # nothing new to write while it waits
 
 
@@ -622,7 +622,7 @@ def test_start_deferred_past_its_bound_fails_the_job_with_the_last_reason():
     new = result.state
     assert (new.status, new.outcome) == (Status.COMPLETED, Outcome.FAILED)
     assert "engine gone" in new.reason and "gave up" in new.reason
-    assert new.runner is None and deletes(result) == [Delete(RUN, "fake", NAME, None)]
+    assert new.run_attempt is None and deletes(result) == [Delete(RUN, "fake", NAME, None)]
     assert "could not start" in logs(result)[0].text
 
 
@@ -641,7 +641,7 @@ def test_cancel_of_a_start_that_waits_ends_cancelled_at_the_next_tick():
     result = step(state, Tick(), T0 + 3)
     new = result.state
     assert (new.status, new.outcome) == (Status.COMPLETED, Outcome.CANCELLED)
-    assert new.reason == "cancelled by bob" and new.runner is None
+    assert new.reason == "cancelled by bob" and new.run_attempt is None
     assert deletes(result) == [Delete(RUN, "fake", NAME, None)]
 
 

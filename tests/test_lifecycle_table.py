@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bastion import lifecycle
-from bastion.jobstate import JobState, Status
+from bastion.jobstate import AttemptRecord, JobState, Status, StopRecord
 from bastion.runners.base import AttemptPhase, Observation
 
 EVENT_TYPES = typing.get_args(lifecycle.Event)
@@ -50,7 +50,7 @@ def _event_strategy(kind: type) -> st.SearchStrategy:
 
 
 def _state_strategy() -> st.SearchStrategy:
-    record = st.none() | st.fixed_dictionaries(
+    record = st.fixed_dictionaries(
         {
             "kind": st.just("local"),
             "name": st.just("bst-x-a1"),
@@ -72,8 +72,8 @@ def _state_strategy() -> st.SearchStrategy:
         status=st.sampled_from(list(Status)),
         attempt=st.integers(0, 3),
         reason=TEXT,
-        runner=record,
-        stop=stop,
+        run_attempt=st.none() | record.map(AttemptRecord.from_json),
+        stop=stop.map(lambda s: s and StopRecord.from_json(s)),
         job_identity=st.sampled_from(["", "id-1"]),
         tier=st.none() | st.integers(0, 2),
     )
@@ -134,12 +134,11 @@ def test_tier_changes_of_a_running_job_are_recorded_without_a_restart():
 
 
 def test_start_again_starts_only_an_attempt_not_known_started():
-    record = {"kind": "local", "name": "bst-a1", "phase": "STARTING", "origin": 0}
-    unstarted = JobState(status=Status.ACTIVE, runner={**record, "handle": None})
+    unstarted = JobState(status=Status.ACTIVE, run_attempt=AttemptRecord.admitted("local", "a1", 0))
     assert lifecycle.transition(unstarted, lifecycle.StartAgain("run"), 1.0).effects == [
         lifecycle.Start("run")
     ]
-    started = JobState(status=Status.ACTIVE, runner={**record, "handle": {"pid": 1}})
+    started = JobState(status=Status.ACTIVE, run_attempt=unstarted.run_attempt.started({"pid": 1}))
     assert lifecycle.transition(started, lifecycle.StartAgain("run"), 1.0).effects == []
 
 

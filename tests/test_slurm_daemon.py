@@ -224,7 +224,7 @@ def test_daemon_killed_between_sbatch_and_state_write_adopts_without_a_second_su
     runner.start = start_then_die  # type: ignore[method-assign]
     first.cycle(time.time())
     assert submitted.wait(30)
-    assert rig.client.get("crash").state.runner.get("handle") is None
+    assert rig.client.get("crash").state.run_attempt.handle is None
     second = rig.daemon("work-2")
     try:
         rig.drive(second, lambda: rig.finished("crash"), "crash to finish")

@@ -107,7 +107,7 @@ def test_a_job_that_cannot_start_backs_off_then_waits_pending_holding_no_quota(
     info = client.get("tpujob")
     assert info.status == "PENDING"
     assert info.state.reason.startswith("could not start: no Google credentials")
-    assert "no quota held" in info.state.reason and info.state.runner is None
+    assert "no quota held" in info.state.reason and info.state.run_attempt is None
     events = [e["event"] for e in client.history("tpujob")]
     assert "NOT_STARTED" in events and "FAILED" not in events
     assert not [r for r in server.requests if r[0] == "POST"]  # nothing was ever created

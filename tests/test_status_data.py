@@ -7,7 +7,7 @@ import re
 
 from bastion.bucket.status_paths import log_url
 from bastion.jobspec import new_jobspec
-from bastion.jobstate import JobState, Status
+from bastion.jobstate import AttemptRecord, JobState, Status
 from bastion.status.data import (
     PLOT_POINTS,
     QUEUE_SHOWN,
@@ -28,7 +28,9 @@ def _job(name: str, project: str, status: Status = Status.PENDING, user: str = "
     )
     state = JobState(status=status, submit_time=NOW - 100, reason="waiting")
     if status is Status.ACTIVE:
-        state = JobState(status=status, attempt=1, start_time=NOW - 50, runner={"kind": "local"})
+        state = JobState(
+            status=status, attempt=1, start_time=NOW - 50, run_attempt=AttemptRecord("local", "a1")
+        )
     return (name, spec, state)
 
 

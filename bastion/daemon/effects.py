@@ -21,6 +21,7 @@ from bastion.daemon.context import (
     Job,
     NotHolding,
 )
+from bastion.jobstate import AttemptRecord
 from bastion.lifecycle import CLEANUP, RUN
 from bastion.runners.base import (
     Attempt,
@@ -83,7 +84,7 @@ def attempt_for(ctx: Context, job: Job, purpose: str) -> Attempt | None:
         return None
     command = spec.command if purpose == RUN else (spec.cleanup_command or "true")
     return Attempt(
-        name=str(record["name"]),
+        name=str(record.name),
         job=job.name,
         attempt=job.state.attempt,
         command=command,
@@ -104,7 +105,7 @@ def effects_of(
     ctx: Context,
     job_name: str,
     effects: list[lifecycle.Effect],
-    records: dict[str, dict[str, Any] | None],
+    records: dict[str, AttemptRecord | None],
     attempts: dict[str, Attempt | None],
 ) -> None:
     """In the pool: one job's effects, in order; results go to ``_done``."""
@@ -122,7 +123,7 @@ def effects_of(
                     results.append(lifecycle.StartFailed(effect.purpose, "its spec is gone"))
                     continue
                 try:
-                    handle = ctx.runners.get(record["kind"]).start(attempt)
+                    handle = ctx.runners.get(record.kind).start(attempt)
                 except RunnerError as e:  # the job's error: its attempt fails with it
                     log.error("%s: could not start %s: %s", job_name, attempt.name, e)
                     results.append(lifecycle.StartFailed(effect.purpose, str(e)[:1000]))
@@ -136,11 +137,11 @@ def effects_of(
                     deferred = lifecycle.StartDeferred(effect.purpose, str(e)[:500], bound, requeue)
                     results.append(deferred)
                     continue
-                record = {**record, "handle": handle}
+                record = record.started(handle)
                 records[effect.purpose] = record
                 results.append(lifecycle.Started(effect.purpose, handle))
-            elif isinstance(effect, lifecycle.Stop) and record.get("handle") is not None:
-                ctx.runners.get(record["kind"]).stop(record["handle"], effect.deadline)
+            elif isinstance(effect, lifecycle.Stop) and record.handle is not None:
+                ctx.runners.get(record.kind).stop(record.handle, effect.deadline)
     except NotHolding:
         log.error("%s: effects not carried out: the lease is not certainly ours", job_name)
     except Fenced as e:  # a newer daemon has started attempts: we are a stale holder
@@ -210,14 +211,14 @@ def start_later(ctx: Context, job: Job, event: lifecycle.StartDeferred, now: flo
     give-up time, so the last try is the one that gives up on time."""
     record = lifecycle.attempt_record(job.state, event.purpose)
     key = (job.name, event.purpose)
-    if record is None or record.get("handle") is not None:  # it ended (gave up, cancelled)
+    if record is None or not record.unstarted:  # it ended (gave up, cancelled)
         ctx.start_retries.pop(key, None)
         return
     tries = ctx.start_retries.get(key, (0, 0.0))[0] + 1
     delay = 0.0
     if event.give_up_after is not None and tries > 1:
         delay = min(START_RETRY_MAX_SECONDS, START_RETRY_FIRST_SECONDS * 2 ** (tries - 2))
-        since = float(record.get("deferred_since") or now)
+        since = record.deferred_since or now
         delay = max(0.0, min(delay, since + event.give_up_after - now))
     ctx.start_retries[key] = (tries, now + delay)
 
@@ -227,7 +228,7 @@ def retry_starts(ctx: Context, now: float) -> None:
     for key, (_, due) in list(ctx.start_retries.items()):
         job = ctx.jobs.get(key[0])
         record = lifecycle.attempt_record(job.state, key[1]) if job else None
-        if job is None or record is None or record.get("handle") is not None:
+        if job is None or record is None or not record.unstarted:
             del ctx.start_retries[key]
         elif due <= now and not job.inflight and lifecycle.Start(key[1]) not in job.effects:
             # (Its result reschedules or ends it; one lost to an error is tried again.)
@@ -236,7 +237,7 @@ def retry_starts(ctx: Context, now: float) -> None:
 
 def note_placed(ctx: Context, job: Job, event: lifecycle.Started, now: float) -> None:
     record = lifecycle.attempt_record(job.state, event.purpose)
-    if record is not None and (what := describe(ctx, str(record["kind"]), event.handle)):
+    if record is not None and (what := describe(ctx, record.kind, event.handle)):
         events.apply(
             ctx, job, lifecycle.Noted("PLACED", f"attempt {job.state.attempt} on {what}"), now
         )

@@ -16,7 +16,7 @@ from bastion import lifecycle
 from bastion.daemon import events
 from bastion.daemon.context import Context, Job
 from bastion.dependencies import Gate, Member, Verdict, dependency_verdict, group_held
-from bastion.jobstate import JobState, Status
+from bastion.jobstate import JobState, Status, StopKind
 from bastion.timelimits import fmt_duration, time_used
 
 log = logging.getLogger("bastion.daemon")
@@ -29,7 +29,9 @@ def enforce_time_limits(ctx: Context, now: float) -> None:
         state, spec = job.state, job.spec
         if spec is None or spec.time_limit is None or state.status is not Status.ACTIVE:
             continue
-        if state.running_since is None or (state.stop or {}).get("kind") == "timeout":
+        if state.running_since is None or (
+            state.stop is not None and state.stop.kind == StopKind.TIMEOUT
+        ):
             continue
         used = time_used(state, now)
         if used >= spec.time_limit:

@@ -126,7 +126,7 @@ def absorb_spec(
     what += f": {', '.join(changes)} changed" if changes else ""
     if state.status is Status.PENDING:
         events.apply(ctx, job, lifecycle.SpecChanged(spec.identity, spec.digest(), what), now)
-    elif state.status is Status.ACTIVE and state.runner:
+    elif state.status is Status.ACTIVE and state.run_attempt is not None:
         update = lifecycle.Update(f"{what}; restarting with it", job.grace(ctx.grace_seconds))
         events.apply(ctx, job, update, now)
 

@@ -35,7 +35,8 @@ def observe(ctx: Context, now: float) -> None:
         for job in ctx.jobs.values()
         if not job.inflight
         for purpose in (RUN, CLEANUP)
-        if (lifecycle.attempt_record(job.state, purpose) or {}).get("handle") is not None
+        if (record := lifecycle.attempt_record(job.state, purpose)) is not None
+        and not record.unstarted
     ]
     results = ctx.pool.map(pools.quietly(functools.partial(watch, ctx)), work)
     for (job, purpose), result in zip(work, results, strict=True):
@@ -64,13 +65,13 @@ def watch(ctx: Context, item: tuple[Job, str]) -> Observation:
     """Poll first, then copy output: a finished attempt's output is read to its end."""
     job, purpose = item
     record = lifecycle.attempt_record(job.state, purpose)
-    assert record is not None
-    runner = ctx.runners.get(record["kind"])
-    observation = runner.poll(record["handle"])
+    assert record is not None and record.handle is not None
+    runner = ctx.runners.get(record.kind)
+    observation = runner.poll(record.handle)
     log_name = job_log_name(job.name, cleanup=purpose == CLEANUP)
     while True:
-        offset = max(0, ctx.logs.total(log_name) - int(record.get("origin") or 0))
-        data = runner.read_output(record["handle"], offset, OUTPUT_CHUNK)
+        offset = max(0, ctx.logs.total(log_name) - record.origin)
+        data = runner.read_output(record.handle, offset, OUTPUT_CHUNK)
         if data:
             ctx.logs.append(log_name, data)
         if len(data) < OUTPUT_CHUNK or not observation.finished:

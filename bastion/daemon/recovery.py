@@ -49,7 +49,7 @@ def recover(ctx: Context, specs: dict[str, ObjectInfo]) -> None:
             job.gone_from_bucket = True
         for purpose in (RUN, CLEANUP):
             record = lifecycle.attempt_record(state, purpose)
-            if record is not None and not isinstance(record.get("name"), str):
+            if record is not None and record.name is None:
                 # A state written before attempts had names: nothing to find it by.
                 events.apply(
                     ctx,

@@ -14,9 +14,9 @@ log = logging.getLogger("bastion.daemon")
 def live_attempts(ctx: Context) -> set[str]:
     names = set()
     for job in ctx.jobs.values():
-        for record in (job.state.runner, job.state.cleanup_runner):
-            if record and record.get("name"):
-                names.add(str(record["name"]))
+        for record in (job.state.run_attempt, job.state.cleanup_attempt):
+            if record is not None and record.name:
+                names.add(record.name)
     return names
 
 
@@ -34,10 +34,10 @@ def sweep(ctx: Context) -> None:
     """
     live = live_attempts(ctx)
     kinds = {ctx.runners.default, *ctx.runners.configured} | {
-        str(r["kind"])
+        r.kind
         for job in ctx.jobs.values()
-        for r in (job.state.runner, job.state.cleanup_runner)
-        if r and r.get("kind")
+        for r in (job.state.run_attempt, job.state.cleanup_attempt)
+        if r is not None and r.kind
     }
     for kind in sorted(kinds):
         try:

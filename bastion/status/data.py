@@ -112,9 +112,9 @@ def running_rows(jobs: Sequence[Job], link: Link, now: float) -> list[dict[str, 
         if state.status not in live:
             continue
         project, user, resources = _who(spec)
-        runner = state.runner or state.cleanup_runner or {}
-        stop = state.stop or {}
-        left = float(stop["deadline"]) - now if stop.get("deadline") is not None else None
+        record = state.run_attempt or state.cleanup_attempt
+        stop = state.stop
+        left = stop.deadline - now if stop is not None else None
         rows.append(
             {
                 "name": name,
@@ -122,12 +122,12 @@ def running_rows(jobs: Sequence[Job], link: Link, now: float) -> list[dict[str, 
                 "user": user,
                 "resources": resources,
                 "status": state.display_status,
-                "runner": str(runner.get("kind") or ""),
-                "workers": " ".join(str(w) for w in runner.get("workers") or []),
+                "runner": record.kind if record is not None else "",
+                "workers": " ".join(record.workers or ()) if record is not None else "",
                 "tier": state.tier,
                 "running_for": now - float(state.start_time) if state.start_time else 0.0,
                 "time_left": max(0.0, left) if left is not None else None,
-                "stopping": stop.get("kind"),
+                "stopping": str(stop.kind) if stop is not None else None,
                 "reason": _short(state.reason),
                 "log": link(name),
             }

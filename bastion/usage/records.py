@@ -66,7 +66,7 @@ def attempt_record(
         "user": meta.user_id,
         "resources": {k: int(v) for k, v in sorted(meta.resources.items())},
         "tier": state.tier if state.tier is not None else tier,
-        "runner": (state.runner or {}).get("kind") or (spec.runner_kind or ""),
+        "runner": (state.run_attempt.kind if state.run_attempt else "") or spec.runner_kind or "",
         "start": start,
         "borrowed": _admitted_borrowing(state),
     }
