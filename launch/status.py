@@ -159,7 +159,6 @@ def check_root(root: str, reading: bool) -> None:
         if reading and not os.access(path, os.R_OK | os.X_OK):
             raise RootProblem(f"root {root} is not readable by this user; {fix}")
         return
-    bound = probe_seconds()
     # The filesystem's code is imported before the clock starts: that is CPU, not the network,
     # and a machine busy starting a burst of jobs took longer than the bound to import gcsfs.
     protocol = fsspec.utils.get_protocol(root)
@@ -167,6 +166,14 @@ def check_root(root: str, reading: bool) -> None:
         fsspec.get_filesystem_class(protocol)
     except (ValueError, ImportError) as e:
         raise RootProblem(f"root {root}: {protocol}:// cannot be opened ({brief(e)}); {fix}") from e
+    names = _probe_bucket(root, probe_seconds())
+    if reading and not names:
+        raise RootProblem(f"no Bastion root at {root} (nothing there); {fix}")
+
+
+def _probe_bucket(root: str, bound: float) -> list[str]:
+    """The names at a bucket root, listed within ``bound`` seconds (retried on errors until
+    then); RootProblem when it does not answer in time."""
     result: dict[str, Any] = {}
 
     def probe() -> None:
@@ -206,8 +213,7 @@ def check_root(root: str, reading: bool) -> None:
             "and the credentials (gcloud auth application-default login, AWS_*); on a slow "
             "link set BASTION_PROBE_SECONDS"
         )
-    if reading and not result["names"]:
-        raise RootProblem(f"no Bastion root at {root} (nothing there); {fix}")
+    return list(result["names"])
 
 
 def brief(error: BaseException | None) -> str:

@@ -224,7 +224,7 @@ def test_unreachable_bucket_is_one_line_after_a_bounded_wait(local_bastion):
     )
     started = time.monotonic()
     proc = b.cli("list", "--root=gs://no-such-bucket/x", check=False, timeout=60)
-    assert time.monotonic() - started < 25
+    assert time.monotonic() - started < 30  # the 8 s probe, and Python's start on a busy machine
     assert proc.returncode == 1
     assert "cannot reach gs://no-such-bucket/x" in one_line(proc.stderr)
 
