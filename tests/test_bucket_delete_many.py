@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fsspec.asyn import sync
 
 from bastion.bucket.gcs import GcsObjects
 from bastion.bucket.objects import Objects
@@ -118,3 +119,21 @@ def test_gcs_returns_the_paths_whose_delete_failed_and_deletes_the_rest(
     assert proxy.stats()["requests"].get("DELETE") == 21  # one each, none retried
     assert objects.delete_many(failed) == []
     assert objects.list(directory) == {}
+
+
+def test_gcs_batches_the_bucket_refuses_return_every_path_they_held(proxy: FaultProxy) -> None:
+    """The batch path (used on Google) against the emulator, whose batch endpoint answers 400
+    to every part of gcsfs's batches: nothing is deleted, and every path is returned, none
+    reported deleted. Two batches: 100 paths and 30."""
+    store = Store(
+        f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}", endpoint_url=proxy.endpoint, token="anon"
+    )
+    objects = store.objects
+    assert isinstance(objects, GcsObjects)
+    directory = f"{store.root}/markers"
+    paths = _put(objects, directory, [f"m{i:03d}" for i in range(130)])
+    proxy.reset_counts()
+    failed = sync(objects.fs.loop, objects._delete_batches, paths)
+    assert proxy.stats()["requests"] == {"POST": 2}  # one batch request per 100 paths
+    assert failed == paths
+    assert len(objects.list(directory)) == 130

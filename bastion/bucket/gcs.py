@@ -151,10 +151,15 @@ class GcsObjects(Objects):
         return sync(self.fs.loop, each, list(paths))
 
     async def _delete_batches(self, paths: list[str]) -> list[str]:
+        """Batches of 100, 16 in flight (100,000 markers: 1,000 batches, not 1,000 at once)."""
+        gate = asyncio.Semaphore(self.RANGES_IN_FLIGHT)
+
+        async def one(chunk: list[str]) -> list[Any]:
+            async with gate:
+                return await self.fs._rm_files(chunk)
+
         chunks = [paths[i : i + self.BATCH] for i in range(0, len(paths), self.BATCH)]
-        results = await asyncio.gather(
-            *(self.fs._rm_files(chunk) for chunk in chunks), return_exceptions=True
-        )
+        results = await asyncio.gather(*(one(chunk) for chunk in chunks), return_exceptions=True)
         failed = []
         for chunk, result in zip(chunks, results, strict=True):
             if isinstance(result, BaseException):  # the batch request itself failed
