@@ -33,8 +33,15 @@ Per repeat, on a fresh root, in this order:
     .venv/bin/python benchmarks/bench_scale.py [--jobs 10000] [--repeat 3] [--gcs]
         [--latency 0.02] [--poll 3] [--idle_seconds 60] [--burst 1000] [--probes 10]
 
-Nothing is written directly: every state comes from the daemon's own intake (the cheapest way
-to 100,000 states too, at a few minutes; say ``--jobs 100000`` and allow for it).
+Nothing is written directly: every state comes from the daemon's own intake (at 100,000 jobs
+allow tens of minutes on a small machine).
+
+Measured (2 cores shared with two full test runs, load 15-130; min-max over 3, 10,000 jobs,
+local root, 20 ms): restart 11.4-34.1 s and 20,055 requests; idle CPU 4.5-5.2% of a core;
+policy pass 0.28-0.61 s; 4.2 KB per job; 10,000 specs all PENDING after 23-85 s with one
+14-73 s cycle (the one that reads every marked spec); burst of 1,000 all started 4.5-7.2 s;
+markers deleted in 1.2-2.7 s, 102 requests in 3 calls; list --json 30-32 s, why 30-33 s;
+submit -> running median 2.7-3.6 s.
 """
 
 from __future__ import annotations
