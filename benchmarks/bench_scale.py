@@ -473,13 +473,16 @@ def one_repeat(bucket: Bucket, n: int, index: int, tmp: Path) -> dict[str, float
         step(rig.live)  # an empty root's recovery, before the writes begin
         for row in rows:
             try:
-                out.update(row())
+                got = row()
+                print(
+                    f"  repeat {index + 1}: " + ", ".join(f"{k} {v:,.3f}" for k, v in got.items())
+                )
+                out.update(got)
             except Exception as e:  # one row's failure (a timeout on a loaded machine)
                 print(f"  repeat {index + 1}: a row failed, the next ones go on: {e!r}")
     finally:
         stop_daemon(rig)
         kill_descendants()
-    print(f"  repeat {index + 1}: " + ", ".join(f"{k} {v:,.3f}" for k, v in out.items()))
     return out
 
 
