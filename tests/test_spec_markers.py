@@ -30,6 +30,7 @@ from bastion.daemon.start import build_daemon
 from bastion.jobstate import Status
 from launch.api import Client, new_jobspec
 from tests.conftest import fresh_gcs_root
+from tests.flakyfs import FailurePlan, FlakyFileSystem
 
 QUOTA = """\
 [toml-schema]
@@ -267,3 +268,37 @@ def test_marker_names_round_trip_and_refuse_what_clients_do_not_write() -> None:
         assert marked_job(bad) is None, bad
     body = json.dumps({"name": "x"})
     assert not is_marker("x") and body  # cancel requests are named by their job
+
+
+def test_a_marker_whose_delete_fails_is_not_taken_in_again_and_is_deleted_next_cycle(
+    tmp_path: Path,
+) -> None:
+    """The bucket refuses the marker's delete (twice: the batch call and the single retry):
+    the next cycle neither reads its spec again (it was taken in) nor leaves it behind: it is
+    handed to that cycle's delete, which succeeds."""
+    bucket = tmp_path / "bucket"
+    bucket.mkdir()
+    plan = FailurePlan(ops={"rm_file"}, where="/_submitted-", first_calls=2, when="before")
+    rig = Rig(FlakyFileSystem.install(str(bucket), plan), tmp_path)
+    try:
+        reads: list[str] = []
+        real = rig.daemon.store.specs.read_with_token
+
+        def counted(name: str) -> tuple[bytes, str] | None:
+            reads.append(name)
+            return real(name)
+
+        rig.daemon.store.specs.read_with_token = counted  # type: ignore[method-assign]
+        rig.submit("sticky")
+        rig.step()
+        assert rig.status("sticky") in (Status.PENDING, Status.ACTIVE)
+        assert reads == ["sticky"]
+        assert len(rig.inbox()) == 1 and plan.failures["rm_file:before"] == 2  # not deleted
+        rig.step()
+        assert reads == ["sticky"]  # not read again
+        assert rig.inbox() == []  # retried, and deleted
+        rig.step()
+        assert reads == ["sticky"]
+    finally:
+        rig.close()
+        FlakyFileSystem.uninstall(str(bucket))

@@ -122,10 +122,13 @@ class CountedObjects:
         self.count("delete")
         self.objects.delete(self.path(*parts))
 
-    def delete_many(self, paths: list[tuple[str, ...]]) -> None:
-        """In one batch request per 100 on GCS (counted once here)."""
+    def delete_many(self, paths: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+        """Batch requests on GCS (100 deletes each) and S3 (1,000), counted once here; returns
+        the paths that could not be deleted (an absent one is deleted)."""
         self.count("delete")
-        self.objects.delete_many([self.path(*parts) for parts in paths])
+        full = {self.path(*parts): parts for parts in paths}
+        failed = self.objects.delete_many(list(full))
+        return [full[path] for path in failed if path in full]
 
     def remove_local_tree(self, *parts: str) -> None:
         """On a local root, the directory left behind once its objects are deleted (buckets

@@ -154,9 +154,11 @@ class Requests:
         self._bucket.write(json.dumps(body, sort_keys=True).encode(), JOBS, USER_STATES, marker)
         return marker
 
-    def delete_markers(self, markers: list[str]) -> None:
-        """Consumed markers, in one batch request per 100 on GCS (counted once)."""
-        self._bucket.delete_many([(JOBS, USER_STATES, m) for m in markers])
+    def delete_markers(self, markers: list[str]) -> list[str]:
+        """Consumed markers, in batch requests on GCS and S3 (counted once); returns those that
+        could not be deleted."""
+        failed = self._bucket.delete_many([(JOBS, USER_STATES, m) for m in markers])
+        return [parts[-1] for parts in failed]
 
 
 class Complete:

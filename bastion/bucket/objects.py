@@ -208,17 +208,28 @@ class Objects:
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm_file(path)
 
-    def delete_many(self, paths: list[str]) -> None:
-        """Delete every path (absent ones too); raises the first failure after trying all.
-        Generic: one request each; GCS batches them (100 per request)."""
-        failures = []
+    def delete_many(self, paths: list[str]) -> list[str]:
+        """Delete every path; returns those it could not delete (an absent path counts as
+        deleted, and is no error). Generic: one ``fs.rm`` of the whole list, which filesystems
+        that batch (gcsfs, s3fs) send in few requests; when it fails it does not say which paths
+        it deleted, so each path is then deleted on its own to learn which could not be. GCS
+        and S3 override this with their batch requests; a local directory deletes each."""
+        if not paths:
+            return []
+        try:
+            self.fs.rm(list(paths))
+            return []
+        except Exception:  # a missing path, or a failed request: find which, one by one
+            return self._delete_each(paths)
+
+    def _delete_each(self, paths: list[str]) -> list[str]:
+        failed = []
         for path in paths:
             try:
                 self.delete(path)
-            except Exception as e:
-                failures.append(e)
-        if failures:
-            raise failures[0]
+            except Exception:
+                failed.append(path)
+        return failed
 
 
 class UnknownBucket(ValueError):

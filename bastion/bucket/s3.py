@@ -253,40 +253,46 @@ class S3Objects(Objects):
 
     BATCH = 1000  # keys per DeleteObjects request (S3's limit)
 
-    def delete_many(self, paths: list[str]) -> None:
-        """DeleteObjects, 1,000 keys per request; an absent key counts as deleted. Raises the
-        first failure after trying every batch."""
+    def delete_many(self, paths: list[str]) -> list[str]:
+        """DeleteObjects, 1,000 keys per request; an absent key counts as deleted. Returns the
+        paths it could not delete (every key of a request that failed; the keys a request
+        answered with an error)."""
         by_bucket: dict[str, list[str]] = {}
         for path in paths:
             bucket, key = self._split(path)
             by_bucket.setdefault(bucket, []).append(key)
-        failures: list[Exception] = []
+        failed: list[str] = []
         for bucket, keys in by_bucket.items():
             for i in range(0, len(keys), self.BATCH):
-                batch = keys[i : i + self.BATCH]
-                try:
-                    out = self._call(
-                        "delete_objects",
-                        Bucket=bucket,
-                        Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
-                    )
-                except OSError as e:
-                    failures.append(e)
-                    continue
-                errors = [e for e in out.get("Errors", []) if e.get("Code") != "NoSuchKey"]
-                if errors:
-                    first = errors[0]
-                    failures.append(
-                        OSError(
-                            f"s3://{bucket}/{first.get('Key')}: could not delete: "
-                            f"{first.get('Code')}: {first.get('Message')} "
-                            f"({len(errors)} of {len(batch)} keys failed)"
-                        )
-                    )
+                failed.extend(self._delete_batch(bucket, keys[i : i + self.BATCH]))
         for path in paths:
             self.fs.invalidate_cache(path)
-        if failures:
-            raise failures[0]
+        return failed
+
+    def _delete_batch(self, bucket: str, keys: list[str]) -> list[str]:
+        """One DeleteObjects request; the ``bucket/key`` paths that were not deleted."""
+        try:
+            out = self._call(
+                "delete_objects",
+                Bucket=bucket,
+                Delete={"Objects": [{"Key": k} for k in keys], "Quiet": True},
+            )
+        except OSError as e:
+            log.warning("s3://%s: DeleteObjects of %d keys failed: %s", bucket, len(keys), e)
+            return [f"{bucket}/{k}" for k in keys]
+        errors = [e for e in out.get("Errors", []) if e.get("Code") != "NoSuchKey"]
+        if errors:
+            first = errors[0]
+            log.warning(
+                "s3://%s/%s: could not delete: %s: %s (%d of %d keys failed)",
+                bucket,
+                first.get("Key"),
+                first.get("Code"),
+                first.get("Message"),
+                len(errors),
+                len(keys),
+            )
+        return [f"{bucket}/{e.get('Key')}" for e in errors]
 
     def create(self, path: str, data: bytes) -> bool:
         """PutObject with If-None-Match: *; False when another object is already there."""

@@ -28,8 +28,9 @@ job's spec first, so the cancel is applied, not dropped as stale.
 Nothing is lost on failures: markers are listed before the full spec listing (a marker is
 written after its spec, so a full listing taken later covers what it names); a marker is
 deleted only after its spec was read (or found absent); a failed read keeps it for the next
-cycle; a failed delete leaves it to be read again (same token: nothing changes); a daemon that
-dies in between starts with a full listing.
+cycle; a failed delete is retried the next cycle, without reading the spec again (it was
+taken in); a daemon that dies in between, or stops acting, starts with a full listing and reads
+what it left.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ class SpecWatch:
         self._last_count = 0  # specs it found
         self._consumed: list[str] = []  # markers taken in this cycle, not yet handed off
         self._deleting: set[str] = set()  # consumed markers whose delete is in flight
+        self._undeleted: set[str] = set()  # consumed markers whose delete failed: retried
         self._lock = threading.Lock()
 
     def forget(self) -> None:
@@ -91,6 +93,8 @@ class SpecWatch:
         but did not delete stays for whoever acts next."""
         self._last_full = None
         self._consumed = []
+        with self._lock:
+            self._undeleted.clear()
 
     def due(self, now: float) -> bool:
         """Whether this cycle needs the full spec listing (see the module docstring)."""
@@ -104,7 +108,7 @@ class SpecWatch:
         """The requests and markers, then, if ``full`` or due, every spec: in this order, so
         the spec listing covers each marker it comes with."""
         with self._lock:  # before the listing: a delete that ends in between is not listed
-            deleting = set(self._deleting)
+            deleting = self._deleting | self._undeleted
         entries = self.store.requests.list()
         look = Look(requests={}, markers={}, specs=None, now=now)
         for entry, info in entries.items():
@@ -137,21 +141,35 @@ class SpecWatch:
         self._consumed.extend(look.malformed)
 
     def hand_off(self) -> list[str]:
-        """The consumed markers, to delete (``delete``, in the effects pool) once the cycle's own
-        requests are sent: deleting is no one's hurry, and a busy cycle's pool and bucket
-        should serve its starts first. Until the delete ends they are not listed again."""
+        """The consumed markers, and those whose delete failed before, to delete (``delete``,
+        in the effects pool) once the cycle's own requests are sent: deleting is no one's
+        hurry, and a busy cycle's pool and bucket should serve its starts first. Until the
+        delete succeeds they are not taken in again (they were, and a listing still shows
+        them)."""
         markers, self._consumed = self._consumed, []
         with self._lock:
+            markers.extend(sorted(self._undeleted))
+            self._undeleted.clear()
             self._deleting.update(markers)
         return markers
 
     def delete(self, markers: list[str]) -> None:
-        """In the effects pool, all in one call (a batch request per 100 on GCS). A marker whose
-        delete failed is listed, and its spec read, again: nothing changes for it."""
+        """In the effects pool, all in one call (batch requests on GCS and S3). A marker whose
+        delete failed is not taken in again (its spec was read, a second read would only cost
+        a request): it is handed off again, to be deleted next cycle."""
+        why = ""
         try:
-            self.store.requests.delete_markers(markers)
-        except Exception as e:
-            log.warning("could not delete %d submission markers (read again): %s", len(markers), e)
-        finally:
-            with self._lock:
-                self._deleting.difference_update(markers)
+            failed = self.store.requests.delete_markers(markers)
+        except Exception as e:  # the call itself failed: every marker is retried
+            failed, why = list(markers), f": {e}"
+        if failed:
+            log.warning(
+                "could not delete %d of %d submission markers (%s, ...)%s; retried next cycle",
+                len(failed),
+                len(markers),
+                self.store.requests.url(failed[0]),
+                why,
+            )
+        with self._lock:
+            self._deleting.difference_update(markers)
+            self._undeleted.update(failed)

@@ -1,0 +1,546 @@
+"""A hundred thousand jobs on one daemon (issue 26): every row of the issue's table, measured.
+
+The real daemon (``build_daemon``, lease included) runs in this process; its bucket is either a
+local directory whose every request first waits ``--latency`` (20 ms) and is counted
+(``LatencyBucket``, benchmarks/bench_bucket.py: the GCS model the other benchmarks use, on a
+tmpfs), or with ``--gcs`` fake-gcs-server (tests/gcs_emulator.py) behind tests/faultproxy.py
+adding ``--latency`` per request and counting them. Users write straight to the bucket (no
+added latency), from 32 threads, through ``launch.api.Client`` (spec, then submission marker).
+The N jobs run on the fake runner (they stay PENDING but for ``--running`` of them); the burst
+and the probes run real processes on the local runner.
+
+Per repeat, on a fresh root, in this order:
+
+1. N specs written at once (``--jobs``), the daemon cycling every ``--poll`` s meanwhile:
+   seconds from the first write until all N are known and PENDING (or admitted), and the
+   longest cycle; the consumed submission markers' deletes (``SpecWatch.delete``, timed and
+   counted: seconds in all, requests, and cycles whose listing still showed used-up markers).
+2. first cycle after a restart (the daemon closed, a new one built on the root): seconds and
+   bucket requests.
+3. daemon CPU while nothing changes: cycles at ``--poll`` for ``--idle_seconds`` (60), CPU of
+   this process (``time.process_time``: every thread) over the wall time.
+4. policy pass when one job changes: one PENDING job is cancelled; the ``schedule`` phase of
+   the cycle that takes the cancel in.
+5. a burst of ``--burst`` (1,000) ``true`` jobs: from the first write until every one has
+   started (an attempt, or finished already), the daemon looping at ``--poll``.
+6. submit → running: ``--probes`` single jobs at random moments of a ``--poll`` loop, from
+   before the spec is written until the command runs (it writes the time); the median.
+7. ``bastion list --json`` and ``bastion why`` (the CLI, in a subprocess whose store gets the
+   same latency) at the root's job count.
+8. memory per job: the daemon is rebuilt with tracemalloc on (no latency: memory does not depend
+   on it) and takes the root in; Python memory it holds over the jobs it holds.
+
+    .venv/bin/python benchmarks/bench_scale.py [--jobs 10000] [--repeat 3] [--gcs]
+        [--latency 0.02] [--poll 3] [--idle_seconds 60] [--burst 1000] [--probes 10]
+
+Nothing is written directly: every state comes from the daemon's own intake (at 100,000 jobs
+allow tens of minutes on a small machine).
+
+Measured (2 cores shared with two full test runs, load 15-130; min-max over 3, 10,000 jobs,
+local root, 20 ms): restart 11.4-34.1 s and 20,055 requests; idle CPU 4.5-5.2% of a core;
+policy pass 0.28-0.61 s; 4.2 KB per job; 10,000 specs all PENDING after 23-85 s with one
+14-73 s cycle (the one that reads every marked spec); burst of 1,000 all started 4.5-7.2 s;
+markers deleted in 1.2-2.7 s, 102 requests in 3 calls; list --json 30-32 s, why 30-33 s;
+submit -> running median 2.7-3.6 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import gc
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import tracemalloc
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # before gcsfs loads
+
+from bastion.bucket.jobs import is_marker  # noqa: E402
+from bastion.bucket.store import Store  # noqa: E402
+from bastion.daemon import CycleReport, Daemon  # noqa: E402
+from bastion.daemon.start import build_daemon  # noqa: E402
+from bastion.jobstate import Status  # noqa: E402
+from benchmarks.bench_bucket import (  # noqa: E402
+    BUCKET,
+    QUOTA,
+    LatencyBucket,
+    Proxy,
+    default_bucket_dir,
+)
+from benchmarks.bench_churn import kill_attempts, kill_descendants  # noqa: E402
+from launch.api import Client, new_jobspec  # noqa: E402
+from tests.gcs_emulator import GcsEmulator  # noqa: E402
+
+VISIBLE = (Status.PENDING, Status.ACTIVE)
+
+
+# -- the bucket ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Bucket:
+    """Where the roots live, and what counts the daemon's requests there."""
+
+    args: argparse.Namespace
+    model_dir: Path
+    emulator: GcsEmulator | None = None
+    proxy: Proxy | None = None
+    latency: LatencyBucket | None = None  # the daemon's, on the model
+
+    def root(self, name: str) -> str:
+        return f"gs://{BUCKET}/{name}" if self.emulator else str(self.model_dir / name)
+
+    def users(self, root: str) -> Client:
+        """Users write without added latency (straight to the emulator on --gcs)."""
+        if self.emulator is None:
+            return Client(store=Store(root), expect_daemon=False)
+        store = Store(root, endpoint_url=self.emulator.endpoint, token="anon")
+        return Client(store=store, expect_daemon=False)
+
+    def requests(self) -> dict[str, int]:
+        """The daemon's requests so far, by kind (the proxy's count includes the CLI's)."""
+        if self.proxy is not None:
+            return dict(self.proxy.stats()["requests"])
+        return dict(self.latency.stats()["routes"]) if self.latency else {}
+
+    def cli_env(self) -> dict[str, str]:
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        if self.proxy is not None:
+            env["STORAGE_EMULATOR_HOST"] = self.proxy.endpoint
+        return env
+
+
+@contextlib.contextmanager
+def bucket_for(args: argparse.Namespace, tmp: Path) -> Iterator[Bucket]:
+    with tempfile.TemporaryDirectory(prefix="bench-scale-", dir=args.bucket_dir) as model:
+        bucket = Bucket(args, Path(model))
+        try:
+            if args.gcs:
+                bucket.emulator = GcsEmulator(tmp)
+                bucket.emulator.start()
+                bucket.emulator.create_bucket(BUCKET)
+                bucket.proxy = Proxy(bucket.emulator.endpoint, args.latency)
+                os.environ["STORAGE_EMULATOR_HOST"] = bucket.proxy.endpoint  # the daemon's
+            yield bucket
+        finally:
+            if bucket.proxy is not None:
+                bucket.proxy.stop()
+            if bucket.emulator is not None:
+                bucket.emulator.stop()
+
+
+def total(requests: dict[str, int]) -> int:
+    return sum(requests.values())
+
+
+def since(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
+
+
+# -- the daemon ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Rig:
+    """One root, its users and the daemon acting on it."""
+
+    bucket: Bucket
+    root: str
+    work: Path
+    users: Client
+    daemon: Daemon | None = None
+    deletes: list[tuple[int, float]] = field(default_factory=list)  # (markers, seconds)
+
+    @property
+    def live(self) -> Daemon:
+        assert self.daemon is not None
+        return self.daemon
+
+
+def start_daemon(rig: Rig, latency: bool = True) -> Daemon:
+    """A daemon on the rig's root (N jobs on the fake runner, the rest on the local one), its
+    bucket behind the latency model, its marker deletes timed."""
+    daemon = build_daemon(
+        rig.root,
+        work_dir=str(rig.work / "work"),
+        gpus=[],
+        lease_seconds=120,
+        settings={
+            "runners": {
+                "fake": {"state_dir": str(rig.work / "fake")},
+                "local": {"attempts_dir": str(rig.work / "attempts")},
+            }
+        },
+    )
+    if latency and rig.bucket.proxy is None:
+        rig.bucket.latency = LatencyBucket(daemon.store.objects, rig.bucket.args.latency)
+        daemon.store.bucket.objects = rig.bucket.latency
+    watch, delete = daemon.specwatch, daemon.specwatch.delete
+
+    def timed(markers: list[str]) -> None:
+        t0 = time.perf_counter()
+        delete(markers)
+        rig.deletes.append((len(markers), time.perf_counter() - t0))
+
+    watch.delete = timed  # type: ignore[method-assign]
+    rig.daemon = daemon
+    return daemon
+
+
+def stop_daemon(rig: Rig) -> None:
+    if rig.daemon is not None:
+        rig.daemon.close()
+        kill_attempts(rig.daemon)
+        rig.daemon = None
+
+
+def step(daemon: Daemon) -> CycleReport:
+    """One pass of the daemon's loop: the lease, then a cycle."""
+    assert daemon.lease is None or daemon.lease.hold(), "the daemon lost its lease"
+    return daemon.cycle(time.time())
+
+
+@contextlib.contextmanager
+def looping(daemon: Daemon, poll: float) -> Iterator[list[CycleReport]]:
+    """The daemon's loop in a thread (a cycle every ``poll`` s); yields its reports so far."""
+    reports: list[CycleReport] = []
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            reports.append(step(daemon))
+            stop.wait(max(0.0, poll - (time.monotonic() - started)))
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield reports
+    finally:
+        stop.set()
+        thread.join()
+
+
+def jobs_now(daemon: Daemon) -> dict[str, Any]:
+    """A copy of the daemon's jobs, taken while its loop thread may be changing them."""
+    while True:
+        with contextlib.suppress(RuntimeError):  # changed size during the copy: again
+            return {name: job.state for name, job in list(daemon.jobs.items())}
+
+
+def wait_until(check: Callable[[], bool], limit: float, what: str) -> float:
+    """Seconds until ``check()`` holds (polled every 50 ms); RuntimeError after ``limit``."""
+    t0 = time.monotonic()
+    while not check():
+        if time.monotonic() - t0 > limit:
+            raise RuntimeError(f"{what}: not within {limit:g} s")
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
+def specs(prefix: str, count: int, command: str, resource: str, kind: str) -> list[Any]:
+    return [
+        new_jobspec(
+            name=f"{prefix}-{i:06d}",
+            command=command,
+            user_id="bench",
+            project_id="default",
+            resources={resource: 1},
+            runner={"kind": kind},
+        )
+        for i in range(count)
+    ]
+
+
+def write_all(users: Client, batch: list[Any]) -> concurrent.futures.Future[Any]:
+    """Submit ``batch`` from 32 threads, in the background."""
+
+    def write() -> list[Any]:
+        with concurrent.futures.ThreadPoolExecutor(32) as pool:
+            return list(pool.map(users.submit, batch))
+
+    runner = concurrent.futures.ThreadPoolExecutor(1)
+    done = runner.submit(write)
+    runner.shutdown(wait=False)  # the write goes on; the runner ends with it
+    return done
+
+
+# -- rows ----------------------------------------------------------------------------------------
+
+
+def row_intake(rig: Rig, n: int, poll: float) -> dict[str, float]:
+    """N specs written at once while the daemon cycles: all visible, the longest cycle, and
+    the used-up markers' deletes."""
+    daemon = rig.live
+    before = rig.bucket.requests()
+    batch = specs("job", n, "sleep 3600", "cpu", "fake")
+    with looping(daemon, poll) as reports:
+        writing = write_all(rig.users, batch)
+
+        def visible() -> bool:
+            states = jobs_now(daemon)
+            return len(states) >= n and all(s.status in VISIBLE for s in states.values())
+
+        seconds = wait_until(visible, 60 + n / 50, "intake")
+        writing.result()
+        wait_until(lambda: not markers_left(rig), 120, "marker deletes")
+        cycles = list(reports)
+    requests = since(before, rig.bucket.requests())
+    return {
+        "intake_s": seconds,
+        "intake_longest_cycle_s": max(r.seconds for r in cycles),
+        "intake_cycles": len(cycles),
+        "markers_delete_s": sum(s for _, s in rig.deletes),
+        "markers_delete_calls": len(rig.deletes),
+        # LatencyBucket counts a batch request per 100 paths; the proxy counts each DELETE
+        "markers_delete_requests": requests.get("delete_many", 0) + requests.get("DELETE", 0),
+        "markers_deleted": sum(m for m, _ in rig.deletes),
+    }
+
+
+def markers_left(rig: Rig) -> int:
+    return sum(1 for entry in rig.users.store.requests.list() if is_marker(entry))
+
+
+def row_restart(rig: Rig) -> dict[str, float]:
+    """The daemon closed and built again: its first cycle reads every spec and state."""
+    stop_daemon(rig)
+    daemon = start_daemon(rig)
+    before = rig.bucket.requests()
+    report = step(daemon)
+    daemon.settle()
+    return {
+        "restart_s": report.seconds,
+        "restart_requests": total(since(before, rig.bucket.requests())),
+        "jobs": len(daemon.jobs),
+    }
+
+
+def row_idle(rig: Rig, poll: float, window: float) -> dict[str, float]:
+    """CPU share of this process while nothing changes, cycling every ``poll`` s."""
+    daemon = rig.live
+    for _ in range(2):  # what the restart left to write back
+        step(daemon)
+        daemon.settle()
+    cpu, t0 = time.process_time(), time.monotonic()
+    cycles = []
+    while time.monotonic() - t0 < window:
+        started = time.monotonic()
+        cycles.append(step(daemon))
+        time.sleep(max(0.0, poll - (time.monotonic() - started)))
+    wall = time.monotonic() - t0
+    return {
+        "idle_cpu_share": (time.process_time() - cpu) / wall,
+        "idle_cycle_max_s": max(r.seconds for r in cycles),
+    }
+
+
+def row_policy(rig: Rig) -> dict[str, float]:
+    """One PENDING job cancelled: the policy pass of the cycle that takes it in."""
+    daemon = rig.live
+    pending = sorted(n for n, s in jobs_now(daemon).items() if s.status is Status.PENDING)
+    rig.users.cancel(pending[len(pending) // 2], user_id="bench")
+    report = step(daemon)
+    daemon.settle()
+    return {"policy_s": report.phases.get("schedule", 0.0)}
+
+
+def row_burst(rig: Rig, count: int, poll: float) -> dict[str, float]:
+    """``count`` ``true`` jobs on the local runner: first write until every one started."""
+    daemon = rig.live
+    names = [s.name for s in specs("burst", count, "true", "burst", "local")]
+    with looping(daemon, poll):
+        t0 = time.monotonic()
+        write_all(rig.users, specs("burst", count, "true", "burst", "local")).result()
+
+        started: set[str] = set()
+
+        def all_started() -> bool:  # a `true` job is known for a cycle or more once started
+            states = jobs_now(daemon)
+            started.update(n for n in names if n in states and states[n].attempt >= 1)
+            return len(started) == len(names)
+
+        wait_until(all_started, 300, "burst")
+        return {"burst_s": time.monotonic() - t0}
+
+
+def row_probes(rig: Rig, count: int, poll: float) -> dict[str, float]:
+    """Single jobs at random moments of the loop: submit until the command runs."""
+    marks = rig.work / "probes"
+    marks.mkdir(exist_ok=True)
+    rng = random.Random(7)
+    latencies = []
+    with looping(rig.live, poll):
+        for i in range(count):
+            time.sleep(rng.uniform(0, poll))
+            mark = marks / f"p{i}"
+            command = f"date +%s.%N > {mark}.tmp && mv {mark}.tmp {mark}"
+            spec = specs(f"probe{i}", 1, command, "probe", "local")[0]
+            submitted = time.time()
+            rig.users.submit(spec)
+            wait_until(mark.exists, 300, f"probe {i}")
+            latencies.append(float(mark.read_text()) - submitted)
+    return {"probe_median_s": statistics.median(latencies)}
+
+
+def row_cli(rig: Rig) -> dict[str, float]:
+    """``bastion list --json`` and ``bastion why`` in a subprocess, its store on the model."""
+    pending = sorted(n for n, s in jobs_now(rig.live).items() if s.status is Status.PENDING)
+    out = {}
+    for key, argv in (("list_s", ["list", "--json"]), ("why_s", ["why", pending[-1]])):
+        t0 = time.monotonic()
+        subprocess.run(
+            [sys.executable, __file__, "--cli", str(rig.bucket.args.latency), *argv],
+            env=dict(rig.bucket.cli_env(), BASTION_ROOT=rig.root),
+            stdout=subprocess.DEVNULL,
+            check=True,
+            timeout=600,
+        )
+        out[key] = time.monotonic() - t0
+    return out
+
+
+def cli_with_latency(latency: float, argv: list[str]) -> None:
+    """The CLI, every Store it makes on a local root behind the latency model."""
+    from launch.cli.main import run
+
+    made = Store.__init__
+
+    def slowed(self: Store, root: str, **options: Any) -> None:
+        made(self, root, **options)
+        if self.is_local:
+            self.bucket.objects = LatencyBucket(self.bucket.objects, latency)  # type: ignore[assignment]
+
+    Store.__init__ = slowed  # type: ignore[method-assign]
+    sys.argv = ["bastion", *argv]
+    run()
+
+
+def row_memory(rig: Rig) -> dict[str, float]:
+    """The daemon rebuilt under tracemalloc takes the root in: Python memory per job."""
+    stop_daemon(rig)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        daemon = start_daemon(rig, latency=False)
+        step(daemon)
+        daemon.settle()
+        gc.collect()
+        per_job = (tracemalloc.get_traced_memory()[0] - base) / max(1, len(daemon.jobs))
+    finally:
+        tracemalloc.stop()
+    return {"memory_per_job_kb": per_job / 1024}
+
+
+# -- a repeat, and the table ---------------------------------------------------------------------
+
+
+def one_repeat(bucket: Bucket, n: int, index: int, tmp: Path) -> dict[str, float]:
+    args = bucket.args
+    work = tmp / f"r{index}"
+    root = bucket.root(f"n{n}-r{index}")
+    rig = Rig(bucket, root, work, bucket.users(root))
+    rig.users.store.quota.write_default(
+        QUOTA.format(running=args.running, burst=args.burst, probes=args.probes)
+    )
+    out: dict[str, float] = {}
+    rows: list[Callable[[], dict[str, float]]] = [
+        lambda: row_intake(rig, n, args.poll),
+        lambda: row_restart(rig),
+        lambda: row_idle(rig, args.poll, args.idle_seconds),
+        lambda: row_policy(rig),
+        lambda: row_burst(rig, args.burst, args.poll),
+        lambda: row_probes(rig, args.probes, args.poll),
+        lambda: row_cli(rig),
+        lambda: row_memory(rig),
+    ]
+    try:
+        start_daemon(rig)
+        step(rig.live)  # an empty root's recovery, before the writes begin
+        for row in rows:
+            try:
+                got = row()
+                print(
+                    f"  repeat {index + 1}: " + ", ".join(f"{k} {v:,.3f}" for k, v in got.items())
+                )
+                out.update(got)
+            except Exception as e:  # one row's failure (a timeout on a loaded machine)
+                print(f"  repeat {index + 1}: a row failed, the next ones go on: {e!r}")
+    finally:
+        stop_daemon(rig)
+        kill_descendants()
+    return out
+
+
+ROWS = (  # (label, key, format): the issue's table
+    ("first cycle after a restart: seconds", "restart_s", "{:.1f}"),
+    ("  requests", "restart_requests", "{:,.0f}"),
+    ("daemon CPU while idle, share of a core", "idle_cpu_share", "{:.1%}"),
+    ("  longest idle cycle, s", "idle_cycle_max_s", "{:.2f}"),
+    ("policy pass when one job changed, s", "policy_s", "{:.3f}"),
+    ("memory per job (tracemalloc), KB", "memory_per_job_kb", "{:.1f}"),
+    ("N specs written at once: all PENDING, s", "intake_s", "{:.1f}"),
+    ("  longest cycle meanwhile, s", "intake_longest_cycle_s", "{:.2f}"),
+    ("burst of --burst `true` jobs: all started, s", "burst_s", "{:.1f}"),
+    ("used-up markers: deleting them, s", "markers_delete_s", "{:.2f}"),
+    ("  delete requests", "markers_delete_requests", "{:,.0f}"),
+    ("  delete calls (one per consuming cycle)", "markers_delete_calls", "{:,.0f}"),
+    ("`bastion list --json`, s", "list_s", "{:.1f}"),
+    ("`bastion why`, s", "why_s", "{:.1f}"),
+    ("submit -> running median, s", "probe_median_s", "{:.2f}"),
+)
+
+
+def print_table(n: int, results: list[dict[str, float]], args: argparse.Namespace) -> None:
+    where = "GCS emulator" if args.gcs else "local root"
+    print(
+        f"\n{n:,} jobs ({results[0].get('jobs', n):,.0f} at the restart), {where}, "
+        f"{args.latency * 1000:.0f} ms per request, --poll {args.poll:g}; "
+        f"min-max over {len(results)}"
+    )
+    for label, key, fmt in ROWS:
+        values = [r[key] for r in results if key in r]
+        if values:
+            low, high = fmt.format(min(values)), fmt.format(max(values))
+            print(f"  {label:<44} {low if low == high else f'{low} - {high}'}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, nargs="+", default=[10000])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--gcs", action="store_true", help="fake-gcs-server behind the proxy")
+    parser.add_argument("--latency", type=float, default=0.02, help="seconds per request")
+    parser.add_argument("--poll", type=float, default=3.0, help="the daemon's poll, s")
+    parser.add_argument("--idle_seconds", type=float, default=60.0, help="idle CPU window")
+    parser.add_argument("--running", type=int, default=20, help="cpu pool of the N jobs")
+    parser.add_argument("--burst", type=int, default=1000)
+    parser.add_argument("--probes", type=int, default=10)
+    parser.add_argument("--bucket_dir", default=default_bucket_dir(), help="the model's tmpfs")
+    args = parser.parse_args()
+    for n in args.jobs:
+        with tempfile.TemporaryDirectory(prefix=f"bench-scale-{n}-") as tmp:
+            with bucket_for(args, Path(tmp)) as bucket:
+                results = [one_repeat(bucket, n, i, Path(tmp)) for i in range(args.repeat)]
+            print_table(n, results, args)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--cli":
+        cli_with_latency(float(sys.argv[2]), sys.argv[3:])
+    else:
+        main()
