@@ -85,7 +85,12 @@ class AgentChannel:
 
     def settled(self, handle: Handle) -> Observation | None:
         """What the agents say once the provider says the attempt is over, from a listing of
-        its records made now; kept, once every agent finished, for its output and later polls.
+        its records made now (see :meth:`settled_records`)."""
+        return self.records(handle).observe(self.settled_records(handle), time.time())
+
+    def settled_records(self, handle: Handle) -> dict[str, ObjectInfo]:
+        """The attempt's records listed now, not the cycle's listing; kept once every worker
+        has its exit record (nothing changes after that), for its output and later polls.
 
         Why not the cycle's listing: it may predate the agents' last records. A short job
         can start, print, exit and leave the provider between the two listings, and judging
@@ -93,12 +98,13 @@ class AgentChannel:
         name = handle["name"]
         with self._lock:
             kept = self._settled.get(name)
-        records = kept if kept is not None else self.store.agents.list(handle["job"], name)
-        seen = self.records(handle).observe(records, time.time())
-        if kept is None and seen is not None and seen.finished:
+        if kept is not None:
+            return kept
+        records = self.store.agents.list(handle["job"], name)
+        if all(run_name(w, "exit") in records for w in range(int(handle["workers"]))):
             with self._lock:
                 self._settled[name] = records
-        return seen
+        return records
 
     def records(self, handle: Handle) -> RemoteRecords:
         with self._lock:
@@ -152,10 +158,11 @@ class AgentChannel:
         finished and never again, so the attempt is reported finished only once every
         started worker has its exit record, or ``flush_seconds`` after the end was seen."""
         name = handle["name"]
-        seen = self.settled(handle)
+        records = self.settled_records(handle)
+        seen = self.records(handle).observe(records, time.time())
         if seen is not None and seen.phase is AttemptPhase.SUCCEEDED:
             return seen
-        if seen is not None and not self.flushed(handle):
+        if seen is not None and not self._flushed(handle, records):
             with self._lock:
                 first = self._ended_at.setdefault(name, time.monotonic())
             if time.monotonic() - first < self.flush_seconds:
@@ -170,7 +177,10 @@ class AgentChannel:
 
     def flushed(self, handle: Handle) -> bool:
         """Every worker that started has its exit record."""
-        listing = self.attempt_records(handle)
+        return self._flushed(handle, self.attempt_records(handle))
+
+    @staticmethod
+    def _flushed(handle: Handle, listing: dict[str, ObjectInfo]) -> bool:
         started = [w for w in range(int(handle["workers"])) if run_name(w, "started") in listing]
         return all(run_name(w, "exit") in listing for w in started)
 
