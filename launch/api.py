@@ -25,6 +25,7 @@ from typing import Any
 
 from bastion import jobspec as _jobspec
 from bastion.bucket.outputs import OutputFile
+from bastion.bucket.snapshot import ActiveJob, read_active
 from bastion.bucket.specwatch import FULL_LISTING_SECONDS
 from bastion.bucket.store import Store, UnacceptableObject, resolve_root
 from bastion.jobspec import ExecLimitError, JobSpec, SpecError, check_name
@@ -320,11 +321,11 @@ class Client:
     def list_jobs(self, include_completed: bool = False) -> list[JobInfo]:
         """Every job; one whose objects cannot be read or parsed (any bucket writer can put
         anything there) is a row with the reason (``problem``), never an error for the list."""
-        names = sorted(self.store.specs.list())
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
-            jobs = [job for job in pool.map(self._active, names) if job is not None]
+            active = read_active(self.store, pool.map)  # the snapshot, and what changed since
+            jobs = [job for job in map(_active_job, active) if job is not None]
             if include_completed:
-                done = sorted(set(self.store.complete.list()) - set(names))
+                done = sorted(set(self.store.complete.list()) - {a.name for a in active})
                 jobs += [job for job in pool.map(self._completed, done) if job is not None]
         return sorted(placed(jobs, self.queue()), key=lambda j: j.name)
 
@@ -339,23 +340,9 @@ class Client:
 
     def _active(self, name: str) -> JobInfo | None:
         """An active job from its spec and state; None when it has no spec (any more)."""
-        spec, problem = None, ""
-        try:
-            raw = self.store.specs.read(name)
-            if raw is None:
-                return None
-            spec = JobSpec.loads(raw)
-        except (SpecError, UnacceptableObject) as e:
-            problem = f"spec rejected: {e}"  # as the daemon will reject it
-        except Exception as e:
-            problem = f"spec unreadable: {brief(e)}"
-        state = None
-        try:
-            raw_state = self.store.states.read(name)
-            state = JobState.loads(raw_state) if raw_state else None
-        except Exception as e:
-            problem = problem or f"state unreadable: {brief(e)}"
-        return JobInfo(name, spec, state, problem=problem)
+        return _active_job(
+            ActiveJob(name, _try(self.store.specs.read, name), _try(self.store.states.read, name))
+        )
 
     def _completed(self, name: str) -> JobInfo | None:
         try:
@@ -495,3 +482,34 @@ class Client:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"job {name!r} still {info.status} after {timeout}s")
             time.sleep(poll_seconds)
+
+
+def _try(read: Callable[[str], bytes | None], name: str) -> bytes | Exception | None:
+    try:
+        return read(name)
+    except Exception as e:
+        return e
+
+
+def _active_job(objects: ActiveJob) -> JobInfo | None:
+    """An active job from its spec and state as read; None when it has no spec (any more)."""
+    spec, problem = None, ""
+    raw = objects.spec
+    if raw is None:
+        return None
+    try:
+        if isinstance(raw, Exception):
+            raise raw
+        spec = JobSpec.loads(raw)
+    except (SpecError, UnacceptableObject) as e:
+        problem = f"spec rejected: {e}"  # as the daemon will reject it
+    except Exception as e:
+        problem = f"spec unreadable: {brief(e)}"
+    state = None
+    try:
+        if isinstance(objects.state, Exception):
+            raise objects.state
+        state = JobState.loads(objects.state) if objects.state else None
+    except Exception as e:
+        problem = problem or f"state unreadable: {brief(e)}"
+    return JobInfo(objects.name, spec, state, problem=problem)

@@ -12,6 +12,7 @@ import concurrent.futures
 import time
 from typing import Any
 
+from bastion.bucket.snapshot import read_active
 from bastion.bucket.store import Store
 from bastion.jobspec import JobSpec, SpecError
 from bastion.jobstate import JobState
@@ -22,26 +23,24 @@ from launch.status import daemon_status
 
 
 def read_jobs(store: Store) -> list[Job]:
-    """Every active job with a state; a spec that does not parse shows as unknown (None)."""
-    names = sorted(store.specs.list())
+    """Every active job with a state (from the snapshot and what changed since); a spec that
+    does not parse shows as unknown (None)."""
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        specs = list(pool.map(_read_spec, [store] * len(names), names))
-        states = list(pool.map(store.states.read, names))
+        active = read_active(store, pool.map)
     jobs: list[Job] = []
-    for name, spec, raw in zip(names, specs, states, strict=True):
-        if raw is None:
+    for job in active:
+        if job.state is None or isinstance(job.state, Exception):
             continue
         try:
-            jobs.append((name, spec, JobState.loads(raw)))
+            jobs.append((job.name, _spec(job.spec), JobState.loads(job.state)))
         except (ValueError, TypeError):
             continue
     return jobs
 
 
-def _read_spec(store: Store, name: str) -> JobSpec | None:
+def _spec(raw: bytes | Exception | None) -> JobSpec | None:
     try:
-        raw = store.specs.read(name)
-        return JobSpec.loads(raw) if raw else None
+        return JobSpec.loads(raw) if isinstance(raw, bytes) else None
     except (SpecError, ValueError):
         return None
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import time
 
+from bastion.bucket.snapshot import read_active
 from bastion.jobspec import JobSpec, SpecError, check_name
 from bastion.jobstate import JobState
 from bastion.lifecycle import NOT_STARTED
@@ -181,14 +182,12 @@ def _explain(client: Client, info, name: str, quota_file: str | None) -> str:
             + "\n".join(e.problems)
         )
     store = client.store
-    names = sorted(store.specs.list())
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        specs = list(pool.map(store.specs.read, names))
-        states = list(pool.map(store.states.read, names))
+        active = read_active(store, pool.map)  # the snapshot, and what changed since
     now = time.time()
     jobs = []
-    for job_name, raw_spec, raw_state in zip(names, specs, states, strict=True):
-        if raw_spec is None or raw_state is None:
+    for job_name, raw_spec, raw_state in ((a.name, a.spec, a.state) for a in active):
+        if not isinstance(raw_spec, bytes) or not isinstance(raw_state, bytes):
             continue
         try:
             spec = JobSpec.loads(raw_spec)

@@ -19,6 +19,7 @@ all reading and writing through one ``CountedObjects`` (every request counted: s
     store.daemon_info   history/daemon
     store.usage         history/usage
     store.capabilities  history/capabilities
+    store.snapshot      history/snapshot/     bastion/bucket/snapshot.py
     store.finished_runs history/runs/
     store.quota         project-quotas/, history/quota-last-good, any quota URL
     store.lease         lease                 bastion/bucket/control.py
@@ -53,6 +54,7 @@ from bastion.bucket.objects import (
 )
 from bastion.bucket.outputs import OutputPaths
 from bastion.bucket.runs import Agents, Runs
+from bastion.bucket.snapshot import Snapshot
 from bastion.bucket.status_paths import ReportObjects
 
 __all__ = [
@@ -104,6 +106,7 @@ class Store:
         self.usage = JsonRecord(self.bucket, "usage")
         self.capabilities = JsonRecord(self.bucket, "capabilities")
         self.finished_runs = FinishedRuns(self.bucket)
+        self.snapshot = Snapshot(self.bucket)
         self.quota = QuotaFiles(self.bucket)
         self.lease = Lease(self.bucket)
         self.agents = Agents(self.bucket)

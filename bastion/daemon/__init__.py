@@ -32,6 +32,7 @@ The package, one concern per module (the cycle's steps in the order they run):
 - ``writeback``: logs, then states (the write-ahead record), usage, the daemon's own log;
 - ``archive``: finished jobs whose attempts are gone, to jobs/complete;
 - ``sweep``: orphaned attempts deleted;
+- ``snapshot``: the shards of every job's spec and state that changed, for a fast restart;
 - ``events``: the one way a step feeds the lifecycle table; ``pools``: the thread pools.
 """
 

@@ -93,6 +93,16 @@ class CycleReport:
         return ", ".join(f"{name} {seconds:.2f}s" for name, seconds in top)
 
 
+@dataclass
+class SnapshotBook:
+    """What the daemon last wrote (or read at recovery) of each snapshot shard, and when it
+    writes the changed ones next (bastion/daemon/snapshot.py)."""
+
+    signatures: dict[int, int] = field(default_factory=dict)  # shard -> hash of its keys
+    due: float = 0.0
+    inflight: concurrent.futures.Future[None] | None = None
+
+
 class NotHolding(Exception):
     """The lease is not certainly ours: nothing may be started or stopped."""
 
@@ -127,6 +137,7 @@ class Context:
         # (bastion/daemon/gates.py): read once each, forgotten when a name is archived again.
         self.finished_status: dict[str, str | None] = {}
         self.specwatch = SpecWatch(store)  # which specs each cycle reads (markers, listing)
+        self.snapshots = SnapshotBook()  # ROOT/history/snapshot/: bastion/daemon/snapshot.py
         self.daemon_log_synced_at = -DAEMON_LOG_SYNC_SECONDS  # the first sync is at once
         self.usage_saved_at = -USAGE_SAVE_SECONDS
         self.usage_unsaved = False

@@ -4,6 +4,7 @@ after the states are written; their results are taken in at the next cycle.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import json
 import logging
@@ -69,12 +70,13 @@ def carry_out(ctx: Context, now: float) -> None:
         submit(ctx, pools.run_all, batch[i : i + size])
 
 
-def submit(ctx: Context, call: Callable[..., None], *args: Any) -> None:
+def submit(ctx: Context, call: Callable[..., None], *args: Any) -> concurrent.futures.Future[None]:
     if ctx.effects_pool is None:  # made at first use: a standby daemon needs none
         ctx.effects_pool = pools.started_pool(ctx.workers, "bastion-effects")
     future = ctx.effects_pool.submit(call, *args)
     ctx.futures.add(future)
     future.add_done_callback(ctx.futures.discard)
+    return future
 
 
 def attempt_for(ctx: Context, job: Job, purpose: str) -> Attempt | None:

@@ -19,6 +19,7 @@ from bastion.daemon import (
     plan,
     publish,
     recovery,
+    snapshot,
     status_page,
     sweep,
     writeback,
@@ -98,6 +99,8 @@ class Daemon:
                     )  # what the last effects changed (handles), then let go
                 with contextlib.suppress(Exception):
                     writeback.save_usage(self.ctx, force=True)
+                with contextlib.suppress(Exception):
+                    snapshot.write_now(self.ctx)  # the next daemon reads only the snapshot
             if self.ctx.page is not None:
                 self.ctx.page.wait(timeout=10.0)  # a render in flight lands (start --once)
             if self.ctx.lease is not None:
@@ -209,6 +212,8 @@ class Daemon:
             done("upkeep")
         archive.finalize_all(self.ctx, now)
         done("finalize")
+        snapshot.maybe_write(self.ctx, now)  # the shards that changed, in the background
+        done("snapshot")
         status_page.offer_page(self.ctx, now)  # rendered and written in the background
         done("status_page")
         consumed = self.ctx.specwatch.hand_off()  # submission markers taken in: deleted at leisure

@@ -10,9 +10,11 @@ import time
 
 from bastion import lifecycle
 from bastion.bucket.objects import ObjectInfo, UnacceptableObject
-from bastion.daemon import events, pools, sweep
+from bastion.bucket.snapshot import still_current
+from bastion.daemon import events, pools, snapshot, sweep
 from bastion.daemon.context import Context, Job
 from bastion.daemon.writeback import read_back_state
+from bastion.jobspec import JobSpec, SpecError
 from bastion.jobstate import JobState, Status
 from bastion.lifecycle import CLEANUP, RUN
 from bastion.runners.base import (
@@ -29,10 +31,9 @@ def recover(ctx: Context, specs: dict[str, ObjectInfo]) -> None:
         ctx.store.daemon_info.write({**ctx.info, "acting_since": time.time()})
     ctx.logs.forget_remote()
     states = ctx.store.states.list()
-    names = sorted(states)
-    raws = list(ctx.pool.map(pools.retrying(functools.partial(read_state_or_problem, ctx)), names))
+    raws, fresh_specs = read_states(ctx, specs, states)
     ctx.jobs.clear()
-    for name, raw in zip(names, raws, strict=True):
+    for name, raw in sorted(raws.items()):
         if raw is None:
             continue
         try:
@@ -45,6 +46,8 @@ def recover(ctx: Context, specs: dict[str, ObjectInfo]) -> None:
         state.mark_written()
         job = Job(name=name, state=state, written=raw, state_token=states[name].token)
         ctx.jobs[name] = job
+        if name in fresh_specs:
+            restore_spec(job, fresh_specs[name], specs[name].token)
         if name not in specs and state.status is not Status.COMPLETED:
             job.gone_from_bucket = True
         for purpose in (RUN, CLEANUP):
@@ -63,13 +66,40 @@ def recover(ctx: Context, specs: dict[str, ObjectInfo]) -> None:
                     time.time(),
                 )
         log.info("%s: recovered in state %s (attempt %d)", name, state.status.value, state.attempt)
-    sweep.sweep(ctx)
     now = time.time()
+    snapshot.known(ctx.snapshots, filter(None, map(snapshot.key, ctx.jobs.values())), now)
+    sweep.sweep(ctx)
     for job in ctx.jobs.values():
         for purpose in (RUN, CLEANUP):
             # Recorded before the start, which may or may not have happened: start is
             # idempotent by name (a runner that has it adopts it), so it happens once.
             events.apply(ctx, job, lifecycle.StartAgain(purpose), now)
+
+
+def read_states(
+    ctx: Context, specs: dict[str, ObjectInfo], states: dict[str, ObjectInfo]
+) -> tuple[dict[str, bytes | UnacceptableObject | None], dict[str, bytes]]:
+    """Every listed state's bytes: from the snapshot where its token is the one listed now,
+    else read (with retries). Also the specs the snapshot holds at their listed token."""
+    entries = ctx.store.snapshot.read_all(ctx.pool.map)
+    fresh_states, fresh_specs = still_current(entries, specs, states)
+    reads = [n for n in states if n not in fresh_states]
+    read = pools.retrying(functools.partial(read_state_or_problem, ctx))
+    raws: dict[str, bytes | UnacceptableObject | None] = dict(fresh_states)
+    raws.update(zip(reads, ctx.pool.map(read, reads), strict=True))
+    log.info("recovery: %d states from the snapshot, %d read", len(fresh_states), len(reads))
+    return raws, fresh_specs
+
+
+def restore_spec(job: Job, raw: bytes, token: str) -> None:
+    """The spec the snapshot holds at the token listed now: taken in already, so it is not
+    read again (one that does not load is read as if it were new)."""
+    try:
+        spec = JobSpec.loads(raw)
+    except SpecError:
+        return
+    if spec.name == job.name:
+        job.spec, job.token = spec, token
 
 
 def check_states(ctx: Context) -> None:
