@@ -223,7 +223,7 @@ def looping(daemon: Daemon, poll: float) -> Iterator[list[CycleReport]]:
         while not stop.is_set():
             started = time.monotonic()
             reports.append(step(daemon))
-            stop.wait(max(0.0, poll - (time.monotonic() - started)))
+            daemon.wait_for_work(started + poll)  # as `bastion start` waits: glancing
 
     thread = threading.Thread(target=loop, daemon=True)
     thread.start()

@@ -20,10 +20,12 @@ What a marker cannot tell (plain tools write none) the full listing still finds,
 before: a spec copied in with ``gsutil cp``, replaced or deleted by hand, or written by an older
 client. It runs in the first cycle after a daemon starts acting (recovery needs it), every cycle
 while the last one found fewer than ``EVERY_CYCLE_BELOW`` specs (then it costs a single request
-and plain tools lose nothing), and otherwise every ``FULL_LISTING_SECONDS``. That bounds the
-extra latency of a plain-tool write on a large queue; cancels are unchanged (requests are read
-every cycle), and a cancel request naming a job the daemon has not seen yet makes it read that
-job's spec first, so the cancel is applied, not dropped as stale.
+and plain tools lose nothing), and otherwise every ``FULL_LISTING_SECONDS``, or every
+``LISTING_SECONDS_PER_SPEC`` per spec listed when that is longer (a listing's CPU is linear in
+the queue, its period too, so an idle daemon's cost stays flat). That bounds the extra latency
+of a plain-tool write on a large queue (100,000 specs: 200 s); cancels are unchanged
+(requests are read every cycle), and a cancel request naming a job the daemon has not seen
+yet makes it read that job's spec first, so the cancel is applied, not dropped as stale.
 
 Nothing is lost on failures: markers are listed before the full spec listing (a marker is
 written after its spec, so a full listing taken later covers what it names); a marker is
@@ -47,6 +49,9 @@ from bastion.jobspec import name_problem
 log = logging.getLogger("bastion.bucket.specwatch")
 
 FULL_LISTING_SECONDS = 30.0  # the longest a spec written by plain tools waits to be seen
+# ... on a large queue, a listing's CPU is paid at most once per this many seconds per spec
+# it lists (100,000 specs: every 200 s), so an idle daemon's cost does not grow with its queue.
+LISTING_SECONDS_PER_SPEC = 0.002
 # A listing of at most GcsObjects.SPLIT_EVERY (800) names is one request: then every cycle.
 EVERY_CYCLE_BELOW = 801
 
@@ -87,6 +92,17 @@ class SpecWatch:
         self._deleting: set[str] = set()  # consumed markers whose delete is in flight
         self._undeleted: set[str] = set()  # consumed markers whose delete failed: retried
         self._lock = threading.Lock()
+        self._listed: set[str] = set()  # what the last look listed in jobs/user_states/
+
+    def glance(self) -> bool:
+        """Between cycles: whether jobs/user_states/ lists a marker or a cancel request the
+        last look did not (one listing request), so the next cycle need not wait its poll:
+        submit to running in about a glance's period. A failed listing says no."""
+        try:
+            entries = self.store.requests.list()
+        except Exception:  # the next cycle's look reports what is wrong
+            return False
+        return any(entry not in self._listed for entry in entries)
 
     def forget(self) -> None:
         """The daemon stopped acting: the next look lists everything, and what it consumed
@@ -101,8 +117,12 @@ class SpecWatch:
         return (
             self._last_full is None
             or self._last_count < self.every_cycle_below
-            or now - self._last_full >= self.full_listing_seconds
+            or now - self._last_full >= self.listing_period()
         )
+
+    def listing_period(self) -> float:
+        """Seconds between full listings: FULL_LISTING_SECONDS, longer on a large queue."""
+        return max(self.full_listing_seconds, self._last_count * LISTING_SECONDS_PER_SPEC)
 
     def look(self, now: float, full: bool = False) -> Look:
         """The requests and markers, then, if ``full`` or due, every spec: in this order, so
@@ -110,6 +130,7 @@ class SpecWatch:
         with self._lock:  # before the listing: a delete that ends in between is not listed
             deleting = self._deleting | self._undeleted
         entries = self.store.requests.list()
+        self._listed = set(entries)
         look = Look(requests={}, markers={}, specs=None, now=now)
         for entry, info in entries.items():
             if not is_marker(entry):
@@ -126,7 +147,7 @@ class SpecWatch:
                 "(_submitted-<13 digits>-<8 hex digits>-<job name>); deleting it (a spec it "
                 "meant is still found by the full listing within %gs)",
                 self.store.requests.url(entry),
-                self.full_listing_seconds,
+                self.listing_period(),
             )
         if full or self.due(now):
             look.specs = self.store.specs.list()

@@ -40,6 +40,7 @@ QUEUE_NAMES_KEPT = 1000  # per project in the queue summary: its size stays boun
 QUEUE_REASONS_KEPT = 50  # full (volatile) wait reasons per project in the queue summary
 _PART_OF_ATTEMPT = re.compile(r"-s?\d+$")  # an attempt name ends -a<N>[c]: never matched
 SWEEP_EVERY_CYCLES = 20  # orphaned attempts are looked for this often (and at recovery)
+QUEUE_CHECK_SECONDS_PER_JOB = 0.002  # whole-queue checks: at most once per this per job
 DELETE_WAIT_SECONDS = 300.0
 MAX_SPEC_ENV_BYTES = 64 << 10  # the spec rides in an environment variable only below this
 DAEMON_LOG_SYNC_SECONDS = 10.0  # the daemon's own log (diagnostics) in the bucket
@@ -137,6 +138,7 @@ class Context:
         # (bastion/daemon/gates.py): read once each, forgotten when a name is archived again.
         self.finished_status: dict[str, str | None] = {}
         self.specwatch = SpecWatch(store)  # which specs each cycle reads (markers, listing)
+        self.queue_checked_at = float("-inf")  # the last whole-queue check (recovery.upkeep)
         self.snapshots = SnapshotBook()  # ROOT/history/snapshot/: bastion/daemon/snapshot.py
         self.daemon_log_synced_at = -DAEMON_LOG_SYNC_SECONDS  # the first sync is at once
         self.usage_saved_at = -USAGE_SAVE_SECONDS

@@ -21,7 +21,6 @@ from bastion.daemon import (
     recovery,
     snapshot,
     status_page,
-    sweep,
     writeback,
 )
 from bastion.daemon.context import (
@@ -37,6 +36,10 @@ from bastion.quota_source import QuotaSource
 from bastion.runners.instances import Runners
 
 log = logging.getLogger("bastion.daemon")
+# Between cycles more than this apart, the acting daemon glances at jobs/user_states/ this
+# often (one listing request) and starts the next cycle at once when something was submitted
+# or cancelled: submit to running in about half of it, whatever --poll_seconds.
+WAKE_SECONDS = 1.0
 
 
 class Daemon:
@@ -88,7 +91,7 @@ class Daemon:
                     writeback.sync_daemon_log(self.ctx)
                 if once:
                     break
-                self.ctx.stop.wait(max(0.0, poll_seconds - (time.monotonic() - started)))
+                self.wait_for_work(started + poll_seconds)
         finally:
             log.info("stopping; running jobs keep running and are adopted by the next daemon")
             self.settle()
@@ -106,6 +109,21 @@ class Daemon:
             if self.ctx.lease is not None:
                 self.ctx.lease.release()
             writeback.sync_daemon_log(self.ctx, force=True)
+
+    def wait_for_work(self, until: float) -> None:
+        """Until the next cycle is due, or a stop; while acting, a glance at the submissions
+        every WAKE_SECONDS ends the wait early when one came (bastion/bucket/specwatch.py)."""
+        while not self.ctx.stop.is_set():
+            left = until - time.monotonic()
+            if left <= 0:
+                return
+            acting = self.ctx.recovered and (self.ctx.lease is None or self.ctx.lease.held)
+            if not acting or left <= WAKE_SECONDS:
+                self.ctx.stop.wait(left)
+                return
+            self.ctx.stop.wait(WAKE_SECONDS)
+            if not self.ctx.stop.is_set() and self.ctx.specwatch.glance():
+                return
 
     def close(self) -> None:
         """After the last ``run``: the pools and the runners' clients (and the lease, for a
@@ -205,8 +223,7 @@ class Daemon:
         effects.carry_out(self.ctx, now)
         done("effects")
         if self.ctx.cycles % SWEEP_EVERY_CYCLES == 0:
-            sweep.sweep(self.ctx)
-            recovery.check_states(self.ctx)
+            recovery.upkeep(self.ctx, now)
             done("upkeep")
         archive.finalize_all(self.ctx, now)
         done("finalize")

@@ -11,8 +11,8 @@ import time
 from bastion import lifecycle
 from bastion.bucket.objects import ObjectInfo, UnacceptableObject
 from bastion.bucket.snapshot import still_current
-from bastion.daemon import events, pools, snapshot, sweep
-from bastion.daemon.context import Context, Job
+from bastion.daemon import events, pools, snapshot, sweep, writeback
+from bastion.daemon.context import QUEUE_CHECK_SECONDS_PER_JOB, Context, Job
 from bastion.daemon.writeback import read_back_state
 from bastion.jobspec import JobSpec, SpecError
 from bastion.jobstate import JobState, Status
@@ -100,6 +100,19 @@ def restore_spec(job: Job, raw: bytes, token: str) -> None:
         return
     if spec.name == job.name:
         job.spec, job.token = spec, token
+
+
+def upkeep(ctx: Context, now: float) -> None:
+    """Every SWEEP_EVERY_CYCLES cycles: orphaned attempts are swept; and, no more often than
+    QUEUE_CHECK_SECONDS_PER_JOB per job held (each check's CPU is linear in the queue: at
+    100,000 jobs a serialization of every state and a listing of every state object, once
+    per 200 s), every state is checked against what was written and the bucket holds."""
+    sweep.sweep(ctx)
+    if now - ctx.queue_checked_at < len(ctx.jobs) * QUEUE_CHECK_SECONDS_PER_JOB:
+        return
+    ctx.queue_checked_at = now
+    writeback.check_marks(ctx)
+    check_states(ctx)
 
 
 def check_states(ctx: Context) -> None:

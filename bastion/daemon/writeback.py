@@ -13,7 +13,6 @@ from bastion.bucket.objects import PreconditionFailed
 from bastion.daemon import accounting, pools
 from bastion.daemon.context import (
     DAEMON_LOG_SYNC_SECONDS,
-    SWEEP_EVERY_CYCLES,
     USAGE_SAVE_SECONDS,
     Context,
     Job,
@@ -50,8 +49,6 @@ def write_back(ctx: Context) -> None:
     is written after the log's last bytes; a failed log upload is retried next cycle and
     does not hold the state back. A burst's thousands of uploads share one pass."""
     mirrors = set(ctx.logs.mirrors()) - {ctx.daemon_log}
-    if ctx.cycles % SWEEP_EVERY_CYCLES == 0:
-        check_marks(ctx)
     work: list[tuple[Job | None, list[str]]] = []
     for job in ctx.jobs.values():
         logs = [n for n in (job.name, job_log_name(job.name, cleanup=True)) if n in mirrors]
