@@ -26,6 +26,7 @@ from bastion.bucket.jobs import is_marker, marked_job, marker_name
 from bastion.bucket.specwatch import FULL_LISTING_SECONDS
 from bastion.bucket.store import Store
 from bastion.daemon import Daemon
+from bastion.daemon.ingest import INTAKE_PER_CYCLE
 from bastion.daemon.start import build_daemon
 from bastion.jobstate import Status
 from launch.api import Client, new_jobspec
@@ -302,3 +303,30 @@ def test_a_marker_whose_delete_fails_is_not_taken_in_again_and_is_deleted_next_c
     finally:
         rig.close()
         FlakyFileSystem.uninstall(str(bucket))
+
+
+def test_a_burst_is_taken_in_over_bounded_cycles_oldest_first_without_waiting(tmp_path):
+    """A cycle reads at most INTAKE_PER_CYCLE marked specs, the oldest markers first; the rest
+    keep their markers, and the loop runs the next cycle at once instead of after its poll."""
+    rig = Rig(str(tmp_path / "root"), tmp_path)
+    try:
+        count = INTAKE_PER_CYCLE * 2 + INTAKE_PER_CYCLE // 2
+        for i in range(count):
+            rig.submit(f"b{i:05d}")
+        stamp = {marked_job(m): m.split("-")[1] for m in rig.inbox() if is_marker(m)}
+        taken: list[set[str]] = []
+        for _ in range(3):
+            reads = rig.step().get("read", 0)
+            taken.append(set(rig.daemon.jobs) - set().union(*taken))
+            assert len(taken[-1]) <= INTAKE_PER_CYCLE and reads <= INTAKE_PER_CYCLE + 20
+            if len(taken) == 1:
+                assert rig.daemon.ctx.intake_backlog == count - INTAKE_PER_CYCLE
+                started = time.monotonic()
+                rig.daemon.wait_for_work(started + 60)  # a poll of a minute: not waited
+                assert time.monotonic() - started < 1
+        assert [len(t) for t in taken] == [INTAKE_PER_CYCLE, INTAKE_PER_CYCLE, count // 5]
+        assert max(stamp[n] for n in taken[0]) <= min(stamp[n] for n in taken[1] | taken[2])
+        assert rig.daemon.ctx.intake_backlog == 0
+        assert all(rig.status(f"b{i:05d}") is not None for i in range(count))
+    finally:
+        rig.close()

@@ -70,9 +70,6 @@ class Look:
     def full(self) -> bool:
         return self.specs is not None
 
-    def marked(self) -> list[str]:
-        return sorted(set(self.markers.values()))
-
 
 class SpecWatch:
     """The cycle's look at ``jobs/user_states/`` and, when due, ``jobs/active/``."""

@@ -19,6 +19,10 @@ from bastion.runners.base import known_kinds
 from bastion.suggest import did_you_mean
 
 log = logging.getLogger("bastion.daemon")
+# Marked specs read per cycle: a burst of 20,000 is taken in over cycles of about a second
+# each (the rest wait, their markers kept, for the next cycle, which runs at once), so the
+# jobs already running are observed in between instead of after one cycle of a minute.
+INTAKE_PER_CYCLE = 1000
 
 
 def read_specs(ctx: Context, look: Look, now: float) -> None:
@@ -32,11 +36,12 @@ def read_specs(ctx: Context, look: Look, now: float) -> None:
         changed = [n for n, i in listed.items() if n not in jobs or jobs[n].token != i.token]
         read: Callable[[str], Any] = ctx.store.specs.read
     else:
-        unseen = {n for n in look.requests if n not in ctx.jobs and not name_problem(n)}
-        changed = sorted(set(look.marked()) | unseen)
+        changed = intake_order(ctx, look)
         read = ctx.store.specs.read_with_token
+    changed, later = changed[:INTAKE_PER_CYCLE], changed[INTAKE_PER_CYCLE:]
+    ctx.intake_backlog = len(later)  # the loop runs the next cycle without waiting its poll
     results = dict(zip(changed, ctx.pool.map(pools.quietly(read), changed), strict=True))
-    unread = set()
+    unread = set(later)  # their markers stay, to be taken in next cycle
     for name in changed:
         result = results[name]
         # a token no listing has: the next full listing reads (and rejects) it again
@@ -68,6 +73,15 @@ def read_specs(ctx: Context, look: Look, now: float) -> None:
                 job.gone_from_bucket = True
                 ctx.inputs_changed = True
     ctx.specwatch.taken_in(look, unread)  # its markers are deleted at the cycle's end
+
+
+def intake_order(ctx: Context, look: Look) -> list[str]:
+    """The specs to read, without the full listing: those cancel requests name that the
+    daemon has not seen (so the cancel applies), then the marked ones, oldest marker first
+    (markers sort by their writer's clock): a burst is taken in in the order it came."""
+    unseen = sorted(n for n in look.requests if n not in ctx.jobs and not name_problem(n))
+    marked = [look.markers[m] for m in sorted(look.markers)]
+    return list(dict.fromkeys(unseen + marked))
 
 
 def spec_absent(ctx: Context, name: str, marked: bool) -> None:

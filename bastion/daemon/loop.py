@@ -112,10 +112,11 @@ class Daemon:
 
     def wait_for_work(self, until: float) -> None:
         """Until the next cycle is due, or a stop; while acting, a glance at the submissions
-        every WAKE_SECONDS ends the wait early when one came (bastion/bucket/specwatch.py)."""
+        every WAKE_SECONDS ends the wait early when one came (bastion/bucket/specwatch.py),
+        and specs left unread by the last cycle's intake bound end it at once."""
         while not self.ctx.stop.is_set():
             left = until - time.monotonic()
-            if left <= 0:
+            if left <= 0 or self.ctx.intake_backlog:  # a burst's rest: taken in at once
                 return
             acting = self.ctx.recovered and (self.ctx.lease is None or self.ctx.lease.held)
             if not acting or left <= WAKE_SECONDS:
