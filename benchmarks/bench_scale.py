@@ -320,7 +320,7 @@ def row_restart(rig: Rig) -> dict[str, float]:
     and built again: its first cycle reads the snapshot and what changed since."""
     t0 = time.perf_counter()
     before = rig.bucket.requests()
-    snapshot.write_now(rig.live.ctx)
+    snapshot.write_now(rig.live.ctx, timeout=600)
     written = {
         "snapshot_s": time.perf_counter() - t0,
         "snapshot_requests": total(since(before, rig.bucket.requests())),

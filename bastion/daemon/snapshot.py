@@ -15,6 +15,8 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import logging
+import threading
+import time
 from collections import defaultdict
 from collections.abc import Iterable
 
@@ -77,17 +79,24 @@ def maybe_write(ctx: Context, now: float) -> None:
         book.inflight = effects.submit(ctx, write_shards, ctx, book, dirty)
 
 
-def write_now(ctx: Context, timeout: float = 60.0) -> None:
+def write_now(ctx: Context, timeout: float = 10.0) -> None:
     """At a clean stop, while the lease is ours: the changed shards, written before we let
-    go, so the next daemon reads nothing but the snapshot."""
+    go, so the next daemon reads nothing but the snapshot. A stop waits at most ``timeout``
+    for them (a bucket that does not answer must not hold it: a restart then reads more)."""
     book = ctx.snapshots
     if not ctx.recovered or ctx.lost_ownership:
         return
+    deadline = time.monotonic() + timeout
     if book.inflight is not None:
         concurrent.futures.wait([book.inflight], timeout=timeout)
     dirty = dirty_shards(ctx, book)
-    if dirty:
-        write_shards(ctx, book, dirty)
+    if not dirty:
+        return
+    writer = threading.Thread(target=write_shards, args=(ctx, book, dirty), daemon=True)
+    writer.start()
+    writer.join(max(0.0, deadline - time.monotonic()))
+    if writer.is_alive():
+        log.warning("the snapshot was not written within %gs of the stop", timeout)
 
 
 def write_shards(ctx: Context, book: SnapshotBook, dirty: dict[int, tuple[int, list[Row]]]) -> None:
