@@ -22,7 +22,8 @@ def offer_page(ctx: Context, now: float) -> None:
             ctx.queue_written,
             json.loads(ctx.queue_written) if ctx.queue_written else None,
         )
-    jobs = [(j.name, j.spec, j.state) for j in ctx.jobs.values()]
+    due = ctx.cycles % ctx.page.every_cycles == 0  # else declined: no list of every job
+    jobs = [(j.name, j.spec, j.state) for j in ctx.jobs.values()] if due else []
     ctx.page.offer(ctx.cycles, jobs, ctx.page_queue[1], records, now)
 
 

@@ -8,7 +8,7 @@ import functools
 import logging
 import time
 
-from bastion.bucket.logs import job_log_name
+from bastion.bucket.logs import CLEANUP_SUFFIX
 from bastion.bucket.objects import PreconditionFailed
 from bastion.daemon import accounting, pools
 from bastion.daemon.context import (
@@ -48,14 +48,14 @@ def write_back(ctx: Context) -> None:
     For each job its logs go first and then its state, so a state that says the job ended
     is written after the log's last bytes; a failed log upload is retried next cycle and
     does not hold the state back. A burst's thousands of uploads share one pass."""
-    mirrors = set(ctx.logs.mirrors()) - {ctx.daemon_log}
+    logs_of = logs_by_job(set(ctx.logs.mirrors()) - {ctx.daemon_log})
     work: list[tuple[Job | None, list[str]]] = []
-    for job in ctx.jobs.values():
-        logs = [n for n in (job.name, job_log_name(job.name, cleanup=True)) if n in mirrors]
-        mirrors.difference_update(logs)
+    for job in ctx.jobs.values():  # a waiting job costs a flag test: no string is built
+        logs = logs_of.pop(job.name, [])
         if logs or job.unwritten():
             work.append((job, logs))
-    work.extend((None, [name]) for name in sorted(mirrors))  # logs of jobs no longer here
+    orphans = sorted(name for names in logs_of.values() for name in names)
+    work.extend((None, [name]) for name in orphans)  # logs of jobs no longer here
     accounting.record_attempts(ctx)  # ahead of the states that say an attempt began or ended
 
     results = ctx.pool.map(pools.quietly(functools.partial(write_back_job, ctx)), work)
@@ -72,6 +72,14 @@ def write_back(ctx: Context) -> None:
         raise NotHolding
     ctx.usage_unsaved = ctx.usage_unsaved or changed
     save_usage(ctx)
+
+
+def logs_by_job(mirrors: set[str]) -> dict[str, list[str]]:
+    """The local log mirrors by the job they belong to: its own log, then its cleanup's."""
+    owned: dict[str, list[str]] = {}
+    for name in sorted(mirrors, key=lambda n: n.endswith(CLEANUP_SUFFIX)):
+        owned.setdefault(name.removesuffix(CLEANUP_SUFFIX), []).append(name)
+    return owned
 
 
 def save_usage(ctx: Context, force: bool = False) -> None:
