@@ -693,3 +693,48 @@ def test_an_attempt_being_started_by_another_process_is_not_started_again(rig: R
     rig.go("claimed").touch()
     wait_for(lambda: marker.exists(), what="the command")
     assert marker.read_text() == "ran\n"
+
+
+def test_an_attempt_being_started_elsewhere_is_never_judged_ended(rig: Rig) -> None:
+    """A frozen daemon holds an attempt's claim in the middle of its start (its directory
+    made, no process yet). The daemon that took over must not list it as ended, nor poll it
+    as lost: it would requeue the job while the frozen start can still run it (the chaos test
+    saw that job run twice). Once the holder lets go without starting, it is ended."""
+    directory = rig.dir("frozen")
+    directory.mkdir(parents=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, time\n"
+            f"fd = os.open({str(directory / '.claim')!r}, os.O_WRONLY | os.O_CREAT)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "print('claimed', flush=True)\n"
+            "time.sleep(60)\n",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    runner = rig.runner()
+    never_started = {"name": name_of("frozen"), "host": runner.host, "pid": 0, "create_time": 0}
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == b"claimed"
+        assert name_of("frozen") not in {o.name for o in runner.list_owned()}
+        seen = runner.poll(never_started)
+        assert seen.phase is AttemptPhase.PROVISIONING, seen
+    finally:
+        holder.kill()
+        holder.wait()
+    owned = {o.name: o for o in runner.list_owned()}
+    assert owned[name_of("frozen")].finished
+    assert runner.poll(never_started).phase is AttemptPhase.LOST
+
+
+def test_a_handle_listed_before_its_start_finished_is_polled_as_what_started(rig: Rig) -> None:
+    """A handle without a pid (listed while its directory was only claimed) is looked up
+    again when polled: the attempt that started since runs, it is not 'never started'."""
+    runner = rig.runner()
+    handle = runner.start(rig.attempt("late", rig.wait_go("late")))
+    stale = {"name": handle["name"], "host": handle["host"], "pid": 0, "create_time": 0}
+    assert runner.poll(stale).phase is AttemptPhase.RUNNING
+    rig.go("late").touch()
+    assert finished(runner, handle) == (AttemptPhase.SUCCEEDED, 0)

@@ -61,6 +61,23 @@ def claim(directory: str, name: str) -> Iterator[None]:
         os.close(fd)
 
 
+def being_claimed(directory: str) -> bool:
+    """Whether a start holds the attempt's claim now (this process's or another's): the
+    attempt is being started, so its directory without a launch record is no ended attempt.
+    A holder that died released it; a frozen one still holds it, and may yet start it."""
+    try:
+        fd = os.open(os.path.join(directory, ".claim"), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:  # no claim file: nobody has begun to start it
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # (releases the lock when we took it)
+    return False
+
+
 def in_group(process: leftovers.Process, groups: set[int]) -> bool:
     try:
         return os.getpgid(process.pid) in groups
