@@ -75,6 +75,10 @@ from bastion.runners.localproc import (
 )
 
 log = logging.getLogger(__name__)
+# A start (a frozen daemon's, another daemon's on this host) holds the claim of an attempt that
+# has no process yet: it is PROVISIONING. Judging it ended would requeue the job while that
+# start can still run it: twice.
+BEING_STARTED = "being started by another process"
 
 # The wrapper (bastion/outputs/supervise.py) records its pid before the command runs, restores
 # the job's outputs, runs the command in a process group of its own, syncs the outputs, warns
@@ -217,10 +221,10 @@ class LocalRunner(Runner):
             )
         checkpoint = read_checkpoint_time(os.path.join(self._dir(handle["name"]), "outputs"))
         if int(handle.get("pid") or 0) <= 0:  # listed before it started: look again
-            starting = self._starting(handle["name"])
-            if starting is not None:
-                return starting
-            handle = self._find(handle["name"]) or handle
+            found = self._find(handle["name"])
+            if found is None and being_claimed(self._dir(handle["name"])):
+                return Observation(AttemptPhase.PROVISIONING, BEING_STARTED)
+            handle = found or handle
         if self._alive(handle):
             return Observation(AttemptPhase.RUNNING, checkpoint=checkpoint)
         self._finish(handle)
@@ -269,7 +273,7 @@ class LocalRunner(Runner):
             if name.startswith(".") or not name.startswith(self.prefix):
                 continue  # (.fence is the host's fencing token, never an attempt)
             handle = self._find(name)
-            if handle is None and self._starting(name) is not None:
+            if handle is None and being_claimed(self._dir(name)):
                 continue  # another process is starting it: listed once it has (or gave up)
             if handle is None:  # claimed, never started: nothing runs, only a directory
                 handle = {"name": name, "host": self.host, "pid": 0, "create_time": 0}
@@ -355,14 +359,6 @@ class LocalRunner(Runner):
             fetch(bundle, self._store, work)
         except BundleError as e:  # a digest that does not match will not match next time
             raise StartRefused(str(e)) from None
-
-    def _starting(self, name: str) -> Observation | None:
-        """PROVISIONING while a start (a frozen daemon's, another daemon's on this host)
-        holds the claim of an attempt that has no process yet; None otherwise. Judging such
-        an attempt ended would requeue it while that start can still run it: twice."""
-        if self._find(name) is not None or not being_claimed(self._dir(name)):
-            return None
-        return Observation(AttemptPhase.PROVISIONING, "being started by another process")
 
     def _find(self, name: str) -> Handle | None:
         """The handle of an attempt whose command ran or runs; None if it never started."""
