@@ -8,7 +8,7 @@ import time
 from bastion.daemon.loop import WAKE_SECONDS
 from tests.harness import Bastion, wait_for
 
-POLL = 60.0  # far longer than the test waits: only a glance can start the job in time
+POLL = 120.0  # far longer than the test waits: only a glance can start the job in time
 
 
 def test_a_job_submitted_between_cycles_starts_before_the_next_poll(tmp_path):
@@ -20,7 +20,8 @@ def test_a_job_submitted_between_cycles_starts_before_the_next_poll(tmp_path):
         ran = tmp_path / "ran"
         submitted = time.monotonic()
         b.cli("launch", "--name=quick", "--", f"touch {ran}")
-        wait_for(ran.exists, 20 * WAKE_SECONDS, what="the job to run before the next poll")
+        # the CLI's own start counts too: on a loaded machine that alone can take 10 s
+        wait_for(ran.exists, POLL / 3, what="the job to run before the next poll")
         waited = time.monotonic() - submitted
         assert waited < POLL / 3, waited
         print(f"submit -> running {waited:.2f}s with --poll_seconds={POLL:g}")
