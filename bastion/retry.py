@@ -23,6 +23,20 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+R = TypeVar("R")
+
+
+def quietly(call: Callable[[T], R]) -> Callable[[T], R | Exception]:
+    """For a pool's map: return the exception instead of raising it, so one failure stays
+    with its item (the caller reports it there) and the others' results are kept."""
+
+    def wrapped(arg: T) -> R | Exception:
+        try:
+            return call(arg)
+        except Exception as e:
+            return e
+
+    return wrapped
 
 
 def exponential(first: float, cap: float) -> Callable[[int], float]:

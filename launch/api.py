@@ -30,6 +30,7 @@ from bastion.bucket.specwatch import FULL_LISTING_SECONDS
 from bastion.bucket.store import Store, UnacceptableObject, resolve_root
 from bastion.jobspec import ExecLimitError, JobSpec, SpecError, check_name
 from bastion.jobstate import JobState, Status
+from bastion.retry import quietly
 from launch import expand, submitting
 from launch import outputs as _outputs
 from launch import runs as runs_
@@ -340,9 +341,8 @@ class Client:
 
     def _active(self, name: str) -> JobInfo | None:
         """An active job from its spec and state; None when it has no spec (any more)."""
-        return _active_job(
-            ActiveJob(name, _try(self.store.specs.read, name), _try(self.store.states.read, name))
-        )
+        spec, state = quietly(self.store.specs.read)(name), quietly(self.store.states.read)(name)
+        return _active_job(ActiveJob(name, spec, state))
 
     def _completed(self, name: str) -> JobInfo | None:
         try:
@@ -482,13 +482,6 @@ class Client:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"job {name!r} still {info.status} after {timeout}s")
             time.sleep(poll_seconds)
-
-
-def _try(read: Callable[[str], bytes | None], name: str) -> bytes | Exception | None:
-    try:
-        return read(name)
-    except Exception as e:
-        return e
 
 
 def _active_job(objects: ActiveJob) -> JobInfo | None:

@@ -112,6 +112,25 @@ class Rig:
         kill_all(self.processes())
 
 
+def hold_claim(directory: Path) -> subprocess.Popen[bytes]:
+    """Another process holding the attempt's claim, as a start frozen in its middle does;
+    returns once it holds it (kill it to let go)."""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, time\n"
+            f"fd = os.open({str(directory / '.claim')!r}, os.O_WRONLY | os.O_CREAT)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "print('claimed', flush=True)\n"
+            "time.sleep(60)\n",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == b"claimed"
+    return holder
+
+
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[Rig]:
     r = Rig(tmp_path)
@@ -665,22 +684,10 @@ def test_an_attempt_being_started_by_another_process_is_not_started_again(rig: R
     the claim is free, adopts what the holder started."""
     directory = rig.dir("claimed")
     directory.mkdir(parents=True)
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import fcntl, os, sys, time\n"
-            f"fd = os.open({str(directory / '.claim')!r}, os.O_WRONLY | os.O_CREAT)\n"
-            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
-            "print('claimed', flush=True)\n"
-            "time.sleep(60)\n",
-        ],
-        stdout=subprocess.PIPE,
-    )
+    holder = hold_claim(directory)
     marker = rig.tmp / "claimed-ran"
     attempt = rig.attempt("claimed", f"echo ran >> {marker}; {rig.wait_go('claimed')}")
     try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == b"claimed"
         with pytest.raises(base.TryAgain, match="being started by another process"):
             rig.runner().start(attempt)
         assert not marker.exists()
@@ -702,22 +709,10 @@ def test_an_attempt_being_started_elsewhere_is_never_judged_ended(rig: Rig) -> N
     saw that job run twice). Once the holder lets go without starting, it is ended."""
     directory = rig.dir("frozen")
     directory.mkdir(parents=True)
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import fcntl, os, time\n"
-            f"fd = os.open({str(directory / '.claim')!r}, os.O_WRONLY | os.O_CREAT)\n"
-            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
-            "print('claimed', flush=True)\n"
-            "time.sleep(60)\n",
-        ],
-        stdout=subprocess.PIPE,
-    )
+    holder = hold_claim(directory)
     runner = rig.runner()
     never_started = {"name": name_of("frozen"), "host": runner.host, "pid": 0, "create_time": 0}
     try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == b"claimed"
         assert name_of("frozen") not in {o.name for o in runner.list_owned()}
         seen = runner.poll(never_started)
         assert seen.phase is AttemptPhase.PROVISIONING, seen

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from bastion.bucket.counted import CountedObjects
 from bastion.bucket.history import HISTORY
 from bastion.bucket.objects import ObjectInfo
+from bastion.retry import quietly
 
 if TYPE_CHECKING:
     from bastion.bucket.store import Store
@@ -167,10 +168,8 @@ def read_active(store: Store, map_: Callable[..., Iterable[object]] = map) -> li
     names = sorted(specs)
     spec_reads = [n for n in names if n not in fresh_specs]
     state_reads = [n for n in names if n in states and n not in fresh_states]
-    read_specs = dict(zip(spec_reads, map_(_quietly(store.specs.read), spec_reads), strict=True))
-    read_states = dict(
-        zip(state_reads, map_(_quietly(store.states.read), state_reads), strict=True)
-    )
+    read_specs = dict(zip(spec_reads, map_(quietly(store.specs.read), spec_reads), strict=True))
+    read_states = dict(zip(state_reads, map_(quietly(store.states.read), state_reads), strict=True))
     return [
         ActiveJob(
             name,
@@ -179,13 +178,3 @@ def read_active(store: Store, map_: Callable[..., Iterable[object]] = map) -> li
         )
         for name in names
     ]
-
-
-def _quietly(read: Callable[[str], bytes | None]) -> Callable[[str], bytes | Exception | None]:
-    def call(name: str) -> bytes | Exception | None:
-        try:
-            return read(name)
-        except Exception as e:
-            return e
-
-    return call

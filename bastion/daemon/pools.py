@@ -8,6 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from bastion.retry import quietly as quietly  # the steps map with pools.quietly
+
 
 def run_all(calls: list[Callable[[], None]]) -> None:
     for call in calls:
@@ -40,17 +42,5 @@ def retrying(call: Callable[[Any], Any], attempts: int = 4) -> Callable[[Any], A
                     raise
                 time.sleep(0.05 * 2**attempt)
         return None
-
-    return wrapped
-
-
-def quietly(call: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """For pool.map: return the exception instead of raising it, so one failure stays local."""
-
-    def wrapped(arg: Any) -> Any:
-        try:
-            return call(arg)
-        except Exception as e:
-            return e
 
     return wrapped

@@ -13,7 +13,6 @@ a thread of the effects pool encodes and writes it, so a cycle never waits on it
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import logging
 import threading
 import time
@@ -117,6 +116,4 @@ def _encode(rows: list[Row]) -> bytes:
 
 
 def _spec_bytes(spec: JobSpec | None) -> bytes:
-    if spec is None:
-        return b""
-    return json.dumps(spec.to_json(), separators=(",", ":")).encode()
+    return spec.dumps() if spec is not None else b""
