@@ -22,6 +22,7 @@ from bastion.exec_limits import (
     exec_arg_max,
     exec_limit_problem,
 )
+from bastion.interning import interned
 from bastion.spec_errors import MAX_MESSAGE, MAX_SHOWN, SpecError, shorten, show
 from bastion.spec_fields import (
     MAX_COMMAND_BYTES,
@@ -296,7 +297,7 @@ class JobSpec:
         (the daemon rejects the job with it; anything else would be retried every cycle)."""
         text = spec_text(raw)
         try:
-            return cls.from_json(json.loads(text))
+            return cls.from_json(interned(json.loads(text)))
         except SpecError:
             raise
         except json.JSONDecodeError as e:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bastion.attempt_records import AttemptRecord, StopKind, StopRecord
+from bastion.interning import interned
 
 __all__ = ["AttemptRecord", "JobState", "Outcome", "Status", "StopKind", "StopRecord"]
 
@@ -78,7 +79,7 @@ class JobState:
         # serializes only states that may differ instead of every state every cycle. (A new
         # state, dataclasses.replace included, starts marked.)
         object.__setattr__(self, name, value)
-        if name != "changed":
+        if name != "changed" and not self.changed:
             object.__setattr__(self, "changed", True)
 
     def mark_written(self) -> None:
@@ -126,7 +127,7 @@ class JobState:
         text = raw.decode().strip()
         if not text.startswith("{"):  # AXLearn's legacy plain-text status, e.g. "active\n"
             return cls(status=Status(text.upper()))
-        return cls.from_json(json.loads(text))
+        return cls.from_json(interned(json.loads(text)))
 
     @property
     def display_status(self) -> str:

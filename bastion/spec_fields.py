@@ -13,6 +13,9 @@ from typing import Any
 from bastion.spec_errors import SpecError, shorten, show
 
 _AXLEARN_TIME_FORMAT = "%Y-%m-%d %H:%M:%S.%f"
+# Exactly what format_time writes: fromisoformat reads it as strptime does, 20x faster (a
+# `bastion list` of 10,000 jobs spent half a second in strptime).
+_CANONICAL_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}")
 # Bounds on what a bucket writer can make the daemon parse. A real spec is a few KiB and nests
 # a few levels; without them a deep spec crashed json (RecursionError) and a huge one cost
 # memory every cycle.
@@ -30,6 +33,11 @@ def parse_time(value: Any, field_name: str) -> dt.datetime:
     """Parse AXLearn's "%Y-%m-%d %H:%M:%S.%f" or any ISO-8601 time; naive means UTC."""
     if not isinstance(value, str):
         raise SpecError(f"field {field_name}: expected a time string, got {type(value).__name__}")
+    if _CANONICAL_TIME.fullmatch(value):
+        try:
+            return dt.datetime.fromisoformat(value)
+        except ValueError:
+            pass  # out of range (a 13th month): reported below, as strptime would
     try:
         try:
             parsed = dt.datetime.strptime(value, _AXLEARN_TIME_FORMAT)

@@ -162,8 +162,7 @@ class ActiveJob:
 def read_active(store: Store, map_: Callable[..., Iterable[object]] = map) -> list[ActiveJob]:
     """Every job in jobs/active/ with its spec and state, by name: two listings, the snapshot,
     and a read of each spec or state the snapshot does not hold as listed now."""
-    specs = store.specs.list()
-    states = store.states.list()
+    specs, states = map_(lambda listing: listing(), [store.specs.list, store.states.list])
     fresh_states, fresh_specs = still_current(store.snapshot.read_all(map_), specs, states)
     names = sorted(specs)
     spec_reads = [n for n in names if n not in fresh_specs]

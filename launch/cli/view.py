@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from absl import flags
 
@@ -68,10 +69,16 @@ def cmd_list(args: Sequence[str]) -> int:
         return 0
     runs = _earlier_runs(client, jobs) if FLAGS.all else {}
     if FLAGS.json:
-        print(json.dumps([j.to_json() for j in _with_runs(jobs, runs)], indent=1))
+        print(json_array(j.to_json() for j in _with_runs(jobs, runs)))
         return 0
     _print_table(_with_runs(jobs, runs), numbered=bool(runs))
     return 0
+
+
+def json_array(rows: Iterable[Any]) -> str:
+    """A JSON array, one row per line: readable, grep-able, and written by json's C encoder
+    (an indented dump goes through the pure-Python one: 1.5 s for 10,000 jobs)."""
+    return "[\n" + ",\n".join(map(json.dumps, rows)) + "\n]"
 
 
 def group_line(group: str, members: Sequence[JobInfo]) -> str:
