@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 
 from bastion.bucket.store import Store
-from bastion.daemon import DECISION_RECORD_BYTES, QUEUE_REASONS_KEPT, Daemon
+from bastion.daemon import DECISION_RECORD_BYTES, QUEUE_REASONS_KEPT, SWEEP_EVERY_CYCLES, Daemon
 from bastion.daemon.start import build_daemon
 from bastion.jobstate import Status
 from launch.api import Client, new_jobspec
@@ -187,6 +187,57 @@ def test_a_quiet_cycle_runs_no_policy_pass_and_a_change_runs_one(tmp_path: Path)
         assert not any(r.planned for r in quiet)
         client.cancel("j0005", user_id="u")
         assert daemon.cycle(time.time()).planned
+    finally:
+        daemon.close()
+
+
+def test_a_quiet_cycle_attends_only_to_the_jobs_under_way(tmp_path: Path) -> None:
+    """The steps that skip quiet jobs (observe, time limits, write-back, effects, finalize)
+    look at the attention set: after a few cycles it holds the running job, not the 29
+    waiting ones, and a cancel puts the cancelled waiting job in it until it is archived."""
+    root, client = _root(tmp_path, 30, command="sleep 60")
+    daemon = _daemon(root, tmp_path)
+    try:
+        for _ in range(3):
+            _step(daemon)
+        running = _running(daemon)
+        assert len(running) == 1
+        assert set(daemon.ctx.attention) == running
+        assert all(job.quiet() for name, job in daemon.jobs.items() if name not in running)
+        client.cancel("j0007", user_id="u")
+        daemon.cycle(time.time())
+        assert "j0007" in daemon.ctx.attention or "j0007" not in daemon.jobs
+        for _ in range(3):
+            _step(daemon)
+        assert "j0007" not in daemon.jobs and Store(root).complete.read("j0007") is not None
+        assert set(daemon.ctx.attention) == running
+    finally:
+        daemon.close()
+
+
+def test_a_change_that_escaped_the_table_is_attended_to_and_written_at_the_upkeep(
+    tmp_path: Path, caplog
+) -> None:
+    """A state changed outside events.apply (a bug) is not in the attention set, so the
+    write-back misses it; the upkeep's check finds it, says so, and it is written."""
+    root, _ = _root(tmp_path, 5, command="sleep 60")
+    daemon = _daemon(root, tmp_path)
+    try:
+        for _ in range(3):
+            _step(daemon)
+        job = daemon.jobs["j0004"]
+        assert job.quiet() and "j0004" not in daemon.ctx.attention
+        job.state.metadata = {**job.state.metadata, "note": "set by hand"}
+        store = Store(root)
+        for _ in range(SWEEP_EVERY_CYCLES + 1):
+            _step(daemon)
+            written = json.loads(store.states.read("j0004") or b"{}")
+            if written.get("metadata", {}).get("note") == "set by hand":
+                break
+        assert written["metadata"]["note"] == "set by hand"
+        assert "j0004: not quiet, but no step was attending to it" in caplog.text
+        _step(daemon)
+        assert "j0004" not in daemon.ctx.attention  # written: quiet again
     finally:
         daemon.close()
 

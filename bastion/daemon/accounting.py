@@ -17,7 +17,7 @@ def record_attempts(ctx: Context) -> None:
     now = time.time()
     jobs = ctx.jobs.values()
     ctx.ledger.collect(
-        ((j.name, j.spec, j.state) for j in jobs if j.state.changed),
+        ((j.name, j.spec, j.state) for j in ctx.attending() if j.state.changed),
         ((j.name, j.spec, j.state) for j in jobs),
         now,
     )

@@ -25,7 +25,7 @@ def finalize_all(ctx: Context, now: float) -> None:
     }
     ready = [
         job
-        for job in ctx.jobs.values()
+        for job in ctx.attending()  # a finished job is never quiet
         if job.state.status is Status.COMPLETED
         and not job.inflight
         and not job.effects

@@ -20,7 +20,7 @@ from bastion.bucket.logsync import LogSync
 from bastion.bucket.specwatch import SpecWatch
 from bastion.bucket.store import Store
 from bastion.jobspec import JobSpec
-from bastion.jobstate import JobState
+from bastion.jobstate import JobState, Status
 from bastion.lease import Lease
 from bastion.quota_source import QuotaSource
 from bastion.runners.instances import Runners
@@ -70,6 +70,24 @@ class Job:
         when its spec gives one, else ``default`` (the daemon's, or the quota file's)."""
         chosen = self.spec.grace_seconds if self.spec is not None else None
         return default if chosen is None else chosen
+
+    def quiet(self) -> bool:
+        """A pending job with nothing under way: no attempt, stop, effect or unwritten change,
+        its spec in the bucket. Most of a large queue is quiet, and no step of a cycle but the
+        policy pass has anything to do for a quiet job (Context.attention)."""
+        state = self.state
+        return (
+            state.status is Status.PENDING
+            and state.run_attempt is None
+            and state.cleanup_attempt is None
+            and state.stop is None
+            and not self.effects
+            and not self.inflight
+            and not self.gone_from_bucket
+            and not self.pending_log
+            and self.reason_before_blind is None
+            and not self.unwritten()
+        )
 
     def unwritten(self) -> bool:
         """True when the state differs from what the bucket holds. Only a state marked changed
@@ -134,6 +152,10 @@ class Context:
         self.logs = LogSync(store, os.path.join(work_dir, "logs"))
         self.daemon_log = daemon_log_name(socket.gethostname(), os.path.abspath(work_dir))
         self.jobs: dict[str, Job] = {}
+        # The jobs a step may have work for this cycle (an ordered set): every job that is not
+        # quiet (Job.quiet). events.apply adds the job it changes; the cycle's end drops the
+        # ones gone quiet; so an idle cycle's steps cost what is under way, not the queue.
+        self.attention: dict[str, None] = {}
         # Archived jobs' statuses as their records say, for the jobs that wait for them
         # (bastion/daemon/gates.py): read once each, forgotten when a name is archived again.
         self.finished_status: dict[str, str | None] = {}
@@ -161,6 +183,24 @@ class Context:
         self.inputs_changed = True
         self.planned_config: Any = None
         self.replan_at = 0.0
+
+    def attend(self, job: Job) -> None:
+        """``job`` may need a step's work: every step that skips quiet jobs looks at it."""
+        self.attention[job.name] = None
+
+    def attending(self) -> list[Job]:
+        """The jobs that may need a step's work (a copy: a step may change what it holds)."""
+        jobs = self.jobs
+        return [job for name in list(self.attention) if (job := jobs.get(name)) is not None]
+
+    def settle_attention(self) -> None:
+        """At a cycle's end: jobs that went quiet or away leave the attention set."""
+        jobs = self.jobs
+        self.attention = {
+            name: None
+            for name in self.attention
+            if (job := jobs.get(name)) is not None and not job.quiet()
+        }
 
     def _init_effects(self, max_workers: int) -> None:
         """The pools and the books of effects in flight, results to take in, and deletes."""

@@ -42,7 +42,7 @@ def carry_out(ctx: Context, now: float) -> None:
     if ctx.start_retries:
         retry_starts(ctx, now)
     ready = [
-        job for job in ctx.jobs.values() if job.effects and not job.inflight and not job.unwritten()
+        job for job in ctx.attending() if job.effects and not job.inflight and not job.unwritten()
     ]
     deletes = list(ctx.deleting.items())
     if not ready and not deletes:

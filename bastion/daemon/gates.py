@@ -25,7 +25,7 @@ log = logging.getLogger("bastion.daemon")
 def enforce_time_limits(ctx: Context, now: float) -> None:
     """Stop every running job whose running time reached its limit (time pending, being
     provisioned or preempted does not count: see bastion/timelimits.py)."""
-    for job in list(ctx.jobs.values()):
+    for job in ctx.attending():  # a running job is never quiet
         state, spec = job.state, job.spec
         if spec is None or spec.time_limit is None or state.status is not Status.ACTIVE:
             continue

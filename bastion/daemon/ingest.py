@@ -71,6 +71,7 @@ def read_specs(ctx: Context, look: Look, now: float) -> None:
         for name, job in ctx.jobs.items():
             if name not in listed and job.token and not job.gone_from_bucket:
                 job.gone_from_bucket = True
+                ctx.attend(job)
                 ctx.inputs_changed = True
     ctx.specwatch.taken_in(look, unread)  # its markers are deleted at the cycle's end
 
@@ -91,6 +92,7 @@ def spec_absent(ctx: Context, name: str, marked: bool) -> None:
     if job is not None:
         if not job.gone_from_bucket:
             job.gone_from_bucket = True
+            ctx.attend(job)
             ctx.inputs_changed = True
     elif marked:
         log.warning(
@@ -108,6 +110,7 @@ def absorb_spec(
     spec, problem = (None, problem) if problem else parse_spec(ctx, name, raw)
     if job is None:  # born: what the table knows of a job before its first event
         job = ctx.jobs[name] = Job(name=name, state=JobState(submit_time=now))
+        ctx.attend(job)
     job.token = token
     job.gone_from_bucket = False
     state = job.state

@@ -236,6 +236,7 @@ class Daemon:
         if consumed:
             effects.submit(self.ctx, self.ctx.specwatch.delete, consumed)
         writeback.sync_daemon_log(self.ctx)
+        self.ctx.settle_attention()
         done("daemon_log")
         report.seconds = time.time() - now
         report.ops = {

@@ -22,7 +22,7 @@ log = logging.getLogger("bastion.daemon")
 
 def observe(ctx: Context, now: float) -> None:
     """Poll every attempt and copy its new output, in parallel; then feed what was seen."""
-    for job in ctx.jobs.values():
+    for job in ctx.attending():
         if job.gone_from_bucket and job.state.status in (Status.PENDING, Status.ACTIVE):
             events.apply(
                 ctx,
@@ -32,7 +32,7 @@ def observe(ctx: Context, now: float) -> None:
             )
     work = [
         (job, purpose)
-        for job in ctx.jobs.values()
+        for job in ctx.attending()
         if not job.inflight
         for purpose in (RUN, CLEANUP)
         if (record := lifecycle.attempt_record(job.state, purpose)) is not None
@@ -56,7 +56,7 @@ def observe(ctx: Context, now: float) -> None:
             events.apply(ctx, job, lifecycle.Observed(purpose, result), now)
         except Exception:
             log.exception("%s: could not take in what its runner reported", job.name)
-    for job in ctx.jobs.values():
+    for job in ctx.attending():
         if job.state.stop and not job.inflight:
             events.apply(ctx, job, lifecycle.Tick(), now)
 

@@ -33,6 +33,7 @@ def recover(ctx: Context, specs: dict[str, ObjectInfo]) -> None:
     states = ctx.store.states.list()
     raws, fresh_specs = read_states(ctx, specs, states)
     ctx.jobs.clear()
+    ctx.attention.clear()
     for name, raw in sorted(raws.items()):
         if raw is None:
             continue
@@ -46,6 +47,7 @@ def recover(ctx: Context, specs: dict[str, ObjectInfo]) -> None:
         state.mark_written()
         job = Job(name=name, state=state, written=raw, state_token=states[name].token)
         ctx.jobs[name] = job
+        ctx.attend(job)  # dropped at the cycle's end if quiet
         if name in fresh_specs:
             restore_spec(job, fresh_specs[name], specs[name].token)
         if name not in specs and state.status is not Status.COMPLETED:
@@ -103,16 +105,27 @@ def restore_spec(job: Job, raw: bytes, token: str) -> None:
 
 
 def upkeep(ctx: Context, now: float) -> None:
-    """Every SWEEP_EVERY_CYCLES cycles: orphaned attempts are swept; and, no more often than
+    """Every SWEEP_EVERY_CYCLES cycles: orphaned attempts are swept, and every job that is
+    not quiet is checked to be in the attention set; and, no more often than
     QUEUE_CHECK_SECONDS_PER_JOB per job held (each check's CPU is linear in the queue: at
     100,000 jobs a serialization of every state and a listing of every state object, once
     per 200 s), every state is checked against what was written and the bucket holds."""
     sweep.sweep(ctx)
+    check_attention(ctx)
     if now - ctx.queue_checked_at < len(ctx.jobs) * QUEUE_CHECK_SECONDS_PER_JOB:
         return
     ctx.queue_checked_at = now
     writeback.check_marks(ctx)
     check_states(ctx)
+
+
+def check_attention(ctx: Context) -> None:
+    """Every job that is not quiet is in the attention set (Context.attention): one left
+    out is a change that escaped events.apply (a bug), reported and attended to."""
+    for name, job in ctx.jobs.items():
+        if name not in ctx.attention and not job.quiet():
+            log.error("%s: not quiet, but no step was attending to it; attending now", name)
+            ctx.attend(job)
 
 
 def check_states(ctx: Context) -> None:
@@ -139,6 +152,7 @@ def check_states(ctx: Context) -> None:
             )
             job.written = b""  # differs from the state: written back, over the foreign one
             job.state.changed = True
+            ctx.attend(job)
 
 
 def read_state_or_problem(ctx: Context, name: str) -> bytes | UnacceptableObject | None:

@@ -50,10 +50,12 @@ def write_back(ctx: Context) -> None:
     does not hold the state back. A burst's thousands of uploads share one pass."""
     logs_of = logs_by_job(set(ctx.logs.mirrors()) - {ctx.daemon_log})
     work: list[tuple[Job | None, list[str]]] = []
-    for job in ctx.jobs.values():  # a waiting job costs a flag test: no string is built
+    for job in ctx.attending():  # a quiet job has no unwritten state
         logs = logs_of.pop(job.name, [])
         if logs or job.unwritten():
             work.append((job, logs))
+    for name in [name for name in logs_of if name in ctx.jobs]:  # new output of quiet jobs
+        work.append((ctx.jobs[name], logs_of.pop(name)))
     orphans = sorted(name for names in logs_of.values() for name in names)
     work.extend((None, [name]) for name in orphans)  # logs of jobs no longer here
     accounting.record_attempts(ctx)  # ahead of the states that say an attempt began or ended
@@ -105,6 +107,7 @@ def check_marks(ctx: Context) -> None:
         if not job.state.changed and job.written and job.state.dumps() != job.written:
             log.error("%s: its state changed without a mark; writing it", job.name)
             job.state.changed = True
+            ctx.attend(job)
 
 
 def sync_daemon_log(ctx: Context, force: bool = False) -> None:
