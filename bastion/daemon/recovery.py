@@ -105,16 +105,16 @@ def restore_spec(job: Job, raw: bytes, token: str) -> None:
 
 
 def upkeep(ctx: Context, now: float) -> None:
-    """Every SWEEP_EVERY_CYCLES cycles: orphaned attempts are swept, and every job that is
-    not quiet is checked to be in the attention set; and, no more often than
+    """Every SWEEP_EVERY_CYCLES cycles: orphaned attempts are swept; and, no more often than
     QUEUE_CHECK_SECONDS_PER_JOB per job held (each check's CPU is linear in the queue: at
     100,000 jobs a serialization of every state and a listing of every state object, once
-    per 200 s), every state is checked against what was written and the bucket holds."""
+    per 500 s), every state is checked against what was written and the bucket holds, and
+    every job that is not quiet to be in the attention set."""
     sweep.sweep(ctx)
-    check_attention(ctx)
     if now - ctx.queue_checked_at < len(ctx.jobs) * QUEUE_CHECK_SECONDS_PER_JOB:
         return
     ctx.queue_checked_at = now
+    check_attention(ctx)
     writeback.check_marks(ctx)
     check_states(ctx)
 
