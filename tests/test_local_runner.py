@@ -17,10 +17,17 @@ from typing import Any
 import psutil
 import pytest
 
-from bastion.runners import base
+from bastion.runners import base, localproc
 from bastion.runners.base import Attempt, AttemptPhase, Observation, RunnerError
 from bastion.runners.local import LocalRunner
-from tests.harness import REPO, kill_all, processes_with_env, wait_for
+from tests.harness import (
+    REPO,
+    PidNamespace,
+    kill_all,
+    processes_with_env,
+    unshare_refused,
+    wait_for,
+)
 
 ROOT = "gs://bastion-test/local"
 OTHER_ROOT = "gs://bastion-test/other"
@@ -733,3 +740,71 @@ def test_a_handle_listed_before_its_start_finished_is_polled_as_what_started(rig
     assert runner.poll(stale).phase is AttemptPhase.RUNNING
     rig.go("late").touch()
     assert finished(runner, handle) == (AttemptPhase.SUCCEEDED, 0)
+
+
+# Polls or stops an attempt from inside a PID namespace (a daemon in a container): prints the
+# phase and reason it sees.
+FROM_INSIDE = """
+import json, sys, time
+from bastion.runners.local import LocalRunner
+attempts_dir, root, what, handle = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+runner = LocalRunner(attempts_dir, gpus=[0, 1, 2, 3], root=root)
+if what == "stop":
+    runner.stop(handle, time.time() + 1)
+    print("asked")
+else:
+    seen = runner.poll(handle)
+    print(json.dumps([seen.phase.value, seen.reason]))
+"""
+
+
+@pytest.fixture
+def namespace() -> Iterator[PidNamespace]:
+    refused = unshare_refused()
+    if refused:
+        pytest.skip(refused)
+    ns = PidNamespace()
+    yield ns
+    ns.close()
+
+
+def _from_inside(rig: Rig, ns: PidNamespace, what: str, handle: dict[str, Any]) -> str:
+    argv = [sys.executable, "-c", FROM_INSIDE, rig.attempts_dir, ROOT, what, json.dumps(handle)]
+    return subprocess.run(
+        ns.enter(argv),
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.strip()
+
+
+def test_a_wrapper_a_pid_namespace_cannot_see_is_running_there_until_it_ends(
+    rig: Rig, namespace: PidNamespace
+) -> None:
+    """Started on the host, polled by a daemon in a container: its pids mean nothing there.
+    Before, the attempt was judged ended ("killed before it could report its status", or
+    "its wrapper ended before the command started") and requeued while it ran: the chaos
+    test's j150 ran twice. The wrapper's liveness lock is seen from every namespace."""
+    handle = rig.runner().start(rig.attempt("boxed", f"{rig.wait_go('boxed')}; echo ran"))
+    seen = json.loads(_from_inside(rig, namespace, "poll", handle))
+    assert seen[0] == AttemptPhase.RUNNING.value, seen
+    rig.go("boxed").touch()
+    wait_for(lambda: (rig.dir("boxed") / "exit").exists(), timeout=30, what="the job to end")
+    wait_for(lambda: not localproc.held_alive(str(rig.dir("boxed"))), timeout=30, what="exit")
+    seen = json.loads(_from_inside(rig, namespace, "poll", handle))
+    assert seen[0] == AttemptPhase.SUCCEEDED.value, seen
+    assert "ran" in rig.log("boxed")
+
+
+def test_a_daemon_in_a_pid_namespace_stops_a_wrapper_it_cannot_see_through_its_stop_file(
+    rig: Rig, namespace: PidNamespace
+) -> None:
+    handle = rig.runner().start(rig.attempt("stopped", "sleep 120"))
+    assert _from_inside(rig, namespace, "stop", handle) == "asked"
+    wait_for(lambda: (rig.dir("stopped") / "exit").exists(), timeout=30, what="the stop")
+    assert not rig.processes()
+    seen = rig.runner().poll(handle)
+    assert seen.phase is not AttemptPhase.RUNNING, seen

@@ -68,10 +68,14 @@ class Supervisor:
         self.deadline = self._deadline(self.stop_asked_at)
         self._signal_job(stop_signal(self.env))
 
+    @property
+    def _stop_file(self) -> str:
+        return os.path.join(self.directory, STOP_FILE)
+
     def _deadline(self, now: float) -> float:
         with (
             contextlib.suppress(OSError, ValueError, TypeError, KeyError),
-            open(os.path.join(self.directory, STOP_FILE)) as f,
+            open(self._stop_file) as f,
         ):
             return float(json.load(f)["deadline"])
         try:
@@ -142,6 +146,10 @@ class Supervisor:
                 break
             except subprocess.TimeoutExpired:
                 pass
+            if self.stop_asked_at is None and os.path.exists(self._stop_file):
+                # Asked without a signal: by a daemon in another PID namespace, which cannot
+                # signal what it cannot see (bastion/runners/local.py).
+                self.on_signal(signal.SIGTERM, None)
             if not killed and self.deadline is not None and time.time() >= self.deadline:
                 killed = True
                 self._signal_job(signal.SIGKILL)

@@ -66,6 +66,8 @@ from bastion.runners.localproc import (
     CREATE_TIME_TOLERANCE,
     being_claimed,
     claim,
+    held_alive,
+    hold_alive,
     in_group,
     leader_gone,
     process_of,
@@ -312,6 +314,7 @@ class LocalRunner(Runner):
         )
         stdin = os.open(os.devnull, os.O_RDONLY)
         argv = wrapper_argv(attempt.name, attempt.command, directory)
+        alive = hold_alive(directory)  # the wrapper holds it for as long as it lives
         try:
             proc = subprocess.Popen(
                 argv,
@@ -322,6 +325,7 @@ class LocalRunner(Runner):
                 start_new_session=True,
                 cwd=work,
                 close_fds=True,
+                pass_fds=(alive,),
             )
         except OSError as e:  # exec refused: E2BIG, no /bin/sh... never cured by a retry
             refused = exec_refusal(e, argv[0], env, argv)
@@ -331,6 +335,7 @@ class LocalRunner(Runner):
         finally:
             os.close(output)
             os.close(stdin)
+            os.close(alive)
         self._children[attempt.name] = proc
         try:
             created = psutil.Process(proc.pid).create_time()
@@ -389,7 +394,9 @@ class LocalRunner(Runner):
     # -- processes ---------------------------------------------------------------------------
 
     def _alive(self, handle: Handle) -> bool:
-        return self._wrapper_pid(handle) > 0
+        """The wrapper lives: seen here, or holding its liveness lock from a PID namespace
+        this process cannot see into (then it is stopped through its stop file)."""
+        return self._wrapper_pid(handle) > 0 or held_alive(self._dir(handle["name"]))
 
     def _wrapper_pid(self, handle: Handle) -> int:
         """The pid of the attempt's live wrapper here, 0 when none: the handle's pid when it
@@ -429,8 +436,14 @@ class LocalRunner(Runner):
     def _kill(self, handle: Handle) -> None:
         """SIGKILL the wrapper's group and, while the wrapper lives (so the group is still
         the job's), the job's own group."""
-        job_group = read_int(os.path.join(self._dir(handle["name"]), JOB_GROUP_FILE))
-        if job_group and self._alive(handle):
+        directory = self._dir(handle["name"])
+        job_group = read_int(os.path.join(directory, JOB_GROUP_FILE))
+        if self._wrapper_pid(handle) <= 0:
+            if held_alive(directory):  # alive where its pids mean nothing here: its wrapper
+                with contextlib.suppress(OSError):  # kills its job at this deadline
+                    write_json(os.path.join(directory, STOP_FILE), {"deadline": time.time()})
+            return
+        if job_group:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(job_group, signal.SIGKILL)
         self._signal(handle, signal.SIGKILL)

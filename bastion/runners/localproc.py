@@ -78,6 +78,39 @@ def being_claimed(directory: str) -> bool:
     return False
 
 
+ALIVE_LOCK = ".alive"
+
+
+def hold_alive(directory: str) -> int:
+    """A descriptor holding the attempt's liveness lock, for its wrapper to inherit and hold
+    for as long as it lives (its job does not inherit it). A process sees another's wrapper
+    by its pid only in its own PID namespace; the lock is seen from every namespace on the
+    host, so a daemon in a container never judges ended a wrapper it cannot see."""
+    fd = os.open(os.path.join(directory, ALIVE_LOCK), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def held_alive(directory: str) -> bool:
+    """Whether a live wrapper (in any PID namespace on this host) holds the attempt's
+    liveness lock. A wrapper that ended, or was killed, let go of it with its descriptors."""
+    try:
+        fd = os.open(os.path.join(directory, ALIVE_LOCK), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:  # no lock file: started by an older runner, or never started
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
 def in_group(process: leftovers.Process, groups: set[int]) -> bool:
     try:
         return os.getpgid(process.pid) in groups
