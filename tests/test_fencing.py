@@ -141,7 +141,10 @@ def _chaos(
         for _ in range(count):
             name = f"j{len(names):03d}"
             names.append(name)
-            bastion.cli("launch", f"--name={name}", "--", _job_command(side, rng.uniform(0.3, 3)))
+            # (on two cores busy with a burst's ending jobs and two daemons, a launch on gs://
+            # once took over the CLI's default 60 s: liveness, not what this test checks)
+            command = _job_command(side, rng.uniform(0.3, 3))
+            bastion.cli("launch", f"--name={name}", "--", command, timeout=180)
 
     # A burst: the holder is frozen in the middle of starting it (the cycle that starts a
     # burst is the longest one, so it is where a stalled holder would act after a takeover).
@@ -200,9 +203,11 @@ def _chaos(
     seen = _intervals(side)
     twice = {n: s for n, s in seen.items() if [w for w, _ in s].count("start") != 1}
     not_ok = {n: o for n, o in outcomes.items() if o["outcome"] != "SUCCEEDED"}
-    # Known limit of the local runner, not of the lease: it knows an attempt by its pid, which
-    # means nothing in another PID namespace, so a successor there judges a job that ran to its
-    # end (its "end" line is in the side file) "killed before it could report its status".
+    # The local runner once knew an attempt only by its pid, which means nothing in another PID
+    # namespace, so a successor there judged a job that ran to its end (its "end" line is in
+    # the side file) "killed before it could report its status" (up to 19 a run). Its wrapper
+    # now holds a liveness lock seen from every namespace, and both namespaced variants showed
+    # none in this change's runs; the allowance (printed) stays until CI has shown the same.
     misjudged = {
         n
         for n, o in not_ok.items()
