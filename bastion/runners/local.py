@@ -40,7 +40,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -55,7 +55,6 @@ from bastion.runners.base import (
     Owned,
     Runner,
     RunnerError,
-    StartRefused,
     TryAgain,
     exec_refusal,
     name_prefix,
@@ -73,8 +72,12 @@ from bastion.runners.localproc import (
     process_of,
     read_int,
     read_json,
+    unpack_bundle,
     write_json,
 )
+
+if TYPE_CHECKING:
+    from bastion.bucket.store import Store
 
 log = logging.getLogger(__name__)
 # A start (a frozen daemon's, another daemon's on this host) holds the claim of an attempt that
@@ -301,7 +304,7 @@ class LocalRunner(Runner):
         work = os.path.join(directory, "work")
         os.makedirs(work, exist_ok=True)
         if attempt.bundle:
-            self._unpack(attempt.bundle, work)
+            unpack_bundle(attempt.bundle, self._bundle_store, work)
         env = {
             **os.environ,
             **attempt.env,
@@ -345,25 +348,12 @@ class LocalRunner(Runner):
         write_json(os.path.join(directory, "handle.json"), handle)
         return handle
 
-    def _unpack(self, record: Mapping[str, Any], work: str) -> None:
-        """The job runs inside its code: a tar bundle is fetched, verified and extracted into
-        the attempt's working directory (removed with the attempt)."""
-        from bundlers import Bundle, BundleError, fetch
+    def _bundle_store(self) -> Store:
+        if self._store is None:
+            from bastion.bucket.store import Store
 
-        try:
-            bundle = Bundle.from_json(dict(record))
-            if bundle.kind != "tar":
-                raise BundleError(
-                    f"the local runner runs tar bundles; this job's is a {bundle.kind} image "
-                    f"({bundle.uri}): launch it with --runner=docker"
-                )
-            if self._store is None:
-                from bastion.bucket.store import Store
-
-                self._store = Store(self.root)
-            fetch(bundle, self._store, work)
-        except BundleError as e:  # a digest that does not match will not match next time
-            raise StartRefused(str(e)) from None
+            self._store = Store(self.root)
+        return self._store
 
     def _find(self, name: str) -> Handle | None:
         """The handle of an attempt whose command ran or runs; None if it never started."""

@@ -7,13 +7,16 @@ import contextlib
 import fcntl
 import json
 import os
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from bastion import leftovers
-from bastion.runners.base import Handle, TryAgain
+from bastion.runners.base import Handle, StartRefused, TryAgain
+
+if TYPE_CHECKING:
+    from bastion.bucket.store import Store
 
 CREATE_TIME_TOLERANCE = 0.05
 
@@ -109,6 +112,23 @@ def held_alive(directory: str) -> bool:
     finally:
         os.close(fd)
     return False
+
+
+def unpack_bundle(record: Mapping[str, Any], store: Callable[[], Store], work: str) -> None:
+    """The job runs inside its code: a tar bundle is fetched, verified and extracted into
+    the attempt's working directory (removed with the attempt)."""
+    from bundlers import Bundle, BundleError, fetch
+
+    try:
+        bundle = Bundle.from_json(dict(record))
+        if bundle.kind != "tar":
+            raise BundleError(
+                f"the local runner runs tar bundles; this job's is a {bundle.kind} image "
+                f"({bundle.uri}): launch it with --runner=docker"
+            )
+        fetch(bundle, store(), work)
+    except BundleError as e:  # a digest that does not match will not match next time
+        raise StartRefused(str(e)) from None
 
 
 def in_group(process: leftovers.Process, groups: set[int]) -> bool:
