@@ -91,32 +91,27 @@ class Rig:
 
     def start_elsewhere(self, job: str, command: str, gpus: int = 0) -> dict[str, Any]:
         """Start an attempt from a process that exits right away; returns the handle."""
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                START_AND_EXIT,
-                self.attempts_dir,
-                ROOT,
-                name_of(job),
-                command,
-                str(gpus),
-                self.tag,
-            ],
-            cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=60,
-        ).stdout
-        return json.loads(out)
+        script = [START_AND_EXIT, self.attempts_dir, ROOT, name_of(job), command, str(gpus)]
+        return json.loads(run_python([sys.executable, "-c", *script, self.tag]))
 
     def processes(self) -> list[psutil.Process]:
         return processes_with_env("BASTION_TEST_TAG", self.tag)
 
     def close(self) -> None:
         kill_all(self.processes())
+
+
+def run_python(argv: list[str]) -> str:
+    """What a separate Python process of this checkout prints (``argv``: its command line)."""
+    return subprocess.run(
+        argv,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
 
 
 def hold_claim(directory: Path) -> subprocess.Popen[bytes]:
@@ -770,15 +765,7 @@ def namespace() -> Iterator[PidNamespace]:
 
 def _from_inside(rig: Rig, ns: PidNamespace, what: str, handle: dict[str, Any]) -> str:
     argv = [sys.executable, "-c", FROM_INSIDE, rig.attempts_dir, ROOT, what, json.dumps(handle)]
-    return subprocess.run(
-        ns.enter(argv),
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout.strip()
+    return run_python(ns.enter(argv)).strip()
 
 
 def test_a_wrapper_a_pid_namespace_cannot_see_is_running_there_until_it_ends(

@@ -68,12 +68,18 @@ def being_claimed(directory: str) -> bool:
     """Whether a start holds the attempt's claim now (this process's or another's): the
     attempt is being started, so its directory without a launch record is no ended attempt.
     A holder that died released it; a frozen one still holds it, and may yet start it."""
+    return _locked(os.path.join(directory, ".claim"))  # no file: nobody began to start it
+
+
+def _locked(path: str) -> bool:
+    """Whether some process holds an exclusive lock on ``path`` now (False: no such file).
+    Tested with a shared lock, so two processes that test at once never see each other."""
     try:
-        fd = os.open(os.path.join(directory, ".claim"), os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:  # no claim file: nobody has begun to start it
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         return True
     finally:
@@ -100,18 +106,9 @@ def hold_alive(directory: str) -> int:
 
 def held_alive(directory: str) -> bool:
     """Whether a live wrapper (in any PID namespace on this host) holds the attempt's
-    liveness lock. A wrapper that ended, or was killed, let go of it with its descriptors."""
-    try:
-        fd = os.open(os.path.join(directory, ALIVE_LOCK), os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:  # no lock file: started by an older runner, or never started
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
+    liveness lock. A wrapper that ended, or was killed, let go of it with its descriptors
+    (no lock file: started by an older runner, or never started)."""
+    return _locked(os.path.join(directory, ALIVE_LOCK))
 
 
 def unpack_bundle(record: Mapping[str, Any], store: Callable[[], Store], work: str) -> None:
