@@ -236,14 +236,12 @@ class Daemon:
         if consumed:
             effects.submit(self.ctx, self.ctx.specwatch.delete, consumed)
         writeback.sync_daemon_log(self.ctx)
-        self.ctx.settle_attention()
         done("daemon_log")
+        self.ctx.settle_attention()
+        done("attention")
         report.seconds = time.time() - now
-        report.ops = {
-            k: v - ops_before.get(k, 0)
-            for k, v in self.ctx.store.ops.items()
-            if v - ops_before.get(k, 0)
-        }
+        ops = self.ctx.store.ops.items()
+        report.ops = {k: moved for k, v in ops if (moved := v - ops_before.get(k, 0))}
         return report
 
     def daemon_log_path(self) -> str:
