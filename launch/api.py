@@ -28,13 +28,14 @@ from bastion.bucket.outputs import OutputFile
 from bastion.bucket.snapshot import ActiveJob, read_active
 from bastion.bucket.specwatch import FULL_LISTING_SECONDS
 from bastion.bucket.store import Store, UnacceptableObject, resolve_root
+from bastion.jobrow import JobRow
 from bastion.jobspec import ExecLimitError, JobSpec, SpecError, check_name
 from bastion.jobstate import JobState, Status
 from bastion.retry import quietly
 from launch import expand, submitting
 from launch import outputs as _outputs
 from launch import runs as runs_
-from launch.jobinfo import JobInfo, age_seconds, brief, from_record, placed
+from launch.jobinfo import JobInfo, age_seconds, brief, from_record, parsed, placed
 from launch.status import DaemonStatus, NoDaemon, NoDaemonWarning, daemon_status
 
 __all__ = [
@@ -485,24 +486,13 @@ class Client:
 
 
 def _active_job(objects: ActiveJob) -> JobInfo | None:
-    """An active job from its spec and state as read; None when it has no spec (any more)."""
-    spec, problem = None, ""
-    raw = objects.spec
-    if raw is None:
-        return None
-    try:
-        if isinstance(raw, Exception):
-            raise raw
-        spec = JobSpec.loads(raw)
-    except (SpecError, UnacceptableObject) as e:
-        problem = f"spec rejected: {e}"  # as the daemon will reject it
-    except Exception as e:
-        problem = f"spec unreadable: {brief(e)}"
-    state = None
-    try:
-        if isinstance(objects.state, Exception):
-            raise objects.state
-        state = JobState.loads(objects.state) if objects.state else None
-    except Exception as e:
-        problem = problem or f"state unreadable: {brief(e)}"
-    return JobInfo(objects.name, spec, state, problem=problem)
+    """An active job from its spec and state as read; None when it has no spec (any more).
+    One the snapshot holds as listed comes with its row, and is parsed only if asked."""
+    if objects.row and isinstance(objects.spec, bytes) and isinstance(objects.state, bytes):
+        try:
+            row = JobRow.loads(objects.row)
+        except ValueError:  # not a row this code wrote: the spec and state say it
+            pass
+        else:
+            return JobInfo.from_row(objects.name, row, objects.spec, objects.state)
+    return parsed(objects.name, objects.spec, objects.state)

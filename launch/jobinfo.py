@@ -1,15 +1,24 @@
 """A job as a user sees it (``JobInfo``: its spec and state, or why they cannot be read),
-and how the daemon's queue summary places a waiting one ("3rd of 120 waiting in default")."""
+and how the daemon's queue summary places a waiting one ("3rd of 120 waiting in default").
+
+A job listed from the snapshot comes with its row (bastion/jobrow.py): what a listing shows
+of it is answered from the row, and its spec and state bytes are parsed only when something
+asks for ``spec`` or ``state`` (a running job's workers, a time limit, a place in the queue).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime as dt
+import json
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from typing import Any
 
+from bastion.bucket.store import UnacceptableObject
+from bastion.jobrow import JobRow, spec_fields
 from bastion.jobspec import JobSpec, SpecError, shorten
 from bastion.jobstate import JobState, Status
 from bastion.timelimits import time_left
@@ -28,6 +37,50 @@ class JobInfo:
     queue: str = ""  # a waiting job's place in its queue, from the daemon's queue summary
     live_reason: str = ""  # the whole current reason (the summary has it for a queue's first)
     standing: str = ""  # a running job's place when its project is over quota (see placed)
+    row: JobRow | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def from_row(cls, name: str, row: JobRow, spec: bytes, state: bytes) -> JobInfo:
+        """A job listed from the snapshot: its row now, its spec and state parsed if asked."""
+        info = cls.__new__(cls)
+        info.name, info.row, info._raw = name, row, (spec, state)
+        return info
+
+    def __getattr__(self, attr: str) -> Any:
+        """``spec`` and ``state`` of a job made ``from_row``: parsed on first use."""
+        raw = self.__dict__.get("_raw")
+        if raw is None or attr not in ("spec", "state"):
+            raise AttributeError(attr)
+        job = parsed(self.name, *raw)
+        del self.__dict__["_raw"]
+        self.spec, self.state = (job.spec, job.state) if job is not None else (None, None)
+        self.problem = job.problem if job is not None else ""
+        return self.__dict__[attr]
+
+    @property
+    def _listed(self) -> JobRow | None:
+        """The row, while nothing has needed the parsed spec and state."""
+        return self.row if "_raw" in self.__dict__ else None
+
+    def shown(self, key: str) -> Any:
+        """A field of the spec as `bastion list --json` shows it (None: no readable spec)."""
+        if self._listed is not None:
+            return self._listed.spec.get(key)
+        return spec_fields(self.spec).get(key) if self.spec is not None else None
+
+    @property
+    def phase(self) -> str | None:
+        """The lifecycle status (PENDING, ACTIVE, COMPLETED); None before the daemon's."""
+        if self._listed is not None:
+            return self._listed.phase
+        return self.state.status.value if self.state is not None else None
+
+    @property
+    def log_start(self) -> int:
+        """Where this run's output starts in the name's log (> 0: the name ran before)."""
+        if self._listed is not None:
+            return self._listed.log_start
+        return self.state.log_start if self.state is not None else 0
 
     @property
     def workers(self) -> list[str]:
@@ -35,6 +88,8 @@ class JobInfo:
         "exit 0", "preempted", "waiting"), as the daemon last saw it; [] otherwise. Not while
         the runner says the attempt is queued or provisioning: the workers it last saw then are
         from before (WORKERS "4/4 running" beside REASON "provisioning: node CREATING")."""
+        if self._listed is not None and self._listed.phase != Status.ACTIVE.value:
+            return []
         if self.state is None or self.state.status is not Status.ACTIVE:
             return []
         record = self.state.run_attempt
@@ -60,6 +115,8 @@ class JobInfo:
 
     @property
     def status(self) -> str:
+        if self._listed is not None:
+            return self._listed.status
         if self.state:
             return self.state.display_status
         return "UNREADABLE" if self.problem else "SUBMITTED"
@@ -68,23 +125,31 @@ class JobInfo:
     def reason(self) -> str:
         if self.problem:
             return self.problem
-        if self.state is None:
+        row = self._listed
+        if row is None and self.state is None:
             return "waiting for the daemon to pick it up"
-        if self.state.status is Status.PENDING and self.live_reason:
+        reason = row.reason if row is not None else self.state.reason  # type: ignore[union-attr]
+        phase = self.phase
+        if phase == Status.PENDING.value and self.live_reason:
             return self.live_reason
-        if self.state.status is Status.PENDING and self.queue:
-            return f"{self.state.reason}; {self.queue}"
-        if self.state.status is Status.ACTIVE and self.standing:
-            return f"now {self.standing}; {self.state.reason}"  # first: the row is cut at 90
-        return self.state.reason
+        if phase == Status.PENDING.value and self.queue:
+            return f"{reason}; {self.queue}"
+        if phase == Status.ACTIVE.value and self.standing:
+            return f"now {self.standing}; {reason}"  # first: the row is cut at 90
+        return reason
 
     @property
     def group(self) -> str | None:
         """The array or sweep this job is a member of (None: none)."""
+        if self._listed is not None:
+            group = self._listed.spec.get("group")
+            return str(group.get("name")) if isinstance(group, dict) and group else None
         return str((self.spec.group or {}).get("name")) if self.spec and self.spec.group else None
 
     def time_left(self, now: float | None = None) -> float | None:
         """Seconds of running time left before its time limit (None: no limit, or ended)."""
+        if self._listed is not None and "time_limit" not in self._listed.spec:
+            return None
         if self.spec is None or self.spec.time_limit is None or self.state is None:
             return None
         if self.state.status is Status.COMPLETED:
@@ -95,21 +160,7 @@ class JobInfo:
         """One object per job, fields named as in the spec and the state."""
         data: dict[str, Any] = {"name": self.name, "status": self.status}
         if self.spec:
-            meta = self.spec.metadata
-            data.update(
-                command=self.spec.command,
-                user_id=meta.user_id,
-                project_id=meta.project_id,
-                resources=meta.resources,
-                priority=meta.priority,
-                job_id=meta.job_id,
-                creation_time=meta.creation_time.isoformat() + "Z",
-                runner=self.spec.runner,
-                bundle=self.spec.bundle,  # enough to rerun the exact code
-            )
-            for key in ("time_limit", "after", "group"):
-                if getattr(self.spec, key):
-                    data[key] = getattr(self.spec, key)
+            data.update(spec_fields(self.spec))
             left = self.time_left()
             if left is not None:
                 data["time_left"] = round(left, 1)
@@ -120,6 +171,19 @@ class JobInfo:
         if self.problem:
             data["problem"] = self.problem
         return data
+
+    def json_text(self) -> str:
+        """``to_json()`` as JSON text. A job listed from its row that shows neither workers nor
+        a time left is written from the row, with its state's bytes as they are (same fields,
+        the state's keys sorted): no parse."""
+        row = self._listed
+        if row is not None and row.phase != Status.ACTIVE.value and "time_limit" not in row.spec:
+            state = self.__dict__["_raw"][1]
+            if state.startswith(b"{"):
+                head = json.dumps({"name": self.name, "status": row.status, **row.spec})
+                reason = json.dumps(self.reason)
+                return f'{head[:-1]}, "state": {state.decode()}, "reason": {reason}}}'
+        return json.dumps(self.to_json())
 
 
 def brief(error: BaseException) -> str:
@@ -139,10 +203,38 @@ def from_record(name: str, record: dict[str, Any]) -> JobInfo:
 
 
 def age_seconds(info: JobInfo, now: dt.datetime | None = None) -> float:
-    if info.spec is None:
+    created = info.shown("creation_time")
+    if not isinstance(created, str):
         return 0.0
     now = now or dt.datetime.now(dt.UTC).replace(tzinfo=None)
-    return (now - info.spec.metadata.creation_time).total_seconds()
+    try:
+        return (now - dt.datetime.fromisoformat(created.removesuffix("Z"))).total_seconds()
+    except ValueError:  # a row that is not ours
+        return 0.0
+
+
+def parsed(name: str, spec: Any, state: Any) -> JobInfo | None:
+    """An active job from its spec and state as read (bytes, None, or the exception reading
+    raised); None when it has no spec (any more)."""
+    info_spec, problem = None, ""
+    if spec is None:
+        return None
+    try:
+        if isinstance(spec, Exception):
+            raise spec
+        info_spec = JobSpec.loads(spec)
+    except (SpecError, UnacceptableObject) as e:
+        problem = f"spec rejected: {e}"  # as the daemon will reject it
+    except Exception as e:
+        problem = f"spec unreadable: {brief(e)}"
+    info_state = None
+    try:
+        if isinstance(state, Exception):
+            raise state
+        info_state = JobState.loads(state) if state else None
+    except Exception as e:
+        problem = problem or f"state unreadable: {brief(e)}"
+    return JobInfo(name, info_spec, info_state, problem=problem)
 
 
 def placed(jobs: list[JobInfo], summary: Mapping[str, Any]) -> list[JobInfo]:
@@ -170,13 +262,21 @@ def placed(jobs: list[JobInfo], summary: Mapping[str, Any]) -> list[JobInfo]:
     going = _first_to_go(projects)
     placed = []
     for job in jobs:
-        pending = job.state is not None and job.state.status is Status.PENDING
-        if pending and job.name in where:
-            job = replace(job, queue=where[job.name] + tail, live_reason=live.get(job.name, ""))
-        elif job.state is not None and job.state.status is Status.ACTIVE:
-            job = replace(job, standing=_standing(job, going))
+        if job.phase == Status.PENDING.value and job.name in where:
+            job = _with(job, queue=where[job.name] + tail, live_reason=live.get(job.name, ""))
+        elif job.phase == Status.ACTIVE.value:
+            job = _with(job, standing=_standing(job, going))
         placed.append(job)
     return placed
+
+
+def _with(job: JobInfo, **changes: str) -> JobInfo:
+    """A copy with these fields changed; a job listed from its row stays unparsed (a
+    dataclass ``replace`` would read, so parse, its spec and state)."""
+    changed = copy.copy(job)
+    for name, value in changes.items():
+        setattr(changed, name, value)
+    return changed
 
 
 def _first_to_go(projects: Mapping[str, Any]) -> dict[str, set[str]]:

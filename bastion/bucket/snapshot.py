@@ -10,13 +10,18 @@ lost the lease, or one torn or foreign, costs reads, never a wrong state.
 
 A shard is a job's ``crc32(name) % SHARDS``; its object is zlib-compressed:
 
-    bastion-snapshot 1\\n
-    then per job: a JSON header line [name, spec token, state token, state bytes, spec bytes]
-    followed by that many bytes of the state, then of the spec
+    bastion-snapshot 2\\n
+    then per job: a JSON header line
+        [name, spec token, state token, state bytes, spec bytes, row bytes]
+    followed by that many bytes of the state, then of the spec, then of its row
+    (bastion/jobrow.py: what `bastion list` shows of it, so a reader need not parse the rest)
+
+Version 1 (no row) is still read: a daemon's first snapshot after an upgrade rewrites it.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import zlib
 from collections.abc import Callable, Iterable, Iterator
@@ -33,7 +38,8 @@ if TYPE_CHECKING:
 
 SHARDS = 64
 SNAPSHOT = "snapshot"
-_MAGIC = b"bastion-snapshot 1\n"
+_MAGIC = b"bastion-snapshot 2\n"
+_MAGIC_V1 = b"bastion-snapshot 1\n"  # entries without a row
 _MAX_SHARD_BYTES = 1 << 30  # a shard inflated past this is not ours: read as empty
 
 
@@ -50,6 +56,7 @@ class Entry:
     state_token: str
     state: bytes
     spec: bytes = b""
+    row: bytes = b""  # bastion/jobrow.py; b"": none (a version 1 shard, or no spec held)
 
 
 def shard_of(name: str) -> int:
@@ -59,8 +66,9 @@ def shard_of(name: str) -> int:
 def encode(entries: Iterable[tuple[str, Entry]]) -> bytes:
     parts = [_MAGIC]
     for name, e in entries:
-        header = [name, e.spec_token, e.state_token, len(e.state), len(e.spec)]
-        parts += [json.dumps(header, separators=(",", ":")).encode(), b"\n", e.state, e.spec]
+        header = [name, e.spec_token, e.state_token, len(e.state), len(e.spec), len(e.row)]
+        header_line = json.dumps(header, separators=(",", ":")).encode()
+        parts += [header_line, b"\n", e.state, e.spec, e.row]
     return zlib.compress(b"".join(parts), 1)
 
 
@@ -71,25 +79,33 @@ def decode(raw: bytes) -> dict[str, Entry]:
         data = inflater.decompress(raw, _MAX_SHARD_BYTES)
     except zlib.error as e:
         raise SnapshotError(f"not compressed as a snapshot: {e}") from None
-    if not inflater.eof or inflater.unconsumed_tail or not data.startswith(_MAGIC):
-        raise SnapshotError("torn, too large, or not a snapshot of this version")
-    return dict(_entries(data, len(_MAGIC)))
+    if not inflater.eof or inflater.unconsumed_tail:
+        raise SnapshotError("torn, or too large to be a snapshot")
+    for magic, fields in ((_MAGIC, 6), (_MAGIC_V1, 5)):
+        if data.startswith(magic):
+            return dict(_entries(data, len(magic), fields))
+    raise SnapshotError("not a snapshot of a version this code reads")
 
 
-def _entries(data: bytes, at: int) -> Iterator[tuple[str, Entry]]:
+def _entries(data: bytes, at: int, fields: int) -> Iterator[tuple[str, Entry]]:
     while at < len(data):
         end = data.find(b"\n", at)
         try:
-            name, spec_token, state_token, state_len, spec_len = json.loads(data[at:end])
-            state_at = end + 1
-            spec_at = state_at + int(state_len)
-            at = spec_at + int(spec_len)
+            header = json.loads(data[at:end])
+            if not isinstance(header, list) or len(header) != fields:
+                raise ValueError(f"a header of {fields} fields expected")
+            name, spec_token, state_token, *sizes = header
+            cuts = [end + 1]
+            for size in sizes:
+                cuts.append(cuts[-1] + int(size))
+            at = cuts[-1]
         except (ValueError, TypeError) as e:
             raise SnapshotError(f"a torn entry: {e}") from None
-        if end < 0 or at > len(data):
+        spans = list(itertools.pairwise(cuts))
+        if end < 0 or at > len(data) or any(b < a for a, b in spans):
             raise SnapshotError("a torn entry")
-        state, spec = data[state_at:spec_at], data[spec_at:at]
-        yield str(name), Entry(str(spec_token), str(state_token), state, spec)
+        state, spec, row = (*(data[a:b] for a, b in spans), b"")[:3]
+        yield str(name), Entry(str(spec_token), str(state_token), state, spec, row)
 
 
 class Snapshot:
@@ -157,13 +173,16 @@ class ActiveJob:
     name: str
     spec: bytes | Exception | None
     state: bytes | Exception | None
+    row: bytes = b""  # the snapshot's row of exactly this spec and state (b"": none)
 
 
 def read_active(store: Store, map_: Callable[..., Iterable[object]] = map) -> list[ActiveJob]:
     """Every job in jobs/active/ with its spec and state, by name: two listings, the snapshot,
-    and a read of each spec or state the snapshot does not hold as listed now."""
+    and a read of each spec or state the snapshot does not hold as listed now. A job whose
+    spec and state both come from the snapshot comes with its row."""
     specs, states = map_(lambda listing: listing(), [store.specs.list, store.states.list])
-    fresh_states, fresh_specs = still_current(store.snapshot.read_all(map_), specs, states)
+    entries = store.snapshot.read_all(map_)
+    fresh_states, fresh_specs = still_current(entries, specs, states)
     names = sorted(specs)
     spec_reads = [n for n in names if n not in fresh_specs]
     state_reads = [n for n in names if n in states and n not in fresh_states]
@@ -174,6 +193,7 @@ def read_active(store: Store, map_: Callable[..., Iterable[object]] = map) -> li
             name,
             fresh_specs[name] if name in fresh_specs else read_specs[name],  # type: ignore[arg-type]
             fresh_states.get(name, read_states.get(name)),  # type: ignore[arg-type]
+            entries[name].row if name in fresh_specs and name in fresh_states else b"",
         )
         for name in names
     ]

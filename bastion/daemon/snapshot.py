@@ -22,6 +22,8 @@ from collections.abc import Iterable
 from bastion.bucket.snapshot import SHARDS, Entry, encode, shard_of
 from bastion.daemon import effects
 from bastion.daemon.context import Context, Job, SnapshotBook
+from bastion.jobrow import StateSummary
+from bastion.jobrow import encode as encode_row
 from bastion.jobspec import JobSpec
 
 log = logging.getLogger("bastion.daemon")
@@ -29,7 +31,8 @@ log = logging.getLogger("bastion.daemon")
 SNAPSHOT_SECONDS = 30.0
 
 Key = tuple[str, str, str]  # what makes a shard's content: name, spec token, state token
-Row = tuple[str, JobSpec | None, str, str, bytes]  # name, spec, spec token, state token, state
+# name, spec, spec token, state token, state bytes, and what the job's row takes from the state
+Member = tuple[str, JobSpec | None, str, str, bytes, StateSummary]
 
 
 def known(book: SnapshotBook, keys: Iterable[Key], now: float) -> None:
@@ -49,21 +52,26 @@ def key(job: Job) -> Key | None:
     return (job.name, job.token if job.spec is not None else "", job.state_token)
 
 
-def dirty_shards(ctx: Context, book: SnapshotBook) -> dict[int, tuple[int, list[Row]]]:
-    """The shards whose content differs from what was last written: signature and rows."""
+def dirty_shards(ctx: Context, book: SnapshotBook) -> dict[int, tuple[int, list[Member]]]:
+    """The shards whose content differs from what was last written: signature and members."""
     by_shard: dict[int, list[tuple[Key, Job]]] = defaultdict(list)
     for job in ctx.jobs.values():
         k = key(job)
         if k is not None:
             by_shard[shard_of(job.name)].append((k, job))
-    dirty: dict[int, tuple[int, list[Row]]] = {}
+    dirty: dict[int, tuple[int, list[Member]]] = {}
     for shard in range(SHARDS):
         members = by_shard.get(shard, [])
         signature = hash(frozenset(k for k, _ in members))
         if book.signatures.get(shard, hash(frozenset())) == signature:
             continue
-        rows = [(k[0], job.spec, k[1], k[2], job.written) for k, job in members]
-        dirty[shard] = (signature, rows)
+        dirty[shard] = (
+            signature,
+            [
+                (k[0], job.spec, k[1], k[2], job.written, StateSummary.of(job.state))
+                for k, job in members
+            ],
+        )
     return dirty
 
 
@@ -98,22 +106,28 @@ def write_now(ctx: Context, timeout: float = 10.0) -> None:
         log.warning("the snapshot was not written within %gs of the stop", timeout)
 
 
-def write_shards(ctx: Context, book: SnapshotBook, dirty: dict[int, tuple[int, list[Row]]]) -> None:
-    for shard, (signature, rows) in sorted(dirty.items()):
+def write_shards(
+    ctx: Context, book: SnapshotBook, dirty: dict[int, tuple[int, list[Member]]]
+) -> None:
+    for shard, (signature, members) in sorted(dirty.items()):
         try:
-            ctx.store.snapshot.write(shard, _encode(rows))
+            ctx.store.snapshot.write(shard, _encode(members))
         except Exception as e:  # written again next time: only a restart's reads depend on it
             log.warning("snapshot shard %02d not written: %s", shard, e)
             continue
         book.signatures[shard] = signature
 
 
-def _encode(rows: list[Row]) -> bytes:
+def _encode(members: list[Member]) -> bytes:
     return encode(
-        (name, Entry(spec_token, state_token, state, _spec_bytes(spec)))
-        for name, spec, spec_token, state_token, state in rows
+        (name, _entry(spec, spec_token, state_token, state, summary))
+        for name, spec, spec_token, state_token, state, summary in members
     )
 
 
-def _spec_bytes(spec: JobSpec | None) -> bytes:
-    return spec.dumps() if spec is not None else b""
+def _entry(
+    spec: JobSpec | None, spec_token: str, state_token: str, state: bytes, summary: StateSummary
+) -> Entry:
+    if spec is None:
+        return Entry(spec_token, state_token, state)
+    return Entry(spec_token, state_token, state, spec.dumps(), encode_row(spec, summary))

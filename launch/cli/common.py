@@ -115,14 +115,13 @@ def filtered(
     states |= {"ACTIVE"} if "RUNNING" in states else set()
     picked = []
     for job in jobs:
-        meta = job.spec.metadata if job.spec else None
         if group is not None and job.group != group:
             continue
         if states and job.status not in states:
             continue
-        if user_id is not None and (meta is None or meta.user_id != user_id):
+        if user_id is not None and job.shown("user_id") != user_id:
             continue
-        if project_id is not None and (meta is None or meta.project_id != project_id):
+        if project_id is not None and job.shown("project_id") != project_id:
             continue
         picked.append(job)
     return picked
