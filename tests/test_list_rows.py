@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import warnings
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -133,9 +134,33 @@ def test_a_row_that_is_not_ours_is_not_believed(root, tmp_path):
 
 def test_a_snapshot_of_version_1_is_read_without_rows():
     entries = {"a": Entry("1", "2", b'{"status": "PENDING"}', b'{"name": "a"}')}
-    import zlib
-
-    body = b"bastion-snapshot 1\n" + b'["a","1","2",21,13]\n'
-    body += b'{"status": "PENDING"}{"name": "a"}'
-    assert decode(zlib.compress(body)) == entries
+    assert decode(_version_1(entries)) == entries
     assert decode(encode(entries.items())) == entries
+
+
+def _version_1(entries: dict[str, Entry]) -> bytes:
+    """A shard as the daemons before rows wrote it."""
+    body = [b"bastion-snapshot 1\n"]
+    for name, e in entries.items():
+        header = [name, e.spec_token, e.state_token, len(e.state), len(e.spec)]
+        body += [json.dumps(header).encode(), b"\n", e.state, e.spec]
+    return zlib.compress(b"".join(body))
+
+
+def test_a_snapshot_an_older_daemon_wrote_without_rows_is_rewritten_with_them(root, tmp_path):
+    _listed(root, tmp_path)
+    store = Store(root)
+    shards = sorted(store.objects.list(f"{store.root}/history/snapshot"))
+    for shard in shards:
+        path = f"{store.root}/history/snapshot/{shard}"
+        store.objects.write(path, _version_1(decode(store.objects.read(path))))
+    assert all(j._listed is None for j in Client(root, expect_daemon=False).list_jobs())
+
+    daemon = _daemon(root, tmp_path)  # an upgraded daemon's restart
+    try:
+        _settled(daemon)
+        _written_snapshot(daemon)
+    finally:
+        daemon.close()
+    jobs = Client(root, expect_daemon=False).list_jobs()
+    assert sum(j._listed is not None for j in jobs) > 40

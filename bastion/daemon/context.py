@@ -121,6 +121,7 @@ class SnapshotBook:
     writes the changed ones next (bastion/daemon/snapshot.py)."""
 
     signatures: dict[int, int] = field(default_factory=dict)  # shard -> hash of its keys
+    rowless: set[int] = field(default_factory=set)  # read without rows (version 1): rewritten
     due: float = 0.0
     inflight: concurrent.futures.Future[None] | None = None
 

@@ -10,7 +10,7 @@ import time
 
 from bastion import lifecycle
 from bastion.bucket.objects import ObjectInfo, UnacceptableObject
-from bastion.bucket.snapshot import still_current
+from bastion.bucket.snapshot import shard_of, still_current
 from bastion.daemon import events, pools, snapshot, sweep, writeback
 from bastion.daemon.context import QUEUE_CHECK_SECONDS_PER_JOB, Context, Job
 from bastion.daemon.writeback import read_back_state
@@ -84,6 +84,7 @@ def read_states(
     """Every listed state's bytes: from the snapshot where its token is the one listed now,
     else read (with retries). Also the specs the snapshot holds at their listed token."""
     entries = ctx.store.snapshot.read_all(ctx.pool.map)
+    ctx.snapshots.rowless = {shard_of(n) for n, e in entries.items() if e.spec and not e.row}
     fresh_states, fresh_specs = still_current(entries, specs, states)
     reads = [n for n in states if n not in fresh_states]
     read = pools.retrying(functools.partial(read_state_or_problem, ctx))

@@ -36,11 +36,14 @@ Member = tuple[str, JobSpec | None, str, str, bytes, StateSummary]
 
 
 def known(book: SnapshotBook, keys: Iterable[Key], now: float) -> None:
-    """At recovery: the shards as read, so only those that differ are written again."""
+    """At recovery: the shards as read, so only those that differ are written again (and
+    those an older daemon wrote without rows)."""
     by_shard: dict[int, set[Key]] = defaultdict(set)
     for k in keys:
         by_shard[shard_of(k[0])].add(k)
-    book.signatures = {shard: hash(frozenset(ks)) for shard, ks in by_shard.items()}
+    book.signatures = {
+        shard: hash(frozenset(ks)) for shard, ks in by_shard.items() if shard not in book.rowless
+    }
     book.due = now + SNAPSHOT_SECONDS
 
 
