@@ -17,6 +17,7 @@ from typing import Any
 
 from bastion.jobspec import JobSpec
 from bastion.jobstate import JobState
+from bastion.policy_inputs import Standing
 
 
 def spec_fields(spec: JobSpec) -> dict[str, Any]:
@@ -48,10 +49,12 @@ class StateSummary:
     shown: str  # the status as users read it (display_status)
     reason: str
     log_start: int
+    standing: Standing  # what the policy reads of it, for `bastion why`
 
     @classmethod
     def of(cls, state: JobState) -> StateSummary:
-        return cls(state.status.value, state.display_status, state.reason, state.log_start)
+        shown = state.display_status
+        return cls(state.status.value, shown, state.reason, state.log_start, Standing.of(state))
 
 
 def encode(spec: JobSpec, summary: StateSummary) -> bytes:
@@ -61,6 +64,7 @@ def encode(spec: JobSpec, summary: StateSummary) -> bytes:
         "reason": summary.reason,
         "log_start": summary.log_start,
         "spec": spec_fields(spec),
+        "standing": summary.standing.to_json(),
     }
     return json.dumps(row, separators=(",", ":")).encode()
 
@@ -74,13 +78,14 @@ class JobRow:
     reason: str
     log_start: int
     spec: dict[str, Any]
+    standing: Standing
 
     @classmethod
     def loads(cls, raw: bytes) -> JobRow:
         data = json.loads(raw)
         try:
             fields = ("phase", "status", "reason", "log_start", "spec")
-            row = cls(*(data[f] for f in fields))
+            row = cls(*(data[f] for f in fields), Standing.from_json(data["standing"]))
         except (KeyError, TypeError):
             raise ValueError("not a row: a field is missing") from None
         spec = row.spec if isinstance(row.spec, dict) else {}

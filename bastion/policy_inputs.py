@@ -7,7 +7,9 @@ reads is computed from exactly what the daemon decides on.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
 from bastion.jobspec import JobSpec
 from bastion.jobstate import JobState, Status
@@ -25,32 +27,111 @@ def phase_of(state: JobState) -> Phase | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """What the policy reads of a job's state. The daemon's snapshot carries it in each job's
+    row (bastion/jobrow.py), so `bastion why` builds the policy's input without parsing
+    every state; ``request`` turns it into the same JobRequest either way."""
+
+    phase: Phase | None
+    submit_time: float | None = None
+    running_since: float | None = None
+    tier: int | None = None
+    preempted_by: str | None = None  # a victim still stopping: who reclaimed its room
+    backfill_for: tuple[str, ...] = ()
+    preemptions: int = 0
+    last_checkpoint: float | None = None
+    pending_since: float | None = None
+
+    @classmethod
+    def of(cls, state: JobState) -> Standing:
+        phase = phase_of(state)
+        stop = state.stop
+        return cls(
+            phase,
+            state.submit_time,
+            state.running_since,
+            state.tier,
+            stop.by if stop is not None and phase is Phase.RELEASING else None,
+            tuple(state.metadata.get("backfill_for") or ()),
+            state.preemptions,
+            state.last_checkpoint,
+            state.pending_since,
+        )
+
+    def to_json(self) -> list[Any]:
+        values = [getattr(self, f.name) for f in fields(self)]
+        return [self.phase.value if self.phase else None, *values[1:]]
+
+    @classmethod
+    def from_json(cls, data: Any) -> Standing:
+        """ValueError for anything ``to_json`` did not write."""
+        if not isinstance(data, list) or len(data) != len(fields(cls)):
+            raise ValueError("not a standing")
+        phase, *rest = data
+        standing = cls(Phase(phase) if phase is not None else None, *rest)
+        numbers = (standing.submit_time, standing.running_since, standing.last_checkpoint)
+        numbers += (standing.pending_since,)
+        if not all(n is None or isinstance(n, int | float) for n in numbers):
+            raise ValueError("a standing's times are numbers")
+        typed = isinstance(standing.backfill_for, list) and type(standing.preemptions) is int
+        typed = typed and (standing.tier is None or type(standing.tier) is int)
+        if not typed or not isinstance(standing.preempted_by, str | None):
+            raise ValueError("a standing's fields have the wrong types")
+        return replace(standing, backfill_for=tuple(map(str, standing.backfill_for)))
+
+
 def job_request(name: str, spec: JobSpec | None, state: JobState, now: float) -> JobRequest | None:
-    phase = phase_of(state)
-    if phase is None or spec is None:
+    if spec is None:
         return None
     meta = spec.metadata
+    return request(
+        name,
+        meta.project_id,
+        meta.user_id,
+        meta.resources,
+        meta.priority,
+        meta.creation_time.replace(tzinfo=dt.UTC).timestamp(),
+        Standing.of(state),
+        now,
+    )
+
+
+def request(
+    name: str,
+    project_id: str,
+    user_id: str,
+    resources: Mapping[str, int],
+    priority: int,
+    creation_time: float,
+    standing: Standing,
+    now: float,
+) -> JobRequest | None:
+    """A job as the policy sees it (None: it holds and wants nothing)."""
+    phase = standing.phase
+    if phase is None:
+        return None
     return JobRequest(
         name=name,
-        project_id=meta.project_id,
-        user_id=meta.user_id,
-        resources=meta.resources,
-        priority=meta.priority,
-        submit_time=state.submit_time or now,
+        project_id=project_id,
+        user_id=user_id,
+        resources=resources,
+        priority=priority,
+        submit_time=standing.submit_time or now,
         phase=phase,
         # Minimum runtime counts from running, not from provisioning: a job still being
         # provisioned has run for no time at all.
-        start_time=state.running_since or (now if phase is not Phase.PENDING else None),
-        tier=state.tier,
+        start_time=standing.running_since or (now if phase is not Phase.PENDING else None),
+        tier=standing.tier,
         # A victim still stopping keeps its room earmarked for the job that reclaimed it.
-        preempted_by=state.stop.by if state.stop is not None and phase is Phase.RELEASING else None,
-        creation_time=meta.creation_time.replace(tzinfo=dt.UTC).timestamp(),
-        backfill_for=tuple(state.metadata.get("backfill_for") or ()),
-        preemptions=state.preemptions,
+        preempted_by=standing.preempted_by,
+        creation_time=creation_time,
+        backfill_for=standing.backfill_for,
+        preemptions=standing.preemptions,
         # The job's last progress report (BASTION_OUTPUT_DIR/.bastion/checkpoint.json): among
         # victims of equal standing the policy takes the one that loses least work.
-        last_checkpoint=state.last_checkpoint,
-        pending_since=(state.pending_since or state.submit_time or now)
+        last_checkpoint=standing.last_checkpoint,
+        pending_since=(standing.pending_since or standing.submit_time or now)
         if phase is Phase.PENDING
         else None,
     )

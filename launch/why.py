@@ -7,18 +7,21 @@ the usage ledger) and runs the same pure policy, so it works from any machine.
 from __future__ import annotations
 
 import concurrent.futures
+import datetime as dt
 import time
 
-from bastion.bucket.snapshot import read_active
+from bastion.bucket.snapshot import ActiveJob, read_active
+from bastion.jobrow import JobRow
 from bastion.jobspec import JobSpec, SpecError, check_name
 from bastion.jobstate import JobState
 from bastion.lifecycle import NOT_STARTED
-from bastion.policy_inputs import policy_requests
+from bastion.policy_inputs import job_request, request
 from bastion.quota_source import missing_after_good
 from bastion.timelimits import fmt_duration
 from launch.api import Client, JobInfo, UnknownJob
 from launch.status import humanize_epochs
 from quota.config import QuotaConfig, QuotaError, default_quota, parse_quota
+from quota.model import JobRequest
 from quota.policy import explain
 from quota.usage import UsageLedger, usage_now
 
@@ -185,22 +188,42 @@ def _explain(client: Client, info, name: str, quota_file: str | None) -> str:
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         active = read_active(store, pool.map)  # the snapshot, and what changed since
     now = time.time()
-    jobs = []
-    for job_name, raw_spec, raw_state in ((a.name, a.spec, a.state) for a in active):
-        if not isinstance(raw_spec, bytes) or not isinstance(raw_state, bytes):
-            continue
-        try:
-            spec = JobSpec.loads(raw_spec)
-        except SpecError:
-            continue
-        jobs.append((job_name, spec, JobState.loads(raw_state)))
-    requests = policy_requests(jobs, now)
+    requests = [r for r in (_request(a, now) for a in active) if r is not None]
     saved = store.usage.read()
     half_life = config.scheduling.usage_half_life_seconds
     ledger = usage_now(UsageLedger.from_json(saved) if saved else None, half_life, requests, now)
     return (
         explain(config, requests, ledger.by_user, now, name) + _where(info) + _progress(info, now)
     )
+
+
+def _request(job: ActiveJob, now: float) -> JobRequest | None:
+    """The job as the daemon's policy sees it: from its row (the snapshot's, as listed now),
+    else from its spec and state, parsed; None when it holds and wants nothing."""
+    if not isinstance(job.spec, bytes) or not isinstance(job.state, bytes):
+        return None
+    if job.row:
+        try:
+            row = JobRow.loads(job.row)
+            fields = row.spec
+            created = dt.datetime.fromisoformat(fields["creation_time"].removesuffix("Z"))
+            return request(
+                job.name,
+                fields["project_id"],
+                fields["user_id"],
+                fields["resources"],
+                fields["priority"],
+                created.replace(tzinfo=dt.UTC).timestamp(),
+                row.standing,
+                now,
+            )
+        except (ValueError, KeyError, TypeError):  # not a row this code wrote
+            pass
+    try:
+        spec = JobSpec.loads(job.spec)
+    except SpecError:
+        return None
+    return job_request(job.name, spec, JobState.loads(job.state), now)
 
 
 def _progress(info: JobInfo, now: float) -> str:

@@ -5,20 +5,27 @@ only when something needs them, and a row that is not ours is never believed."""
 from __future__ import annotations
 
 import json
+import time
 import warnings
 import zlib
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bastion.bucket.snapshot import Entry, decode, encode, shard_of
+from bastion.bucket.snapshot import Entry, decode, encode, read_active, shard_of
 from bastion.bucket.store import Store
+from bastion.jobrow import JobRow
 from bastion.jobspec import JobSpec
+from bastion.jobstate import JobState
+from bastion.policy_inputs import Standing, job_request
 from launch.api import Client
 from launch.cli.common import filtered
 from launch.cli.view import _row
 from launch.jobinfo import JobInfo, parsed, placed
+from launch.why import _request
+from quota.model import Phase
 from tests.test_snapshot import _daemon, _settled, _written_snapshot
 
 QUOTA = """\
@@ -164,3 +171,18 @@ def test_a_snapshot_an_older_daemon_wrote_without_rows_is_rewritten_with_them(ro
         daemon.close()
     jobs = Client(root, expect_daemon=False).list_jobs()
     assert sum(j._listed is not None for j in jobs) > 40
+
+
+def test_why_sees_from_the_rows_the_jobs_the_policy_sees_from_specs_and_states(root, tmp_path):
+    _listed(root, tmp_path)
+    store = Store(root)
+    active = read_active(store)
+    assert sum(bool(a.row) for a in active) == len(active) > 50
+    now = time.time()
+    for job in active:
+        spec, state = JobSpec.loads(job.spec), JobState.loads(job.state)
+        assert JobRow.loads(job.row).standing == Standing.of(state), job.name
+        assert _request(job, now) == job_request(job.name, spec, state, now), job.name
+        assert _request(replace(job, row=b"not ours"), now) == _request(job, now), job.name
+    phases = {r.phase for a in active if (r := _request(a, now)) is not None}
+    assert {Phase.PENDING, Phase.RUNNING} <= phases
