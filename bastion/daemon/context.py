@@ -19,6 +19,7 @@ from bastion.bucket.logs import daemon_log_name
 from bastion.bucket.logsync import LogSync
 from bastion.bucket.specwatch import SpecWatch
 from bastion.bucket.store import Store
+from bastion.daemon.statebytes import squeeze, unsqueeze
 from bastion.jobspec import JobSpec
 from bastion.jobstate import JobState, Status
 from bastion.lease import Lease
@@ -50,7 +51,7 @@ DAEMON_LOG_SYNC_SECONDS = 10.0  # the daemon's own log (diagnostics) in the buck
 USAGE_SAVE_SECONDS = 60.0  # the usage ledger: a crash loses at most this much of its accrual
 
 
-@dataclass
+@dataclass(slots=True)
 class Job:
     """What the daemon holds in memory about one job between cycles."""
 
@@ -58,15 +59,25 @@ class Job:
     state: JobState
     spec: JobSpec | None = None
     token: str = ""  # listing token of the spec we last read
-    written: bytes = b""  # state bytes as last written to (or read from) the bucket
+    squeezed: bytes = b""  # the state bytes last written (or read): ``written``, compressed
     state_token: str | None = None  # token of the state object we wrote/read; None: absent
-    attempted: list[bytes] = field(default_factory=list)  # writes not yet confirmed
+    # (tuples, not lists: an empty one is shared, where a list would cost 56 bytes a job)
+    attempted: tuple[bytes, ...] = ()  # writes not yet confirmed
     gone_from_bucket: bool = False
-    effects: list[lifecycle.Effect] = field(default_factory=list)  # decided, not yet carried out
+    effects: tuple[lifecycle.Effect, ...] = ()  # decided, not yet carried out
     inflight: int = 0  # effects handed to the pool whose results are not taken in yet
-    pending_log: list[tuple[str, str]] = field(default_factory=list)  # lines a full disk refused
+    pending_log: tuple[tuple[str, str], ...] = ()  # lines a full disk refused
     spec_json: tuple[JobSpec | None, str] = (None, "")  # the spec, serialized for its env
     reason_before_blind: str | None = None  # the reason before its attempt could not be watched
+
+    @property
+    def written(self) -> bytes:
+        """The state's bytes as last written to (or read from) the bucket (b"": none)."""
+        return unsqueeze(self.squeezed)
+
+    @written.setter
+    def written(self, raw: bytes) -> None:
+        self.squeezed = squeeze(raw)
 
     def grace(self, default: float) -> float:
         """Seconds between the stop's warning and SIGKILL: the job's own ``grace_seconds``

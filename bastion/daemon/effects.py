@@ -9,7 +9,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from bastion import lifecycle
@@ -50,7 +50,7 @@ def carry_out(ctx: Context, now: float) -> None:
     ctx.may_act()
     batch: list[Callable[[], None]] = []
     for job in ready:
-        effects, job.effects = job.effects, []
+        effects, job.effects = job.effects, ()
         job.inflight += 1
         attempt = {
             p: attempt_for(ctx, job, p)
@@ -106,7 +106,7 @@ def attempt_for(ctx: Context, job: Job, purpose: str) -> Attempt | None:
 def effects_of(
     ctx: Context,
     job_name: str,
-    effects: list[lifecycle.Effect],
+    effects: Sequence[lifecycle.Effect],
     records: dict[str, AttemptRecord | None],
     attempts: dict[str, Attempt | None],
 ) -> None:

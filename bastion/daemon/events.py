@@ -67,16 +67,16 @@ def apply(ctx: Context, job: Job, event: lifecycle.Event, now: float) -> None:
             if effect.handle is not None:  # the job is recorded once this is gone
                 ctx.deletes_of.setdefault(effect.name, (job.name, time.time()))
         else:
-            job.effects.append(effect)
+            job.effects += (effect,)
 
 
 def log_line(ctx: Context, job: Job, purpose: str, text: str) -> None:
     log_name = job_log_name(job.name, cleanup=purpose == CLEANUP)
-    job.pending_log.append((log_name, text))
+    job.pending_log += ((log_name, text),)
     try:
         while job.pending_log:
             ctx.logs.write(*job.pending_log[0])
-            job.pending_log.pop(0)
+            job.pending_log = job.pending_log[1:]
     except OSError as e:  # a full work-dir disk: the line waits, the job goes on
         log.error("%s: could not write to the local log mirror (retrying): %s", job.name, e)
 

@@ -13,6 +13,7 @@ from bastion.bucket.objects import ObjectInfo, UnacceptableObject
 from bastion.bucket.snapshot import shard_of, still_current
 from bastion.daemon import events, pools, snapshot, sweep, writeback
 from bastion.daemon.context import QUEUE_CHECK_SECONDS_PER_JOB, Context, Job
+from bastion.daemon.statebytes import squeeze
 from bastion.daemon.writeback import read_back_state
 from bastion.jobspec import JobSpec, SpecError
 from bastion.jobstate import JobState, Status
@@ -45,7 +46,7 @@ def recover(ctx: Context, specs: dict[str, ObjectInfo]) -> None:
             log.error("%s: unreadable state file (%s); treating the job as new", name, e)
             continue
         state.mark_written()
-        job = Job(name=name, state=state, written=raw, state_token=states[name].token)
+        job = Job(name=name, state=state, squeezed=squeeze(raw), state_token=states[name].token)
         ctx.jobs[name] = job
         ctx.attend(job)  # dropped at the cycle's end if quiet
         if name in fresh_specs:
@@ -136,7 +137,7 @@ def check_states(ctx: Context) -> None:
     listed = ctx.store.states.list()
     for name, job in ctx.jobs.items():
         info = listed.get(name)
-        if not job.written or job.state_token is None:
+        if not job.squeezed or job.state_token is None:
             continue
         if job.state.status is Status.COMPLETED and info is None:
             continue  # our own finalize deleted it (its answer lost): not a foreign delete

@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from bastion.bucket.snapshot import SHARDS, Entry, encode, shard_of
 from bastion.daemon import effects
 from bastion.daemon.context import Context, Job, SnapshotBook
+from bastion.daemon.statebytes import unsqueeze
 from bastion.jobrow import StateSummary
 from bastion.jobrow import encode as encode_row
 from bastion.jobspec import JobSpec
@@ -31,7 +32,7 @@ log = logging.getLogger("bastion.daemon")
 SNAPSHOT_SECONDS = 30.0
 
 Key = tuple[str, str, str]  # what makes a shard's content: name, spec token, state token
-# name, spec, spec token, state token, state bytes, and what the job's row takes from the state
+# name, spec, spec token, state token, state bytes (squeezed), and what the row takes of the state
 Member = tuple[str, JobSpec | None, str, str, bytes, StateSummary]
 
 
@@ -50,7 +51,7 @@ def known(book: SnapshotBook, keys: Iterable[Key], now: float) -> None:
 def key(job: Job) -> Key | None:
     """The job's key in the snapshot; None when the bucket may not hold what we hold (a state
     not yet written, or a write whose answer is not in): such a job is read at a restart."""
-    if job.state_token is None or not job.written or job.attempted or job.unwritten():
+    if job.state_token is None or not job.squeezed or job.attempted or job.unwritten():
         return None
     return (job.name, job.token if job.spec is not None else "", job.state_token)
 
@@ -71,7 +72,7 @@ def dirty_shards(ctx: Context, book: SnapshotBook) -> dict[int, tuple[int, list[
         dirty[shard] = (
             signature,
             [
-                (k[0], job.spec, k[1], k[2], job.written, StateSummary.of(job.state))
+                (k[0], job.spec, k[1], k[2], job.squeezed, StateSummary.of(job.state))
                 for k, job in members
             ],
         )
@@ -129,8 +130,9 @@ def _encode(members: list[Member]) -> bytes:
 
 
 def _entry(
-    spec: JobSpec | None, spec_token: str, state_token: str, state: bytes, summary: StateSummary
+    spec: JobSpec | None, spec_token: str, state_token: str, squeezed: bytes, summary: StateSummary
 ) -> Entry:
+    state = unsqueeze(squeezed)
     if spec is None:
         return Entry(spec_token, state_token, state)
     return Entry(spec_token, state_token, state, spec.dumps(), encode_row(spec, summary))

@@ -104,7 +104,7 @@ def check_marks(ctx: Context) -> None:
     """Now and then, every state's bytes against what was written: a change that escaped
     the marks (an in-place edit of a nested value) is a bug, reported and written."""
     for job in ctx.jobs.values():
-        if not job.state.changed and job.written and job.state.dumps() != job.written:
+        if not job.state.changed and job.squeezed and job.state.dumps() != job.written:
             log.error("%s: its state changed without a mark; writing it", job.name)
             job.state.changed = True
             ctx.attend(job)
@@ -136,7 +136,7 @@ def write_state(ctx: Context, job: Job) -> bool:
     if raw == job.written:
         job.state.mark_written()
         return False
-    job.attempted.append(raw)
+    job.attempted += (raw,)
     try:
         job.state_token = ctx.store.states.write(job.name, raw, job.state_token)
     except PreconditionFailed:
@@ -157,7 +157,7 @@ def write_state(ctx: Context, job: Job) -> bool:
             )
             job.state_token = ctx.store.states.write(job.name, raw, current[1] if current else None)
             job.written = raw
-            job.attempted.clear()
+            job.attempted = ()
             job.state.mark_written()
             return True
         assert current is not None  # ours: our own bytes are there
@@ -165,6 +165,6 @@ def write_state(ctx: Context, job: Job) -> bool:
         if current[0] != raw:
             job.state_token = ctx.store.states.write(job.name, raw, job.state_token)
     job.written = raw
-    job.attempted.clear()
+    job.attempted = ()
     job.state.mark_written()
     return True
