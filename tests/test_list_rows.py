@@ -26,18 +26,7 @@ from launch.cli.view import _row
 from launch.jobinfo import JobInfo, parsed, placed
 from launch.why import _request
 from quota.model import Phase
-from tests.test_snapshot import _daemon, _settled, _written_snapshot
-
-QUOTA = """\
-[toml-schema]
-version = "1"
-[total_resources]
-cpu = 2
-[project_membership]
-default = [".*"]
-[project_resources.default]
-cpu = 1.0
-"""
+from tests.test_snapshot import QUOTA, _daemon, _settled, _written_snapshot
 
 
 def _spec(name: str, user: str = "u", **more: Any) -> JobSpec:
