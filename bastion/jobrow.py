@@ -11,6 +11,7 @@ waiting job's place in the queue) is answered from those bytes, parsed then.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,12 @@ def spec_fields(spec: JobSpec) -> dict[str, Any]:
         if getattr(spec, key):
             data[key] = getattr(spec, key)
     return data
+
+
+def created(fields: dict[str, Any]) -> dt.datetime:
+    """The spec's creation time from ``spec_fields`` (naive UTC, as the spec holds it);
+    ValueError for a row that is not ours."""
+    return dt.datetime.fromisoformat(str(fields["creation_time"]).removesuffix("Z"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bastion.bucket.store import UnacceptableObject
-from bastion.jobrow import JobRow, spec_fields
+from bastion.jobrow import JobRow, created, spec_fields
 from bastion.jobspec import JobSpec, SpecError, shorten
 from bastion.jobstate import JobState, Status
 from bastion.timelimits import time_left
@@ -203,14 +203,17 @@ def from_record(name: str, record: dict[str, Any]) -> JobInfo:
 
 
 def age_seconds(info: JobInfo, now: dt.datetime | None = None) -> float:
-    created = info.shown("creation_time")
-    if not isinstance(created, str):
-        return 0.0
+    if info._listed is None:
+        if info.spec is None:
+            return 0.0
+        start = info.spec.metadata.creation_time
+    else:
+        try:
+            start = created(info._listed.spec)
+        except (KeyError, ValueError):  # a row that is not ours
+            return 0.0
     now = now or dt.datetime.now(dt.UTC).replace(tzinfo=None)
-    try:
-        return (now - dt.datetime.fromisoformat(created.removesuffix("Z"))).total_seconds()
-    except ValueError:  # a row that is not ours
-        return 0.0
+    return (now - start).total_seconds()
 
 
 def parsed(name: str, spec: Any, state: Any) -> JobInfo | None:

@@ -11,7 +11,7 @@ import datetime as dt
 import time
 
 from bastion.bucket.snapshot import ActiveJob, read_active
-from bastion.jobrow import JobRow
+from bastion.jobrow import JobRow, created
 from bastion.jobspec import JobSpec, SpecError, check_name
 from bastion.jobstate import JobState
 from bastion.lifecycle import NOT_STARTED
@@ -206,14 +206,13 @@ def _request(job: ActiveJob, now: float) -> JobRequest | None:
         try:
             row = JobRow.loads(job.row)
             fields = row.spec
-            created = dt.datetime.fromisoformat(fields["creation_time"].removesuffix("Z"))
             return request(
                 job.name,
                 fields["project_id"],
                 fields["user_id"],
                 fields["resources"],
                 fields["priority"],
-                created.replace(tzinfo=dt.UTC).timestamp(),
+                created(fields).replace(tzinfo=dt.UTC).timestamp(),
                 row.standing,
                 now,
             )
