@@ -27,8 +27,7 @@ def phase_of(state: JobState) -> Phase | None:
     return None
 
 
-# (not frozen: a frozen dataclass's __init__ costs three times as much, once a job a pass)
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Standing:
     """What the policy reads of a job's state. The daemon's snapshot carries it in each job's
     row (bastion/jobrow.py), so `bastion why` builds the policy's input without parsing
@@ -83,7 +82,7 @@ class Standing:
 
 
 def job_request(name: str, spec: JobSpec | None, state: JobState, now: float) -> JobRequest | None:
-    if spec is None or phase_of(state) is None:
+    if spec is None:
         return None
     meta = spec.metadata
     return request(
