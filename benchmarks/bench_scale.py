@@ -304,16 +304,23 @@ def row_intake(rig: Rig, n: int, poll: float) -> dict[str, float]:
     before = rig.bucket.requests()
     batch = specs("job", n, "sleep 3600", "cpu", "fake")
     with looping(daemon, poll) as reports:
+        t0 = time.monotonic()
         writing = write_all(rig.users, batch)
+        written: list[float] = []
+        writing.add_done_callback(lambda _: written.append(time.monotonic() - t0))
 
         visible = until_all(daemon, [s.name for s in batch], lambda s: s.status in VISIBLE)
         seconds = wait_until(visible, 60 + n / 50, "intake", every=max(0.05, n / 200_000))
         writing.result()
         wait_until(lambda: not markers_left(rig), 120, "marker deletes")
         cycles = list(reports)
+    if os.environ.get("BENCH_CYCLES"):  # each cycle's slowest steps, to find where it went
+        for r in cycles:
+            print(f"    cycle {r.seconds:6.2f}s ops {sum(r.ops.values()):5d}: {r.slowest(4)}")
     requests = since(before, rig.bucket.requests())
     return {
         "intake_s": seconds,
+        "intake_writes_s": written[0],
         "intake_longest_cycle_s": max(r.seconds for r in cycles),
         "intake_cycles": len(cycles),
         "markers_delete_s": sum(s for _, s in rig.deletes),
@@ -474,16 +481,17 @@ def one_repeat(bucket: Bucket, n: int, index: int, tmp: Path) -> dict[str, float
         QUOTA.format(running=args.running, burst=args.burst, probes=args.probes)
     )
     out: dict[str, float] = {}
-    rows: list[Callable[[], dict[str, float]]] = [
-        lambda: row_intake(rig, n, args.poll),
-        lambda: row_restart(rig),
-        lambda: row_idle(rig, args.poll, args.idle_seconds),
-        lambda: row_policy(rig),
-        lambda: row_burst(rig, args.burst, args.poll),
-        lambda: row_probes(rig, args.probes, args.poll),
-        lambda: row_cli(rig),
-        lambda: row_memory(rig),
-    ]
+    every: dict[str, Callable[[], dict[str, float]]] = {
+        "intake": lambda: row_intake(rig, n, args.poll),
+        "restart": lambda: row_restart(rig),
+        "idle": lambda: row_idle(rig, args.poll, args.idle_seconds),
+        "policy": lambda: row_policy(rig),
+        "burst": lambda: row_burst(rig, args.burst, args.poll),
+        "probes": lambda: row_probes(rig, args.probes, args.poll),
+        "cli": lambda: row_cli(rig),
+        "memory": lambda: row_memory(rig),
+    }
+    rows = [every["intake"]] + [every[name] for name in args.rows if name != "intake"]
     try:
         start_daemon(rig)
         step(rig.live)  # an empty root's recovery, before the writes begin
@@ -502,6 +510,7 @@ def one_repeat(bucket: Bucket, n: int, index: int, tmp: Path) -> dict[str, float
     return out
 
 
+ROW_NAMES = ("intake", "restart", "idle", "policy", "burst", "probes", "cli", "memory")
 ROWS = (  # (label, key, format): the issue's table
     ("first cycle after a restart: seconds", "restart_s", "{:.1f}"),
     ("  requests", "restart_requests", "{:,.0f}"),
@@ -512,6 +521,7 @@ ROWS = (  # (label, key, format): the issue's table
     ("policy pass when one job changed, s", "policy_s", "{:.3f}"),
     ("memory per job (tracemalloc), KB", "memory_per_job_kb", "{:.1f}"),
     ("N specs written at once: all PENDING, s", "intake_s", "{:.1f}"),
+    ("  the users' writes alone took, s", "intake_writes_s", "{:.1f}"),
     ("  longest cycle meanwhile, s", "intake_longest_cycle_s", "{:.2f}"),
     ("burst of --burst `true` jobs: all started, s", "burst_s", "{:.1f}"),
     ("used-up markers: deleting them, s", "markers_delete_s", "{:.2f}"),
@@ -548,6 +558,13 @@ def main() -> None:
     parser.add_argument("--running", type=int, default=20, help="cpu pool of the N jobs")
     parser.add_argument("--burst", type=int, default=1000)
     parser.add_argument("--probes", type=int, default=10)
+    parser.add_argument(
+        "--rows",
+        nargs="+",
+        choices=ROW_NAMES,
+        default=list(ROW_NAMES),
+        help="rows to measure (the intake always runs: it fills the root)",
+    )
     parser.add_argument("--bucket_dir", default=default_bucket_dir(), help="the model's tmpfs")
     args = parser.parse_args()
     for n in args.jobs:

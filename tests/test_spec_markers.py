@@ -330,3 +330,40 @@ def test_a_burst_is_taken_in_over_bounded_cycles_oldest_first_without_waiting(tm
         assert all(rig.status(f"b{i:05d}") is not None for i in range(count))
     finally:
         rig.close()
+
+
+def test_while_a_burst_waits_a_look_lists_only_its_oldest_window_and_the_cancels(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a look saw a window's worth of markers, the next ones list only the oldest window
+    (and the cancel requests around it), not every marker: listing 100,000 markers a cycle to
+    take 1,000 in made a large intake quadratic. The backlog still runs cycles at once, a
+    cancel request is still seen, and once the burst is in, one plain listing again."""
+    window = 10
+    monkeypatch.setattr("bastion.daemon.ingest.INTAKE_PER_CYCLE", window)
+    watch = rig.daemon.specwatch
+    watch.markers_per_look = window
+    full: list[int] = []
+    plain_list = rig.daemon.store.requests.list
+    monkeypatch.setattr(
+        rig.daemon.store.requests, "list", lambda: full.append(1) or plain_list()
+    )  # a spy that counts full listings of jobs/user_states/ and lists as before
+    for i in range(35):
+        rig.submit(f"w{i:03d}")
+    taken: list[int] = []
+    seen: set[str] = set()
+    for cycle in range(5):
+        full.clear()
+        rig.step()
+        taken.append(len(set(rig.daemon.jobs) - seen))
+        seen |= set(rig.daemon.jobs)
+        assert len(full) == (1 if cycle in (0, 4) else 0), cycle
+        if cycle == 1:
+            assert rig.daemon.ctx.intake_backlog and watch.glance()  # no wait, no listing
+            assert not full
+            rig.client.cancel("w000", user_id="u")  # a cancel among the waiting markers
+    assert taken == [10, 10, 10, 5, 0]
+    assert rig.daemon.ctx.intake_backlog == 0
+    assert [m for m in rig.inbox() if is_marker(m)] == []
+    record = rig.complete_record("w000")
+    assert record is not None and record["state"]["outcome"] == "CANCELLED", record

@@ -69,6 +69,17 @@ class CountedObjects:
         self.count("list")
         return self.objects.list(self.path(*parts))
 
+    def list_range(
+        self,
+        *parts: str,
+        start: str | None = None,
+        end: str | None = None,
+        limit: int | None = None,
+    ) -> dict[str, ObjectInfo]:
+        """The names in [start, end), the first ``limit`` by name (Objects.list_range)."""
+        self.count("list")
+        return self.objects.list_range(self.path(*parts), start, end, limit)
+
     def find(self, *parts: str) -> dict[str, ObjectInfo]:
         """Every object below, at any depth, by relative name (one listing)."""
         self.count("list")

@@ -13,7 +13,13 @@ from typing import Any
 from fsspec import AbstractFileSystem
 from fsspec.asyn import sync
 
-from bastion.bucket.objects import ObjectInfo, Objects, PreconditionFailed, hidden_name
+from bastion.bucket.objects import (
+    ObjectInfo,
+    Objects,
+    PreconditionFailed,
+    hidden_name,
+    in_range,
+)
 from bastion.retry import read_back
 
 log = logging.getLogger(__name__)
@@ -72,6 +78,56 @@ class GcsObjects(Objects):
         else:  # one page does: remember nothing for small directories
             self._splits.pop(memo, None)
         return found
+
+    def list_range(
+        self,
+        directory: str,
+        start: str | None = None,
+        end: str | None = None,
+        limit: int | None = None,
+    ) -> dict[str, ObjectInfo]:
+        """startOffset and endOffset bound the names GCS lists; pages only until ``limit``."""
+        bucket, key, _ = self.fs.split_path(directory)
+        prefix = key.rstrip("/") + "/" if key.strip("/") else ""
+        bounds = (prefix + start if start else None, prefix + end if end is not None else None)
+        try:
+            items = sync(self.fs.loop, self._list_first, bucket, prefix, bounds, limit)
+        except FileNotFoundError:
+            return {}
+        found = {}
+        for item in items:
+            name = item["name"][len(prefix) :]
+            if name and not hidden_name(name) and "/" not in name and in_range(name, start, end):
+                found[name] = ObjectInfo(name, int(item.get("size") or 0), str(item["generation"]))
+        return dict(list(found.items())[:limit])
+
+    async def _list_first(
+        self,
+        bucket: str,
+        prefix: str,
+        bounds: tuple[str | None, str | None],
+        limit: int | None,
+    ) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        token = None
+        while True:
+            page = await self.fs._call(
+                "GET",
+                "b/{}/o",
+                bucket,
+                prefix=prefix,
+                delimiter="/",
+                startOffset=bounds[0],
+                endOffset=bounds[1],
+                maxResults=self.PAGE if limit is None else min(self.PAGE, max(1, limit)),
+                pageToken=token,
+                fields=self._FIELDS,
+                json_out=True,
+            )
+            items.extend(page.get("items", []))
+            token = page.get("nextPageToken")
+            if not token or (limit is not None and len(items) >= limit):
+                return items
 
     def read_with_token(self, path: str, limit: int | None = None) -> tuple[bytes, str] | None:
         """One GET: the download's ``x-goog-generation`` header is the generation of the bytes

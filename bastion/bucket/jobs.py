@@ -27,6 +27,7 @@ T = TypeVar("T")
 # Names starting with "_" are never job names, so markers and cancel requests share one
 # listing (see bastion/bucket/specwatch.py for why markers exist).
 MARKER_PREFIX = "_submitted-"
+MARKERS_END = "_submitted."  # the first name after every marker ("." follows "-")
 _HEX = frozenset("0123456789abcdef")
 
 
@@ -137,6 +138,19 @@ class Requests:
 
     def list(self) -> dict[str, ObjectInfo]:
         return self._bucket.list(JOBS, USER_STATES)
+
+    def list_markers(self, limit: int) -> dict[str, ObjectInfo]:
+        """The oldest ``limit`` submission markers by name (their writers' clocks): a ranged
+        listing that costs what it returns, however many more wait."""
+        return self._bucket.list_range(
+            JOBS, USER_STATES, start=MARKER_PREFIX, end=MARKERS_END, limit=limit
+        )
+
+    def list_cancels(self) -> dict[str, ObjectInfo]:
+        """Every entry but the markers (cancel requests, and anything else a user put there):
+        the ranges below and above the markers' names."""
+        below = self._bucket.list_range(JOBS, USER_STATES, end=MARKER_PREFIX)
+        return below | self._bucket.list_range(JOBS, USER_STATES, start=MARKERS_END)
 
     def read(self, name: str) -> bytes | None:
         return self._bucket.read(JOBS, USER_STATES, name)

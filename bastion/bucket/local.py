@@ -26,6 +26,7 @@ from bastion.bucket.objects import (
     Objects,
     PreconditionFailed,
     UnacceptableObject,
+    in_range,
     object_kind,
 )
 from bastion.retry import read_back
@@ -178,6 +179,33 @@ class LocalObjects(Objects):
                             {"ino": st.st_ino, "mtime": st.st_mtime, "size": st.st_size}
                         )
                         found[entry.name] = ObjectInfo(entry.name, st.st_size, token)
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+        return found
+
+    def list_range(
+        self,
+        directory: str,
+        start: str | None = None,
+        end: str | None = None,
+        limit: int | None = None,
+    ) -> dict[str, ObjectInfo]:
+        """Names first, then lstat for only those in the range and within ``limit``."""
+        found = {}
+        try:
+            with self._directory(directory + "/.") as (fd, _):
+                with os.scandir(fd) as entries:
+                    names = sorted(
+                        e.name
+                        for e in entries
+                        if not e.name.startswith(".") and in_range(e.name, start, end)
+                    )
+                for name in names:
+                    if limit is not None and len(found) >= limit:
+                        break
+                    sized = self._lstat_token(fd, name)
+                    if sized is not None:  # removed since listed
+                        found[name] = ObjectInfo(name, *sized)
         except (FileNotFoundError, NotADirectoryError):
             return {}
         return found

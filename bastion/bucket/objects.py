@@ -58,6 +58,20 @@ def hidden_name(name: str) -> bool:
     return any(part.startswith(".") for part in name.split("/"))
 
 
+def in_range(name: str, start: str | None, end: str | None) -> bool:
+    """Whether ``start <= name < end`` (an open bound is None): the order of a bucket's
+    listing, as GCS and S3 sort names by their UTF-8 bytes, which is Python's str order."""
+    return (start is None or name >= start) and (end is None or name < end)
+
+
+def first_in_range(
+    found: dict[str, ObjectInfo], start: str | None, end: str | None, limit: int | None
+) -> dict[str, ObjectInfo]:
+    """The entries of a listing in [start, end), the first ``limit`` by name, in name order."""
+    names = sorted(name for name in found if in_range(name, start, end))
+    return {name: found[name] for name in names[:limit]}
+
+
 def object_kind(mode: int) -> str:
     """What a non-regular file is, for an UnacceptableObject message."""
     return next((what for test, what in _KINDS if test(mode)), "is not a regular file")
@@ -110,6 +124,19 @@ class Objects:
                 continue  # temporary files and parts start with "."
             found[name] = ObjectInfo(name, int(entry.get("size") or 0), self.token(entry))
         return found
+
+    def list_range(
+        self,
+        directory: str,
+        start: str | None = None,
+        end: str | None = None,
+        limit: int | None = None,
+    ) -> dict[str, ObjectInfo]:
+        """As ``list``, only the names in [start, end), the first ``limit`` of them by name, in
+        name order. Derived here from ``list``; the backends override it so that a range costs
+        what it returns, not the whole directory (100,000 submission markers waiting, of which
+        a cycle takes 1,000 in: a full listing each cycle made the intake quadratic)."""
+        return first_in_range(self.list(directory), start, end, limit)
 
     def find(self, directory: str) -> dict[str, ObjectInfo]:
         """Every object under ``directory`` at any depth, by its name relative to it

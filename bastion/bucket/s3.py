@@ -53,7 +53,7 @@ from botocore.exceptions import BotoCoreError
 from fsspec import AbstractFileSystem
 from fsspec.asyn import sync
 
-from bastion.bucket.objects import ObjectInfo, Objects, PreconditionFailed
+from bastion.bucket.objects import ObjectInfo, Objects, PreconditionFailed, in_range
 from bastion.retry import read_back
 
 log = logging.getLogger(__name__)
@@ -112,6 +112,13 @@ def _as_oserror() -> Iterator[None]:
         if isinstance(e, OSError):
             raise
         raise ConnectionError(f"S3 request failed: {e}") from e
+
+
+def _just_before(name: str) -> str:
+    """A key below ``name`` that no key between it and ``name`` is likely to extend: its last
+    character one less (a name ending in the lowest character: the name without it)."""
+    last = ord(name[-1])
+    return name[:-1] + (chr(last - 1) + "\U0010ffff" if last > 1 else "")
 
 
 def _etag(value: Any) -> str:
@@ -179,6 +186,41 @@ class S3Objects(Objects):
                 if not name or "/" in name or name.startswith("."):
                     continue  # folder markers, and temporary objects start with "."
                 found[name] = ObjectInfo(name, int(entry.get("Size") or 0), _etag(entry["ETag"]))
+            if not page.get("IsTruncated"):
+                return found
+            request["ContinuationToken"] = page["NextContinuationToken"]
+
+    def list_range(
+        self,
+        directory: str,
+        start: str | None = None,
+        end: str | None = None,
+        limit: int | None = None,
+    ) -> dict[str, ObjectInfo]:
+        """ListObjectsV2 from just before ``start`` (StartAfter is exclusive, so it starts
+        after the last name below ``start`` can share its beginning), pages until ``end`` or
+        ``limit``."""
+        bucket, key = self._split(directory)
+        prefix = key.strip("/") + "/" if key.strip("/") else ""
+        request: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "Delimiter": "/"}
+        if start:
+            request["StartAfter"] = prefix + _just_before(start)
+        if limit is not None:
+            request["MaxKeys"] = min(1000, max(1, limit))
+        found: dict[str, ObjectInfo] = {}
+        while True:
+            try:
+                page = self._call("list_objects_v2", **request, **self.fs.req_kw)
+            except FileNotFoundError:  # no such bucket
+                return {}
+            for entry in page.get("Contents", []):
+                name = entry["Key"][len(prefix) :]
+                if (end is not None and name >= end) or len(found) == limit:
+                    return found
+                listed = name and "/" not in name and not name.startswith(".")
+                if listed and in_range(name, start, end):
+                    size = int(entry.get("Size") or 0)
+                    found[name] = ObjectInfo(name, size, _etag(entry["ETag"]))
             if not page.get("IsTruncated"):
                 return found
             request["ContinuationToken"] = page["NextContinuationToken"]

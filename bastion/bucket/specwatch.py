@@ -14,7 +14,11 @@ spec would be, and at the end of the cycle deletes the markers it consumed (in t
 one batch request per 100 on GCS). So the prefix holds only what is not yet taken in, its
 listing costs O(new) whatever came before, and no client's clock is trusted: the time in the
 name only sorts markers for a human listing the bucket, and a unique part keeps a second write
-of the same spec from being lost when the first one's marker is deleted.
+of the same spec from being lost when the first one's marker is deleted. While a burst waits
+(the last look saw ``MARKERS_PER_LOOK`` markers or more), a look lists only the oldest
+``MARKERS_PER_LOOK`` markers (a ranged listing: GCS startOffset/endOffset, S3 StartAfter, a
+local directory's names before any stat) and the cancel requests around them, so taking in
+100,000 specs costs O(100,000) listed names, not 100 full listings of what is left.
 
 What a marker cannot tell (plain tools write none) the full listing still finds, by token, as
 before: a spec copied in with ``gsutil cp``, replaced or deleted by hand, or written by an older
@@ -54,6 +58,10 @@ FULL_LISTING_SECONDS = 30.0  # the longest a spec written by plain tools waits t
 LISTING_SECONDS_PER_SPEC = 0.002
 # A listing of at most GcsObjects.SPLIT_EVERY (800) names is one request: then every cycle.
 EVERY_CYCLE_BELOW = 801
+# Markers a look takes at most (the daemon's intake per cycle). While more wait, the next look
+# lists only the oldest this many (a ranged listing) and the cancel requests around them: 100,000
+# markers listed in full every cycle, to take 1,000 in, made a 100,000-spec intake quadratic.
+MARKERS_PER_LOOK = 1000
 
 
 @dataclass
@@ -65,6 +73,7 @@ class Look:
     specs: dict[str, ObjectInfo] | None  # every spec and its token, when the listing ran
     now: float
     malformed: list[str] = field(default_factory=list)  # markers no client writes
+    more_markers: bool = False  # a ranged look filled its window: more wait behind it
 
     @property
     def full(self) -> bool:
@@ -79,10 +88,13 @@ class SpecWatch:
         store: Store,
         full_listing_seconds: float = FULL_LISTING_SECONDS,
         every_cycle_below: int = EVERY_CYCLE_BELOW,
+        markers_per_look: int = MARKERS_PER_LOOK,
     ) -> None:
         self.store = store
         self.full_listing_seconds = full_listing_seconds
         self.every_cycle_below = every_cycle_below
+        self.markers_per_look = markers_per_look
+        self._ranged = False  # the last look saw a window's worth of markers: list ranges
         self._last_full: float | None = None  # when the last full listing was taken in
         self._last_count = 0  # specs it found
         self._consumed: list[str] = []  # markers taken in this cycle, not yet handed off
@@ -94,7 +106,10 @@ class SpecWatch:
     def glance(self) -> bool:
         """Between cycles: whether jobs/user_states/ lists a marker or a cancel request the
         last look did not (one listing request), so the next cycle need not wait its poll:
-        submit to running in about a glance's period. A failed listing says no."""
+        submit to running in about a glance's period. A failed listing says no. After a
+        ranged look (a burst's markers still wait) it says yes without listing them all."""
+        if self._ranged:
+            return True
         try:
             entries = self.store.requests.list()
         except Exception:  # the next cycle's look reports what is wrong
@@ -105,6 +120,7 @@ class SpecWatch:
         """The daemon stopped acting: the next look lists everything, and what it consumed
         but did not delete stays for whoever acts next."""
         self._last_full = None
+        self._ranged = False
         self._consumed = []
         with self._lock:
             self._undeleted.clear()
@@ -126,9 +142,9 @@ class SpecWatch:
         the spec listing covers each marker it comes with."""
         with self._lock:  # before the listing: a delete that ends in between is not listed
             deleting = self._deleting | self._undeleted
-        entries = self.store.requests.list()
+        entries, more = self._entries(len(deleting))
         self._listed = set(entries)
-        look = Look(requests={}, markers={}, specs=None, now=now)
+        look = Look(requests={}, markers={}, specs=None, now=now, more_markers=more)
         for entry, info in entries.items():
             if not is_marker(entry):
                 look.requests[entry] = info
@@ -146,9 +162,20 @@ class SpecWatch:
                 self.store.requests.url(entry),
                 self.listing_period(),
             )
+        self._ranged = len(look.markers) + len(look.malformed) >= self.markers_per_look
         if full or self.due(now):
             look.specs = self.store.specs.list()
         return look
+
+    def _entries(self, deleting: int) -> tuple[dict[str, ObjectInfo], bool]:
+        """jobs/user_states/: in one listing while it is small; after a look that filled its
+        window, the cancel requests and only the oldest window of markers (plus those being
+        deleted, which sort first and are left out), and whether that window was full."""
+        if not self._ranged:
+            return self.store.requests.list(), False
+        window = self.markers_per_look + deleting
+        markers = self.store.requests.list_markers(window)
+        return self.store.requests.list_cancels() | markers, len(markers) >= window
 
     def taken_in(self, look: Look, unread: set[str]) -> None:
         """The cycle took ``look`` in, except the specs in ``unread`` (their read failed, so

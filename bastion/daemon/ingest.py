@@ -10,7 +10,7 @@ from typing import Any
 
 from bastion import lifecycle
 from bastion.bucket.objects import ObjectInfo
-from bastion.bucket.specwatch import Look
+from bastion.bucket.specwatch import MARKERS_PER_LOOK, Look
 from bastion.daemon import events, pools
 from bastion.daemon.context import Context, Job
 from bastion.jobspec import JobSpec, SpecError, name_problem, requester, spec_changes
@@ -21,8 +21,9 @@ from bastion.suggest import did_you_mean
 log = logging.getLogger("bastion.daemon")
 # Marked specs read per cycle: a burst of 20,000 is taken in over cycles of about a second
 # each (the rest wait, their markers kept, for the next cycle, which runs at once), so the
-# jobs already running are observed in between instead of after one cycle of a minute.
-INTAKE_PER_CYCLE = 1000
+# jobs already running are observed in between instead of after one cycle of a minute. As
+# many as a look lists markers once a burst is waiting (bastion/bucket/specwatch.py).
+INTAKE_PER_CYCLE = MARKERS_PER_LOOK
 
 
 def read_specs(ctx: Context, look: Look, now: float) -> None:
@@ -39,7 +40,8 @@ def read_specs(ctx: Context, look: Look, now: float) -> None:
         changed = intake_order(ctx, look)
         read = ctx.store.specs.read_with_token
     changed, later = changed[:INTAKE_PER_CYCLE], changed[INTAKE_PER_CYCLE:]
-    ctx.intake_backlog = len(later)  # the loop runs the next cycle without waiting its poll
+    # the loop runs the next cycle without waiting its poll (markers beyond a ranged look too)
+    ctx.intake_backlog = len(later) + look.more_markers
     results = dict(zip(changed, ctx.pool.map(pools.quietly(read), changed), strict=True))
     unread = set(later)  # their markers stay, to be taken in next cycle
     for name in changed:
