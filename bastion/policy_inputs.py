@@ -7,7 +7,7 @@ reads is computed from exactly what the daemon decides on.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -25,6 +25,16 @@ def phase_of(state: JobState) -> Phase | None:
     if state.status in (Status.ACTIVE, Status.CANCELLING, Status.CLEANING):
         return Phase.RELEASING  # still holds its resources until it is gone
     return None
+
+
+def timeless(state: JobState) -> bool:
+    """Whether the request ``job_request`` builds from ``state`` is the same at any ``now``:
+    ``request`` reads ``now`` only for a missing submit time, a missing pending time (which
+    the submit time stands for) and a running job's missing start."""
+    phase = phase_of(state)
+    return phase is None or bool(
+        state.submit_time and (phase is Phase.PENDING or state.running_since)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,11 +145,3 @@ def request(
         if phase is Phase.PENDING
         else None,
     )
-
-
-def policy_requests(
-    jobs: Iterable[tuple[str, JobSpec | None, JobState]], now: float
-) -> list[JobRequest]:
-    """The policy's input: every job that holds or wants capacity, as (name, spec, state).
-    The one place both the daemon's pass and ``bastion why`` build it."""
-    return [r for name, spec, state in jobs if (r := job_request(name, spec, state, now))]

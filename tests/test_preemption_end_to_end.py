@@ -33,8 +33,12 @@ def _status(bastion, name):
 
 
 def test_owner_reclaims_borrowed_capacity(bastion, tmp_path):
+    """The borrowers run until a1 has run (at most 30 s), not for a fixed time: with a fixed
+    sleep, a slow launch of a1 let b1 end first, and a1 took its room without a preemption."""
     _write_quota(bastion)
     bastion.start()
+    a1_ran = tmp_path / "a1-ran"
+    until_a1 = f"for i in $(seq 150); do [ -e {a1_ran} ] && break; sleep 0.2; done"
     for name in ("b1", "b2"):  # prod borrows research's idle half
         bastion.cli(
             "launch",
@@ -43,7 +47,7 @@ def test_owner_reclaims_borrowed_capacity(bastion, tmp_path):
             "--user_id=bob",
             "--resources=cpu=2",
             "--",
-            f"echo {name} attempt $BASTION_ATTEMPT; sleep 4; echo {name} done",
+            f"echo {name} attempt $BASTION_ATTEMPT; {until_a1}; echo {name} done",
         )
         wait_for(lambda n=name: _status(bastion, n) == "ACTIVE", what=f"{name} running")
     bastion.cli(
@@ -53,7 +57,7 @@ def test_owner_reclaims_borrowed_capacity(bastion, tmp_path):
         "--user_id=alice",
         "--resources=cpu=2",
         "--",
-        "echo a1 runs; sleep 1",
+        f"echo a1 runs; sleep 1; touch {a1_ran}",
     )
     a1 = bastion.wait_complete("a1", timeout=30)
     assert a1["state"]["outcome"] == "SUCCEEDED"

@@ -23,7 +23,6 @@ from bastion.daemon.context import (
 )
 from bastion.jobstate import Status
 from bastion.lifecycle import RUN
-from bastion.policy_inputs import policy_requests
 from bastion.runners.base import (
     attempt_name,
 )
@@ -45,7 +44,7 @@ def run_pass(ctx: Context, now: float) -> bool:
     not_started = holding(ctx, now)  # runners that could not start them: back later
     held = gates.hold_back(ctx, now) | set(not_started)  # dependencies, group limits too
     offered = (j for j in ctx.jobs.values() if j.name not in held)
-    requests = policy_requests(((j.name, j.spec, j.state) for j in offered), now)
+    requests = [r for j in offered if (r := j.policy_request(now))]
     if config is None:
         for job in ctx.jobs.values():
             if job.state.status is Status.PENDING and job.name not in held:
