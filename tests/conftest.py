@@ -7,6 +7,7 @@ from tests.docker_engine import docker_engine  # noqa: F401 (a session fixture)
 from tests.gcs_emulator import GcsEmulator
 from tests.harness import Bastion
 from tests.kube_cluster import cluster, kube  # noqa: F401 (a real kube-apiserver, played controllers)
+from tests.s3_server import s3_server  # noqa: F401 (a session fixture: moto's S3 server)
 from tests.slurm_cluster import slurm, slurm_cluster  # noqa: F401 (session fixture and its reset)
 
 BUCKET = "bastion-test"  # the session emulator's shared bucket, for a few objects only

@@ -12,7 +12,10 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from tests.local_server import free_port, wait_until_serving
 
@@ -221,3 +224,23 @@ class ResponseDropper:
         with contextlib.suppress(OSError):
             while chunk := client.recv(65536):
                 upstream.sendall(chunk)
+
+
+S3_BUCKET = "bastion-s3-test"
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoS3Server]:
+    """One moto server for the session (conftest imports this fixture), its bucket made and
+    the AWS variables set. One, not one per module: fsspec caches an S3 filesystem per set of
+    arguments, and the endpoint comes from the environment, so a second server's tests would
+    reach the first one's filesystem while their fault proxies stood before the second."""
+    server = MotoS3Server(tmp_path_factory.mktemp("s3")).start()
+    try:
+        server.create_bucket(S3_BUCKET)
+        with pytest.MonkeyPatch.context() as env:
+            for key, value in server.env().items():
+                env.setenv(key, value)
+            yield server
+    finally:
+        server.stop()

@@ -22,8 +22,7 @@ from tests.conftest import fresh_gcs_root
 from tests.faultproxy import FaultProxy
 from tests.flakyfs import FailurePlan, FlakyFileSystem
 from tests.gcs_emulator import GcsEmulator
-from tests.test_s3 import BUCKET as S3_BUCKET
-from tests.test_s3 import s3_server  # noqa: F401 (a session fixture: moto's S3)
+from tests.s3_server import S3_BUCKET
 
 
 @pytest.fixture

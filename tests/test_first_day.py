@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -225,7 +226,10 @@ def test_logs_follow_on_a_waiting_job_says_why_once_and_ctrl_c_says_it_keeps_run
         )
         time.sleep(3)  # many polls with the same reason
         follower.send_signal(signal.SIGINT)
-        _, err = follower.communicate(timeout=30)
+        try:
+            _, err = follower.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # seen twice in full runs, never alone: say why
+            raise AssertionError(f"the follower ignored Ctrl-C: {_signals(follower.pid)}") from None
     finally:
         if follower.poll() is None:
             follower.kill()
@@ -236,6 +240,19 @@ def test_logs_follow_on_a_waiting_job_says_why_once_and_ctrl_c_says_it_keeps_run
     assert "stopped following second; the job keeps running" in err
     assert "bastion cancel second" in err and "Traceback" not in err
     assert (b.state("second") or {}).get("status") == "PENDING"
+
+
+def _signals(pid: int) -> str:
+    """What the kernel says of a process's signals (blocked, ignored, caught, pending) and
+    where it sleeps: a Ctrl-C that is never handled is either masked, ignored or waiting
+    behind a call that does not return."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+    except OSError as e:
+        return f"(could not read /proc/{pid}: {e})"
+    lines = [ln for ln in status if ln.startswith(("State", "Threads", "Sig", "ShdPnd"))]
+    return "; ".join(lines) + f"; wchan {wchan}"
 
 
 # -- quiet, fast output on gs:// -----------------------------------------------------------

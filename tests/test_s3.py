@@ -18,7 +18,7 @@ from bastion.bucket.s3 import MIN_PART, S3Objects
 from bastion.bucket.store import Store, UnacceptableObject
 from tests.harness import Bastion
 from tests.local_server import free_port
-from tests.s3_server import MotoS3Server, ResponseDropper
+from tests.s3_server import S3_BUCKET, ResponseDropper
 
 # The foundation's end-to-end tests, run unchanged with ROOT on s3:// (the ``bastion`` fixture
 # below replaces conftest's local/gcs one in this module): launch, logs --follow, list --all,
@@ -30,20 +30,7 @@ from tests.test_end_to_end import (  # noqa: F401
     test_launch_logs_follow_list_history,
 )
 
-BUCKET = "bastion-s3-test"
-
-
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory):
-    server = MotoS3Server(tmp_path_factory.mktemp("s3")).start()
-    try:
-        server.create_bucket(BUCKET)
-        with pytest.MonkeyPatch.context() as env:
-            for key, value in server.env().items():
-                env.setenv(key, value)
-            yield server
-    finally:
-        server.stop()
+BUCKET = S3_BUCKET  # s3_server (conftest) creates it; one moto server for the session
 
 
 @pytest.fixture
