@@ -43,6 +43,7 @@ import sys, time
 from bastion.daemon import snapshot
 from bastion.daemon.start import build_daemon
 snapshot.SNAPSHOT_SECONDS = 1.0  # so the kill finds a snapshot a few changes behind
+snapshot.SNAPSHOT_SECONDS_PER_JOB = 0.0  # (5,000 jobs would make it 5 s)
 root, work, state_dir = sys.argv[1:4]
 daemon = build_daemon(root, work_dir=work, gpus=[], settings={
     "default_runner": "fake", "runners": {"fake": {"state_dir": state_dir}}})

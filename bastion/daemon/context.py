@@ -39,6 +39,10 @@ DECISION_RECORDS_KEPT = 1000
 DECISION_RECORD_BYTES = 8 << 10  # one record's decisions; the rest of a burst is counted
 OUTPUT_CHUNK = 8 << 20  # bytes of one attempt's output copied per read
 REPLAN_SECONDS = 30.0  # a quiet queue's pass runs at least this often (decayed usage moves)
+# ... and on a large queue at most once per this per job held: a pass costs about 15 us a job,
+# so a quiet queue's passes take at most 1% of a core (100,000 jobs: every 150 s, not 30 s;
+# the times a decision depends on, such as a minimum runtime's end, still replan on time).
+REPLAN_SECONDS_PER_JOB = 0.0015
 QUEUE_NAMES_KEPT = 1000  # per project in the queue summary: its size stays bounded
 QUEUE_REASONS_KEPT = 50  # full (volatile) wait reasons per project in the queue summary
 _PART_OF_ATTEMPT = re.compile(r"-s?\d+$")  # an attempt name ends -a<N>[c]: never matched
@@ -131,6 +135,11 @@ class Job:
             return True
         self.state.mark_written()
         return False
+
+
+def replan_period(jobs: int) -> float:
+    """Seconds a quiet queue of ``jobs`` keeps its plan (REPLAN_SECONDS_PER_JOB)."""
+    return max(REPLAN_SECONDS, jobs * REPLAN_SECONDS_PER_JOB)
 
 
 @dataclass

@@ -199,7 +199,7 @@ class Daemon:
         done("list")
         if not self.ctx.recovered:
             assert look.specs is not None  # the first look lists every spec
-            recovery.recover(self.ctx, look.specs)  # raises if a state is unreadable: again
+            recovery.recover(self.ctx, look.specs, now)  # raises if a state is unreadable: again
             self.ctx.recovered = True
             done("recover")
         self.ctx.cycles += 1

@@ -16,10 +16,10 @@ from bastion.daemon.context import (
     DECISION_RECORDS_KEPT,
     QUEUE_NAMES_KEPT,
     QUEUE_REASONS_KEPT,
-    REPLAN_SECONDS,
     Context,
     Job,
     NotHolding,
+    replan_period,
 )
 from bastion.jobstate import Status
 from bastion.lifecycle import RUN
@@ -40,7 +40,8 @@ def run_pass(ctx: Context, now: float) -> bool:
         return False  # no job changed and no time threshold passed: the last plan stands
     ctx.inputs_changed = False
     ctx.planned_config = config
-    ctx.replan_at = now + REPLAN_SECONDS
+    period = replan_period(len(ctx.jobs))
+    ctx.replan_at = now + period
     not_started = holding(ctx, now)  # runners that could not start them: back later
     held = gates.hold_back(ctx, now) | set(not_started)  # dependencies, group limits too
     offered = (j for j in ctx.jobs.values() if j.name not in held)
@@ -52,9 +53,7 @@ def run_pass(ctx: Context, now: float) -> bool:
                 events.apply(ctx, job, lifecycle.QuotaInvalid(invalid), now)
         return True
     plan = schedule(config, requests, ctx.quota.usage_for(requests, now), now)
-    ctx.replan_at = min(
-        [replan_by(config, requests, now, now + REPLAN_SECONDS), *not_started.values()]
-    )
+    ctx.replan_at = min([replan_by(config, requests, now, now + period), *not_started.values()])
     grace = config.scheduling.preemption_grace_seconds
     changed = []
     failed = False

@@ -26,8 +26,13 @@ from bastion.runners.base import (
 log = logging.getLogger("bastion.daemon")
 
 
-def recover(ctx: Context, specs: dict[str, ObjectInfo]) -> None:
-    """First cycle: load every state, so attempts are found by name, never started again."""
+def recover(ctx: Context, specs: dict[str, ObjectInfo], cycle_time: float | None = None) -> None:
+    """First cycle: load every state, so attempts are found by name, never started again.
+    Every state was just read and marked, so the whole-queue check (``upkeep``) is next due
+    one period after ``cycle_time`` (the cycle's clock), not at the first upkeep: at 100,000
+    jobs that check costs about 5 s of CPU and would find nothing."""
+    if cycle_time is not None:
+        ctx.queue_checked_at = cycle_time
     if ctx.info:
         ctx.store.daemon_info.write({**ctx.info, "acting_since": time.time()})
     ctx.logs.forget_remote()
