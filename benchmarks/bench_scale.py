@@ -36,12 +36,12 @@ Per repeat, on a fresh root, in this order:
 Nothing is written directly: every state comes from the daemon's own intake (at 100,000 jobs
 allow tens of minutes on a small machine).
 
-Measured (2 cores shared with two full test runs, load 15-130; min-max over 3, 10,000 jobs,
-local root, 20 ms): restart 11.4-34.1 s and 20,055 requests; idle CPU 4.5-5.2% of a core;
-policy pass 0.28-0.61 s; 4.2 KB per job; 10,000 specs all PENDING after 23-85 s with one
-14-73 s cycle (the one that reads every marked spec); burst of 1,000 all started 4.5-7.2 s;
-markers deleted in 1.2-2.7 s, 102 requests in 3 calls; list --json 30-32 s, why 30-33 s;
-submit -> running median 2.7-3.6 s.
+Measured (2-core VM, nothing else running, one repeat each; local root, 20 ms): 10,000 jobs
+(adcfbc4's parents): restart 3.4-3.5 s and 120 requests; idle 3.0-3.1% of a core; policy pass
+0.12-0.15 s; 2.96 KB per job; all PENDING 36.5-40.3 s (the users' writes alone 14-18 s); burst
+2.4-2.8 s; list 2.6-2.9 s, why 2.2-2.7 s. 100,000 jobs (adcfbc4): restart 22.9 s, 344 requests;
+idle 35% of a core; policy pass 1.38 s; 2.95 KB per job; all PENDING 531 s (writes alone 155 s);
+markers deleted in 101 calls, 1,001 requests; list 15.8 s, why 12.0 s.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ def _parsed(document: object) -> object:
     return json.loads(json.dumps(document))  # json shares strings only within one document
 
 
-def test_keys_and_short_values_are_one_object_across_documents() -> None:
+def test_keys_and_short_values_are_one_object_across_documents(monkeypatch) -> None:
+    monkeypatch.setattr(interning, "_shared", {})  # earlier tests may have filled the table
     first = interned(_parsed({"status": "PENDING", "events": [{"kind": "local"}]}))
     second = interned(_parsed({"status": "PENDING", "events": [{"kind": "local"}]}))
     assert first == second
