@@ -23,18 +23,9 @@ from bastion.bucket.store import Store
 from bastion.daemon import Daemon, recovery
 from bastion.daemon.start import build_daemon
 from launch.api import Client, new_jobspec
+from tests.test_snapshot import QUOTA
 
 JOBS = 30
-QUOTA = """\
-[toml-schema]
-version = "1"
-[total_resources]
-cpu = 2
-[project_membership]
-default = [".*"]
-[project_resources.default]
-cpu = 1.0
-"""
 
 
 class Rig:

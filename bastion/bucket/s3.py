@@ -172,23 +172,7 @@ class S3Objects(Objects):
 
     def list(self, directory: str) -> dict[str, ObjectInfo]:
         """One ListObjectsV2 request per 1,000 objects; subfolders and dot-names skipped."""
-        bucket, key = self._split(directory)
-        prefix = key.strip("/") + "/" if key.strip("/") else ""
-        request: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "Delimiter": "/"}
-        found: dict[str, ObjectInfo] = {}
-        while True:
-            try:
-                page = self._call("list_objects_v2", **request, **self.fs.req_kw)
-            except FileNotFoundError:  # no such bucket
-                return {}
-            for entry in page.get("Contents", []):
-                name = entry["Key"][len(prefix) :]
-                if not name or "/" in name or name.startswith("."):
-                    continue  # folder markers, and temporary objects start with "."
-                found[name] = ObjectInfo(name, int(entry.get("Size") or 0), _etag(entry["ETag"]))
-            if not page.get("IsTruncated"):
-                return found
-            request["ContinuationToken"] = page["NextContinuationToken"]
+        return self.list_range(directory)
 
     def list_range(
         self,
