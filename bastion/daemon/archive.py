@@ -47,6 +47,7 @@ def finalize_all(ctx: Context, now: float) -> None:
             log.error("%s: could not record the finished job (will retry): %s", job.name, result)
         else:
             ctx.jobs.pop(job.name, None)  # its end was news to the policy already
+            ctx.job_changes += 1
             ctx.finished_status[job.name] = job.state.display_status  # for its dependents
             ctx.ledger.forget(job.name)  # its last attempt's end is in the ledger already
             status_page.note_finished(ctx, job)

@@ -199,6 +199,9 @@ class Context:
         # quiet (Job.quiet). events.apply adds the job it changes; the cycle's end drops the
         # ones gone quiet; so an idle cycle's steps cost what is under way, not the queue.
         self.attention: dict[str, None] = {}
+        # Grows whenever a job's state or spec is replaced (attend) or a job comes or goes:
+        # what the status page compares to know its jobs changed without a pass over them.
+        self.job_changes = 0
         # Archived jobs' statuses as their records say, for the jobs that wait for them
         # (bastion/daemon/gates.py): read once each, forgotten when a name is archived again.
         self.finished_status: dict[str, str | None] = {}
@@ -228,8 +231,10 @@ class Context:
         self.replan_at = 0.0
 
     def attend(self, job: Job) -> None:
-        """``job`` may need a step's work: every step that skips quiet jobs looks at it."""
+        """``job`` may need a step's work (it changed): every step that skips quiet jobs
+        looks at it."""
         self.attention[job.name] = None
+        self.job_changes += 1
 
     def attending(self) -> list[Job]:
         """The jobs that may need a step's work (a copy: a step may change what it holds)."""

@@ -165,6 +165,7 @@ class Daemon:
         if self.ctx.jobs or self.ctx.recovered:
             log.info("not acting on %s; forgetting in-memory state", self.ctx.store.root_url)
         self.ctx.jobs.clear()
+        self.ctx.job_changes += 1
         self.ctx.start_retries.clear()
         self.ctx.deleting.clear()
         self.ctx.deletes_in_pool.clear()

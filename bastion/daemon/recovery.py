@@ -39,6 +39,7 @@ def recover(ctx: Context, specs: dict[str, ObjectInfo], cycle_time: float | None
     states = ctx.store.states.list()
     raws, fresh_specs = read_states(ctx, specs, states)
     ctx.jobs.clear()
+    ctx.job_changes += 1
     ctx.attention.clear()
     for name, raw in sorted(raws.items()):
         if raw is None:

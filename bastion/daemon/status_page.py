@@ -1,5 +1,6 @@
 """Publish: hand the status page what the cycle holds; it renders off the cycle's path
-(``bastion.status.publisher``). Costs the cycle one pass over job references when due."""
+(``bastion.status.publisher``). Costs the cycle one pass over job references when due and a
+job changed since the last page."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import logging
 
 from bastion.daemon.context import Context, Job
 from bastion.jobstate import Status
+from bastion.status.data import Job as PageJob
 from bastion.status.publisher import NOTED_OUTCOMES
 
 log = logging.getLogger("bastion.daemon")
@@ -22,9 +24,12 @@ def offer_page(ctx: Context, now: float) -> None:
             ctx.queue_written,
             json.loads(ctx.queue_written) if ctx.queue_written else None,
         )
-    due = ctx.cycles % ctx.page.every_cycles == 0  # else declined: no list of every job
-    jobs = [(j.name, j.spec, j.state) for j in ctx.jobs.values()] if due else []
-    ctx.page.offer(ctx.cycles, jobs, ctx.page_queue[1], records, now)
+    jobs = ctx.jobs
+
+    def listed() -> list[PageJob]:  # only when a job changed since the last page
+        return [(j.name, j.spec, j.state) for j in jobs.values()]
+
+    ctx.page.offer(ctx.cycles, ctx.job_changes, listed, ctx.page_queue[1], records, now)
 
 
 def note_finished(ctx: Context, job: Job) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from bastion.jobspec import JobSpec
@@ -23,6 +24,7 @@ RUNNING_SHOWN = 200  # by project, longest-running first; the rest are counted
 RECENT_SHOWN = 100  # preemptions and failures of the last day
 PLOT_POINTS = 96  # one per 15 minutes over the last day
 DAY, WEEK = 86400.0, 7 * 86400.0
+LIVE = (Status.ACTIVE, Status.CANCELLING, Status.CLEANING)  # the running list's statuses
 TEXT_CHARS = 300  # of a reason on the page (`bastion why NAME` has the whole story)
 
 
@@ -107,9 +109,8 @@ def queue_rows(
 def running_rows(jobs: Sequence[Job], link: Link, now: float) -> list[dict[str, Any]]:
     """Admitted jobs: runner, workers' health, how long they have run, time left to stop."""
     rows = []
-    live = (Status.ACTIVE, Status.CANCELLING, Status.CLEANING)
     for name, spec, state in jobs:
-        if state.status not in live:
+        if state.status not in LIVE:
             continue
         project, user, resources = _who(spec)
         record = state.run_attempt or state.cleanup_attempt
@@ -226,10 +227,35 @@ def _instant_at_or_after(t: float, t0: float, step: float) -> int:
     return min(PLOT_POINTS, max(0, math.ceil((t - t0) / step - 1)))
 
 
+@dataclass(frozen=True)
+class JobsView:
+    """What the page shows of the jobs, made when one of them changed: the waiting jobs'
+    rows (they do not age), the live jobs (their rows say how long they ran: made at each
+    render, from these few) and the counts. A page refreshed only for its age is made from
+    the last view, with no pass over a queue that did not change (100,000 jobs: 0.7 s)."""
+
+    queue: list[dict[str, Any]]
+    live: list[Job]
+    counts: dict[str, int]
+
+
+def jobs_view(jobs: Sequence[Job], queue: Mapping[str, Any] | None, link: Link) -> JobsView:
+    return JobsView(
+        queue=queue_rows(jobs, queue, link),
+        live=[job for job in jobs if job[2].status in LIVE],
+        counts={
+            "jobs": len(jobs),
+            "waiting": sum(1 for _, _, s in jobs if s.status is Status.PENDING),
+            "running": sum(1 for _, _, s in jobs if s.status is Status.ACTIVE),
+        },
+    )
+
+
 def page_data(
     *,
     root_url: str,
-    jobs: Sequence[Job],
+    jobs: Sequence[Job] = (),
+    view: JobsView | None = None,
     queue: Mapping[str, Any] | None,
     attempts: Sequence[Attempt],
     finished: Iterable[Mapping[str, Any]] = (),
@@ -238,22 +264,20 @@ def page_data(
     now: float,
     log_link: Link,
 ) -> dict[str, Any]:
-    """Everything the page shows, as JSON-able data."""
+    """Everything the page shows, as JSON-able data: of ``jobs``, or of their ``view`` made
+    earlier (``jobs_view``, with the same ``queue``)."""
+    view = view if view is not None else jobs_view(jobs, queue, log_link)
     return {
         "rendered": now,
         "root": root_url,
         "daemon": daemon,
         "free": dict((queue or {}).get("free") or {}),
         "pool": pool_rows(queue),
-        "queue": queue_rows(jobs, queue, log_link),
-        "running": running_rows(jobs, log_link, now),
+        "queue": view.queue,
+        "running": running_rows(view.live, log_link, now),
         "recent": recent_rows(attempts, finished, log_link, now),
         "usage": usage_rows(attempts, now),
         "plot": plot_series(attempts, queue, now),
         "queue_lengths": [list(p) for p in queue_lengths if now - p[0] <= DAY],
-        "counts": {
-            "jobs": len(jobs),
-            "waiting": sum(1 for _, _, s in jobs if s.status is Status.PENDING),
-            "running": sum(1 for _, _, s in jobs if s.status is Status.ACTIVE),
-        },
+        "counts": dict(view.counts),
     }

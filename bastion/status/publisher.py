@@ -1,11 +1,14 @@
 """Writing the status page off the cycle's path.
 
-The cycle hands ``offer`` references to what it holds (no copy of a state, no I/O): at most
-every ``every_cycles`` cycles, and only when something changed (a job's state object, the
-queue summary, new ledger records) or the page is REFRESH_SECONDS old, so a live daemon's
-page is never a minute old and a quiet one is not rewritten each cycle. One background thread
-renders and writes it; while it runs, offers are declined, so at most one render is in flight
-and its cost never adds up behind the cycle.
+The cycle offers a page at most every ``every_cycles`` cycles, with a count of the changes to
+its jobs (a state or spec replaced, a job come or gone: ``Context.job_changes``) and a way to
+list them. A page is made only when something changed (that count, the queue summary, new
+ledger records) or it is REFRESH_SECONDS old, so a live daemon's page is never a minute old
+and a quiet one is not rewritten each cycle. The jobs are listed (references, no copy of a
+state, no I/O) only when they changed: a page refreshed for its age alone is made from the
+last ``JobsView``, so a quiet queue of 100,000 jobs costs no pass over them. One background
+thread renders and writes the page; while it runs, offers are declined, so at most one render
+is in flight and its cost never adds up behind the cycle.
 
 The page's ledger view is read once (the last 7 days, in the background) and then kept up by
 the records the daemon appends; the queue-length samples are kept in ``status.json`` and read
@@ -20,12 +23,12 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from bastion.bucket.store import Store
 from bastion.jobstate import Outcome
-from bastion.status.data import DAY, RECENT_SHOWN, WEEK, Job, page_data
+from bastion.status.data import DAY, RECENT_SHOWN, WEEK, Job, JobsView, jobs_view, page_data
 from bastion.status.html import render
 from bastion.usage.report import Attempt, merge, read_attempts
 
@@ -47,7 +50,8 @@ class PagePublisher:
         self._records: list[dict[str, Any]] = []  # appended since the last render
         self._queue_lengths: list[list[float]] | None = None
         self._finished: collections.deque[dict[str, Any]] = collections.deque(maxlen=RECENT_SHOWN)
-        self._fingerprint: int | None = None
+        self._fingerprint: tuple[int, int] | None = None
+        self._view: JobsView | None = None  # of the jobs at the last change (data.JobsView)
         self._written_at = -REFRESH_SECONDS
         self.renders = 0
         self.last_seconds = 0.0
@@ -71,26 +75,29 @@ class PagePublisher:
     def offer(
         self,
         cycle: int,
-        jobs: Sequence[Job],
+        changes: int,
+        jobs: Callable[[], Sequence[Job]],
         queue: Mapping[str, Any] | None,
         records: list[dict[str, Any]],
         now: float,
     ) -> bool:
-        """On the cycle's thread: start a render when one is due (True), else nothing."""
+        """On the cycle's thread: start a render when one is due (True), else nothing.
+        ``changes`` grows whenever a job changes; ``jobs()`` lists them, called only then."""
         self._records.extend(records)
         if cycle % self.every_cycles:
             return False
-        fingerprint = hash((tuple(id(state) for _, _, state in jobs), id(queue)))
+        fingerprint = (changes, id(queue))
         quiet = fingerprint == self._fingerprint and not self._records
         if quiet and time.monotonic() - self._written_at < REFRESH_SECONDS:
             return False
         if not self._busy.acquire(blocking=False):
             return False  # the last render is still running: this one is skipped
+        changed = fingerprint != self._fingerprint or self._view is None
         self._fingerprint = fingerprint
         records, self._records = self._records, []
         self._thread = threading.Thread(
             target=self._render,
-            args=(list(jobs), queue, records, now),
+            args=(list(jobs()) if changed else None, queue, records, now),
             name="status-page",
             daemon=True,
         )
@@ -104,18 +111,22 @@ class PagePublisher:
 
     def _render(
         self,
-        jobs: list[Job],
+        jobs: list[Job] | None,
         queue: Mapping[str, Any] | None,
         records: list[dict[str, Any]],
         now: float,
     ) -> None:
+        """Make and write the page: of ``jobs``, or (None: they did not change) of the last
+        view of them."""
         started = time.perf_counter()
         try:
+            if jobs is not None or self._view is None:
+                self._view = jobs_view(jobs or [], queue, self.store.reports.log_link)
             attempts = self._ledger(now, records)
-            lengths = self._sample_queue(jobs, now)
+            lengths = self._sample_queue(self._view.counts["waiting"], now)
             data = page_data(
                 root_url=self.store.root_url,
-                jobs=jobs,
+                view=self._view,
                 queue=queue,
                 attempts=list(attempts.values()),
                 finished=list(self._finished),
@@ -147,7 +158,7 @@ class PagePublisher:
             del self._attempts[key]
         return self._attempts
 
-    def _sample_queue(self, jobs: Sequence[Job], now: float) -> list[list[float]]:
+    def _sample_queue(self, waiting: int, now: float) -> list[list[float]]:
         if self._queue_lengths is None:
             try:
                 earlier = self.store.reports.read_page_data() or {}
@@ -158,12 +169,11 @@ class PagePublisher:
                 for t, n in earlier.get("queue_lengths") or []
                 if now - float(t) <= DAY
             ]
-        waiting = float(sum(1 for _, _, s in jobs if s.status.value == "PENDING"))
         points = self._queue_lengths
         if points and now - points[-1][0] < QUEUE_SAMPLE_SECONDS and len(points) > 1:
-            points[-1] = [now, waiting]  # the newest point follows the queue until the next
+            points[-1] = [now, float(waiting)]  # the newest point follows the queue until then
         else:
-            points.append([now, waiting])
+            points.append([now, float(waiting)])
         while points and now - points[0][0] > DAY:
             points.pop(0)
         return points
