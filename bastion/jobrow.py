@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from bastion.jobspec import JobSpec
@@ -76,23 +76,31 @@ def encode(spec: JobSpec, summary: StateSummary) -> bytes:
     return json.dumps(row, separators=(",", ":")).encode()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class JobRow:
-    """A row as read back: ValueError from ``loads`` for anything this code did not write."""
+    """A row as read back: ValueError from ``loads`` for anything this code did not write
+    (and from ``standing``, for its standing: parsed on first use, by `bastion why` alone)."""
 
     phase: str
     status: str
     reason: str
     log_start: int
     spec: dict[str, Any]
-    standing: Standing
+    standing_json: Any = field(repr=False)
+    parsed_standing: Standing | None = field(default=None, repr=False)
+
+    @property
+    def standing(self) -> Standing:
+        if self.parsed_standing is None:
+            self.parsed_standing = Standing.from_json(self.standing_json)
+        return self.parsed_standing
 
     @classmethod
     def loads(cls, raw: bytes) -> JobRow:
         data = json.loads(raw)
         try:
-            fields = ("phase", "status", "reason", "log_start", "spec")
-            row = cls(*(data[f] for f in fields), Standing.from_json(data["standing"]))
+            fields = ("phase", "status", "reason", "log_start", "spec", "standing")
+            row = cls(*(data[f] for f in fields))
         except (KeyError, TypeError):
             raise ValueError("not a row: a field is missing") from None
         spec = row.spec if isinstance(row.spec, dict) else {}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any
 
 from bastion.jobspec import JobSpec
@@ -75,20 +75,35 @@ class Standing:
 
     @classmethod
     def from_json(cls, data: Any) -> Standing:
-        """ValueError for anything ``to_json`` did not write."""
-        if not isinstance(data, list) or len(data) != len(fields(cls)):
+        """ValueError for anything ``to_json`` did not write. (Checked field by field, not
+        through ``dataclasses.fields`` and ``replace``: `bastion why` reads one per job.)"""
+        if not isinstance(data, list) or len(data) != _STANDING_FIELDS:
             raise ValueError("not a standing")
-        phase, *rest = data
-        standing = cls(Phase(phase) if phase is not None else None, *rest)
-        numbers = (standing.submit_time, standing.running_since, standing.last_checkpoint)
-        numbers += (standing.pending_since,)
-        if not all(n is None or isinstance(n, int | float) for n in numbers):
+        phase, submit, running, tier, by, backfill, preemptions, checkpoint, pending = data
+        if not all(_is_time(t) for t in (submit, running, checkpoint, pending)):
             raise ValueError("a standing's times are numbers")
-        typed = isinstance(standing.backfill_for, list) and type(standing.preemptions) is int
-        typed = typed and (standing.tier is None or type(standing.tier) is int)
-        if not typed or not isinstance(standing.preempted_by, str | None):
+        typed = isinstance(backfill, list) and type(preemptions) is int
+        typed = typed and (tier is None or type(tier) is int)
+        if not typed or not (by is None or isinstance(by, str)):
             raise ValueError("a standing's fields have the wrong types")
-        return replace(standing, backfill_for=tuple(map(str, standing.backfill_for)))
+        return cls(
+            Phase(phase) if phase is not None else None,
+            submit,
+            running,
+            tier,
+            by,
+            tuple(map(str, backfill)),
+            preemptions,
+            checkpoint,
+            pending,
+        )
+
+
+_STANDING_FIELDS = len(fields(Standing))
+
+
+def _is_time(value: Any) -> bool:
+    return value is None or type(value) is float or type(value) is int
 
 
 def job_request(name: str, spec: JobSpec | None, state: JobState, now: float) -> JobRequest | None:

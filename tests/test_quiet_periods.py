@@ -3,7 +3,9 @@
 Three kinds of work visit every job held: the policy pass that re-plans a quiet queue (decayed
 usage moves), finding the snapshot shards that changed, and the whole-queue check of upkeep.
 Each runs at most once per a fixed time per job held, so an idle daemon's CPU does not grow
-with its queue (at 100,000 jobs the idle share was 38% of a core). These tests make the
+with its queue (at 100,000 jobs the idle share was 38% of a core). A time threshold of the
+plan (a waiting job's reclaim delay ends) replans no sooner than a gap per job held after the
+last pass: after a burst, each job's delay ends at its own moment. These tests make the
 per-job periods large on a small queue (real daemon, fake runner, a local root, cycles driven
 on a clock we move) and check when each runs; and that a restart does not re-check at once
 the states it has just read.
@@ -125,3 +127,19 @@ def test_a_restart_does_not_check_at_once_the_states_it_just_read(
         rig.cycle(5.0)
     assert checks, "the whole-queue check still runs"
     assert min(checks) - start >= 60.0, (start, checks)
+
+
+def test_a_time_threshold_replans_no_sooner_than_a_gap_that_grows_with_the_queue(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The waiting jobs' reclaim delays end 240 s after they came (the quota's default): that
+    threshold replans, but no sooner than the gap after the last pass (here 30 jobs x 10 s),
+    and long before a quiet queue's period (30 jobs x 100 s)."""
+    monkeypatch.setattr("bastion.daemon.context.REPLAN_SECONDS_PER_JOB", 100.0)
+    monkeypatch.setattr("bastion.daemon.context.THRESHOLD_SECONDS_PER_JOB", 10.0)
+    came = rig.now
+    rig.settle_in()
+    last = rig.now  # the settling cycles planned (jobs came, then started)
+    planned_at = [rig.now for _ in range(40) if rig.cycle(10.0).planned]  # 400 s
+    assert planned_at, "the threshold never replanned"
+    assert came + 240 < last + 300 <= planned_at[0] <= last + 310, (came, last, planned_at)

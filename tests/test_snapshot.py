@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import warnings
+import zlib
 from pathlib import Path
 
 import pytest
@@ -107,6 +108,24 @@ def test_a_shard_round_trips_and_anything_else_is_refused():
         with pytest.raises(SnapshotError):
             decode(foreign)
     assert {shard_of(f"j{i}") for i in range(1000)} == set(range(SHARDS))
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        b'["a","1","2",5,0,0]',  # no end of header line
+        b'["a","1","2",50,0,0]\nshort',  # sizes past the end
+        b'["a","1","2",-1,3,0]\nxyz',  # a negative size
+        b'["a","1","2","x",0,0]\n',  # a size that is no number
+        b'["a","1",2,0]\n',  # too few fields
+        b'{"name":"a"}\n',  # not a list
+        b"not json\n",
+    ],
+)
+def test_a_torn_entry_inside_a_whole_shard_is_refused(entry):
+    good = zlib.decompress(encode([("ok", Entry("1", "2", b"s", b"p", b"r"))]))
+    with pytest.raises(SnapshotError):
+        decode(zlib.compress(good + entry))
 
 
 def test_a_restart_reads_the_snapshot_instead_of_every_spec_and_state(root, tmp_path):

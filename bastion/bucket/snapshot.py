@@ -21,7 +21,6 @@ Version 1 (no row) is still read: a daemon's first snapshot after an upgrade rew
 
 from __future__ import annotations
 
-import itertools
 import json
 import zlib
 from collections.abc import Callable, Iterable, Iterator
@@ -88,23 +87,28 @@ def decode(raw: bytes) -> dict[str, Entry]:
 
 
 def _entries(data: bytes, at: int, fields: int) -> Iterator[tuple[str, Entry]]:
+    """(Written out, not through pairwise spans: a restart and every `bastion list` decode
+    one entry per job.)"""
     while at < len(data):
         end = data.find(b"\n", at)
+        if end < 0:
+            raise SnapshotError("a torn entry")
         try:
             header = json.loads(data[at:end])
             if not isinstance(header, list) or len(header) != fields:
                 raise ValueError(f"a header of {fields} fields expected")
             name, spec_token, state_token, *sizes = header
-            cuts = [end + 1]
-            for size in sizes:
-                cuts.append(cuts[-1] + int(size))
-            at = cuts[-1]
+            state_size, spec_size = int(sizes[0]), int(sizes[1])
+            row_size = int(sizes[2]) if fields == 6 else 0
         except (ValueError, TypeError) as e:
             raise SnapshotError(f"a torn entry: {e}") from None
-        spans = list(itertools.pairwise(cuts))
-        if end < 0 or at > len(data) or any(b < a for a, b in spans):
+        state_at = end + 1
+        spec_at = state_at + state_size
+        row_at = spec_at + spec_size
+        at = row_at + row_size
+        if state_size < 0 or spec_size < 0 or row_size < 0 or at > len(data):
             raise SnapshotError("a torn entry")
-        state, spec, row = (*(data[a:b] for a, b in spans), b"")[:3]
+        state, spec, row = data[state_at:spec_at], data[spec_at:row_at], data[row_at:at]
         yield str(name), Entry(str(spec_token), str(state_token), state, spec, row)
 
 

@@ -20,6 +20,7 @@ from bastion.daemon.context import (
     Job,
     NotHolding,
     replan_period,
+    threshold_gap,
 )
 from bastion.jobstate import Status
 from bastion.lifecycle import RUN
@@ -53,7 +54,10 @@ def run_pass(ctx: Context, now: float) -> bool:
                 events.apply(ctx, job, lifecycle.QuotaInvalid(invalid), now)
         return True
     plan = schedule(config, requests, ctx.quota.usage_for(requests, now), now)
-    ctx.replan_at = min([replan_by(config, requests, now, now + period), *not_started.values()])
+    threshold = max(
+        replan_by(config, requests, now, now + period), now + threshold_gap(len(ctx.jobs))
+    )
+    ctx.replan_at = min([threshold, *not_started.values()])  # a start's retry: on time
     grace = config.scheduling.preemption_grace_seconds
     changed = []
     failed = False
