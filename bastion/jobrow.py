@@ -41,10 +41,10 @@ def spec_fields(spec: JobSpec) -> dict[str, Any]:
     return data
 
 
-def created(fields: dict[str, Any]) -> dt.datetime:
-    """The spec's creation time from ``spec_fields`` (naive UTC, as the spec holds it);
+def created_at(text: Any) -> dt.datetime:
+    """A spec's creation time as ``spec_fields`` writes it (naive UTC, as the spec holds it);
     ValueError for a row that is not ours."""
-    return dt.datetime.fromisoformat(str(fields["creation_time"]).removesuffix("Z"))
+    return dt.datetime.fromisoformat(str(text).removesuffix("Z"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,29 +64,61 @@ class StateSummary:
         return cls(state.status.value, shown, state.reason, state.log_start, Standing.of(state))
 
 
+ROW_V3 = b"row 3\n"
+
+
 def encode(spec: JobSpec, summary: StateSummary) -> bytes:
-    row = {
-        "phase": summary.phase,
-        "status": summary.shown,
-        "reason": summary.reason,
-        "log_start": summary.log_start,
-        "spec": spec_fields(spec),
-        "standing": summary.standing.to_json(),
-    }
-    return json.dumps(row, separators=(",", ":")).encode()
+    """``row 3``, a JSON array of what a table and `bastion why` read, then the spec's fields
+    as `bastion list --json` prints them: a reader decodes the short array and copies the
+    fields' text into its output without decoding it."""
+    fields = spec_fields(spec)
+    meta = spec.metadata
+    group = fields.get("group") if isinstance(fields.get("group"), dict) else None
+    head = [
+        summary.phase,
+        summary.shown,
+        summary.reason,
+        summary.log_start,
+        summary.standing.to_json(),
+        meta.project_id,
+        meta.user_id,
+        meta.resources,
+        meta.priority,
+        fields["creation_time"],
+        str(group.get("name")) if group else None,
+        "time_limit" in fields,
+    ]
+    return b"".join(
+        [
+            ROW_V3,
+            json.dumps(head, separators=(",", ":")).encode(),
+            b"\n",
+            json.dumps(fields).encode(),
+        ]
+    )
 
 
 @dataclass(slots=True)
 class JobRow:
     """A row as read back: ValueError from ``loads`` for anything this code did not write
-    (and from ``standing``, for its standing: parsed on first use, by `bastion why` alone)."""
+    (and from ``standing``, for its standing: parsed on first use, by `bastion why` alone).
+    ``spec`` (the fields) is decoded on first use; ``spec_text`` is their JSON text (None
+    for a row of the first version, a JSON object)."""
 
     phase: str
     status: str
     reason: str
     log_start: int
-    spec: dict[str, Any]
     standing_json: Any = field(repr=False)
+    project_id: str
+    user_id: str
+    resources: dict[str, Any]
+    priority: Any
+    creation_time: str
+    group: str | None
+    timed: bool  # the spec has a time limit
+    spec_text: str | None = field(default=None, repr=False)
+    decoded_spec: dict[str, Any] | None = field(default=None, repr=False)
     parsed_standing: Standing | None = field(default=None, repr=False)
 
     @property
@@ -95,18 +127,47 @@ class JobRow:
             self.parsed_standing = Standing.from_json(self.standing_json)
         return self.parsed_standing
 
+    @property
+    def spec(self) -> dict[str, Any]:
+        if self.decoded_spec is None:
+            decoded = json.loads(self.spec_text or "{}")
+            self.decoded_spec = decoded if isinstance(decoded, dict) else {}
+        return self.decoded_spec
+
     @classmethod
     def loads(cls, raw: bytes) -> JobRow:
-        data = json.loads(raw)
-        try:
-            fields = ("phase", "status", "reason", "log_start", "spec", "standing")
-            row = cls(*(data[f] for f in fields))
-        except (KeyError, TypeError):
-            raise ValueError("not a row: a field is missing") from None
-        spec = row.spec if isinstance(row.spec, dict) else {}
-        texts = (row.phase, row.status, row.reason, spec.get("user_id"), spec.get("project_id"))
-        texts += (spec.get("creation_time"),)
-        typed = type(row.log_start) is int and isinstance(spec.get("resources"), dict)
+        if raw.startswith(ROW_V3):
+            head, _, text = raw[len(ROW_V3) :].partition(b"\n")
+            try:
+                row = cls(*json.loads(head), spec_text=text.decode())
+            except (TypeError, UnicodeDecodeError):
+                raise ValueError("not a row: fields missing or too many") from None
+        else:
+            row = cls._first_version(json.loads(raw))
+        texts = (row.phase, row.status, row.reason, row.project_id, row.user_id)
+        texts += (row.creation_time,)
+        typed = type(row.log_start) is int and isinstance(row.resources, dict)
+        typed = typed and type(row.timed) is bool and isinstance(row.group, str | None)
         if not typed or not all(isinstance(t, str) for t in texts):
             raise ValueError("not a row: a field has the wrong type")
         return row
+
+    @classmethod
+    def _first_version(cls, data: Any) -> JobRow:
+        """A row written before ``row 3``: one JSON object, the spec's fields inside."""
+        try:
+            spec = data["spec"] if isinstance(data["spec"], dict) else {}
+            group = spec.get("group")
+            return cls(
+                *(data[f] for f in ("phase", "status", "reason", "log_start", "standing")),
+                spec.get("project_id"),
+                spec.get("user_id"),
+                spec.get("resources"),
+                spec.get("priority"),
+                spec.get("creation_time"),
+                str(group.get("name")) if isinstance(group, dict) and group else None,
+                "time_limit" in spec,
+                decoded_spec=spec,
+            )
+        except (KeyError, TypeError):
+            raise ValueError("not a row: a field is missing") from None

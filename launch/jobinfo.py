@@ -18,11 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bastion.bucket.store import UnacceptableObject
-from bastion.jobrow import JobRow, created, spec_fields
+from bastion.jobrow import JobRow, created_at, spec_fields
 from bastion.jobspec import JobSpec, SpecError, shorten
 from bastion.jobstate import JobState, Status
 from bastion.timelimits import time_left
 from quota.capacity import fmt_units
+
+_ROW_FIELDS = ("project_id", "user_id", "resources", "priority")  # a row holds them apart
 
 
 @dataclass
@@ -64,8 +66,9 @@ class JobInfo:
 
     def shown(self, key: str) -> Any:
         """A field of the spec as `bastion list --json` shows it (None: no readable spec)."""
-        if self._listed is not None:
-            return self._listed.spec.get(key)
+        row = self._listed
+        if row is not None:
+            return getattr(row, key) if key in _ROW_FIELDS else row.spec.get(key)
         return spec_fields(self.spec).get(key) if self.spec is not None else None
 
     @property
@@ -142,13 +145,12 @@ class JobInfo:
     def group(self) -> str | None:
         """The array or sweep this job is a member of (None: none)."""
         if self._listed is not None:
-            group = self._listed.spec.get("group")
-            return str(group.get("name")) if isinstance(group, dict) and group else None
+            return self._listed.group
         return str((self.spec.group or {}).get("name")) if self.spec and self.spec.group else None
 
     def time_left(self, now: float | None = None) -> float | None:
         """Seconds of running time left before its time limit (None: no limit, or ended)."""
-        if self._listed is not None and "time_limit" not in self._listed.spec:
+        if self._listed is not None and not self._listed.timed:
             return None
         if self.spec is None or self.spec.time_limit is None or self.state is None:
             return None
@@ -177,11 +179,15 @@ class JobInfo:
         a time left is written from the row, with its state's bytes as they are (same fields,
         the state's keys sorted): no parse."""
         row = self._listed
-        if row is not None and row.phase != Status.ACTIVE.value and "time_limit" not in row.spec:
+        if row is not None and row.phase != Status.ACTIVE.value and not row.timed:
             state = self.__dict__["_raw"][1]
             if state.startswith(b"{"):
-                head = json.dumps({"name": self.name, "status": row.status, **row.spec})
                 reason = json.dumps(self.reason)
+                if row.spec_text is not None and row.spec_text.startswith("{"):
+                    fields = row.spec_text[1:-1]  # the row holds them as printed: copied
+                    head = f'{{"name": {json.dumps(self.name)}, "status": {json.dumps(row.status)}'
+                    return f'{head}, {fields}, "state": {state.decode()}, "reason": {reason}}}'
+                head = json.dumps({"name": self.name, "status": row.status, **row.spec})
                 return f'{head[:-1]}, "state": {state.decode()}, "reason": {reason}}}'
         return json.dumps(self.to_json())
 
@@ -209,7 +215,7 @@ def age_seconds(info: JobInfo, now: dt.datetime | None = None) -> float:
         start = info.spec.metadata.creation_time
     else:
         try:
-            start = created(info._listed.spec)
+            start = created_at(info._listed.creation_time)
         except (KeyError, ValueError):  # a row that is not ours
             return 0.0
     now = now or dt.datetime.now(dt.UTC).replace(tzinfo=None)

@@ -11,7 +11,7 @@ import datetime as dt
 import time
 
 from bastion.bucket.snapshot import ActiveJob, read_active
-from bastion.jobrow import JobRow, created
+from bastion.jobrow import JobRow, created_at
 from bastion.jobspec import JobSpec, SpecError, check_name
 from bastion.jobstate import JobState
 from bastion.lifecycle import NOT_STARTED
@@ -205,14 +205,13 @@ def _request(job: ActiveJob, now: float) -> JobRequest | None:
     if job.row:
         try:
             row = JobRow.loads(job.row)
-            fields = row.spec
             return request(
                 job.name,
-                fields["project_id"],
-                fields["user_id"],
-                fields["resources"],
-                fields["priority"],
-                created(fields).replace(tzinfo=dt.UTC).timestamp(),
+                row.project_id,
+                row.user_id,
+                row.resources,
+                row.priority,
+                created_at(row.creation_time).replace(tzinfo=dt.UTC).timestamp(),
                 row.standing,
                 now,
             )

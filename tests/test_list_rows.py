@@ -16,7 +16,7 @@ import pytest
 
 from bastion.bucket.snapshot import Entry, decode, encode, read_active, shard_of
 from bastion.bucket.store import Store
-from bastion.jobrow import JobRow
+from bastion.jobrow import ROW_V3, JobRow
 from bastion.jobspec import JobSpec
 from bastion.jobstate import JobState
 from bastion.policy_inputs import Standing, job_request
@@ -118,7 +118,10 @@ def test_a_row_that_is_not_ours_is_not_believed(root, tmp_path):
     entries = decode(raw)
     entry = entries["j010"]
     assert entry.row, "the daemon wrote no row"
-    for forged in (b"garbage", b'{"phase": 1}', b"[]", json.dumps({"spec": []}).encode()):
+    forgeries = [b"garbage", b'{"phase": 1}', b"[]", json.dumps({"spec": []}).encode()]
+    forgeries += [ROW_V3 + b'["PENDING"]\n{}', ROW_V3 + b'{"a": 1}\n{}', ROW_V3 + b"[1,2"]
+    forgeries += [ROW_V3 + json.dumps(["PENDING"] * 12).encode() + b"\n{}"]  # wrong types
+    for forged in forgeries:
         entries["j010"] = Entry(
             entry.spec_token, entry.state_token, entry.state, entry.spec, forged
         )
@@ -126,6 +129,38 @@ def test_a_row_that_is_not_ours_is_not_believed(root, tmp_path):
         (job,) = [j for j in Client(root, expect_daemon=False).list_jobs() if j.name == "j010"]
         assert job._listed is None and job.spec is not None and not job.problem, forged
         assert job.status == "PENDING", forged
+
+
+def test_a_row_of_the_first_version_is_still_read_and_shows_the_same(root, tmp_path):
+    """A snapshot written before ``row 3`` (one JSON object per row) lists as it did."""
+    _, jobs = _listed(root, tmp_path)
+    store = Store(root)
+    before = {j.name: j for j in jobs}
+    shard = shard_of("j010")
+    path = f"{store.root}/history/snapshot/{shard:02d}"
+    entries = decode(store.objects.read(path))
+    for name, entry in list(entries.items()):
+        row = JobRow.loads(entry.row)
+        first = {
+            "phase": row.phase,
+            "status": row.status,
+            "reason": row.reason,
+            "log_start": row.log_start,
+            "spec": row.spec,
+            "standing": row.standing_json,
+        }
+        old_row = json.dumps(first, separators=(",", ":")).encode()
+        entries[name] = replace(entry, row=old_row)
+    store.objects.write(path, encode(entries.items()))
+    (job,) = [j for j in Client(root, expect_daemon=False).list_jobs() if j.name == "j010"]
+    assert job._listed is not None and job._listed.spec_text is None
+    assert json.loads(job.json_text()) == json.loads(before["j010"].json_text())
+    assert (job.status, job.reason, job.group, _row(job)[:6]) == (
+        before["j010"].status,
+        before["j010"].reason,
+        before["j010"].group,
+        _row(before["j010"])[:6],
+    )
 
 
 def test_a_snapshot_of_version_1_is_read_without_rows():
