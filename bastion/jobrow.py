@@ -146,9 +146,9 @@ class JobRow:
             row = cls._first_version(json.loads(raw))
         texts = (row.phase, row.status, row.reason, row.project_id, row.user_id)
         texts += (row.creation_time,)
-        typed = type(row.log_start) is int and isinstance(row.resources, dict)
-        typed = typed and type(row.timed) is bool and isinstance(row.group, str | None)
-        if not typed or not all(isinstance(t, str) for t in texts):
+        typed = type(row.log_start) is int and type(row.resources) is dict
+        typed = typed and type(row.timed) is bool and (row.group is None or type(row.group) is str)
+        if not typed or {type(t) for t in texts} != {str}:
             raise ValueError("not a row: a field has the wrong type")
         return row
 
