@@ -14,6 +14,7 @@ from bastion.daemon import (
     archive,
     effects,
     gates,
+    heap,
     ingest,
     observe,
     plan,
@@ -138,6 +139,7 @@ class Daemon:
             self.ctx.effects_pool.shutdown(wait=True)
         self.ctx.pool.shutdown(wait=True)
         self.ctx.runners.close()
+        heap.thaw()
 
     def _run_cycle(self, poll_seconds: float) -> None:
         try:
@@ -166,6 +168,7 @@ class Daemon:
             log.info("not acting on %s; forgetting in-memory state", self.ctx.store.root_url)
         self.ctx.jobs.clear()
         self.ctx.job_changes += 1
+        heap.thaw()  # what the recovery froze is collectable again
         self.ctx.start_retries.clear()
         self.ctx.deleting.clear()
         self.ctx.deletes_in_pool.clear()
@@ -200,7 +203,8 @@ class Daemon:
         done("list")
         if not self.ctx.recovered:
             assert look.specs is not None  # the first look lists every spec
-            recovery.recover(self.ctx, look.specs, now)  # raises if a state is unreadable: again
+            with heap.bulk_load():  # most of what it holds, made at once: frozen after
+                recovery.recover(self.ctx, look.specs, now)  # raises if a state is unreadable
             self.ctx.recovered = True
             done("recover")
         self.ctx.cycles += 1
