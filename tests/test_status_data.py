@@ -60,6 +60,26 @@ def test_ten_thousand_waiting_jobs_list_the_first_hundred_in_queue_order_and_cou
     assert len(page) < 200_000 and f"… and {10_000 - QUEUE_SHOWN} more waiting" in page
 
 
+def test_jobs_the_summary_has_not_ordered_follow_its_order_oldest_first():
+    """New jobs (and those past the summary's 1,000) come after the policy's order, by when
+    the daemon saw them, equal times in the order the daemon holds them; all are counted."""
+    jobs = []
+    for i in range(200):  # j199 was seen first; j000..j099 at the same moment
+        name, spec, state = _job(f"j{i:03d}", "big")
+        state.submit_time = NOW - (i if i >= 100 else 0)
+        jobs.append((name, spec, state))
+    queue = {"projects": {"big": {"waiting": 150, "order": ["j050", "gone"], "reasons": {}}}}
+    data = page_data(root_url="/r", log_link=LINK, jobs=jobs, queue=queue, attempts=[], now=NOW)
+    (big,) = data["queue"]
+    names = [j["name"] for j in big["jobs"]]
+    expected = ["j050"] + [f"j{i:03d}" for i in range(199, 99, -1)][: QUEUE_SHOWN - 1]
+    assert names == expected
+    assert big["waiting"] == 200 and big["more"] == 200 - QUEUE_SHOWN
+    few = [j for j in jobs if j[0] < "j003"]  # fewer than shown: all of them, in that order
+    data = page_data(root_url="/r", log_link=LINK, jobs=few, queue=None, attempts=[], now=NOW)
+    assert [j["name"] for j in data["queue"][0]["jobs"]] == ["j000", "j001", "j002"]
+
+
 def test_the_plot_stacks_each_projects_use_at_each_instant():
     a = Attempt("a/s/1", "a", "p1", "u", {"cpu": 2}, 0, start=NOW - 3600 * 6, end=NOW - 3600 * 3)
     b = Attempt("b/s/1", "b", "p2", "u", {"cpu": 1}, 0, start=NOW - 3600 * 5)  # still running

@@ -8,6 +8,7 @@ plot has a fixed number of points; so a page of 10,000 waiting jobs stays small 
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -75,14 +76,17 @@ def queue_rows(
     pending = {name: (spec, state) for name, spec, state in jobs if state.status is Status.PENDING}
     summary = (queue or {}).get("projects") or {}
     by_project: dict[str, list[str]] = {}
-    for name, (spec, _state) in sorted(pending.items(), key=lambda kv: kv[1][1].submit_time or 0):
+    for name, (spec, _state) in pending.items():
         by_project.setdefault(_who(spec)[0], []).append(name)
     out = []
     for project in sorted(set(by_project) | {p for p in summary if summary[p].get("waiting")}):
         facts = summary.get(project) or {}
         order = [n for n in facts.get("order") or [] if n in pending]
         ordered = set(order)  # jobs the summary has not ordered yet (new, or past its 1,000)
-        order += [n for n in by_project.get(project, []) if n not in ordered]
+        rest = [n for n in by_project.get(project, []) if n not in ordered]
+        count = len(order) + len(rest)
+        # the oldest of the rest, as many as are shown (not a sort of a 100,000-job queue)
+        order += heapq.nsmallest(max(0, QUEUE_SHOWN - len(order)), rest, key=submitted(pending))
         reasons = facts.get("reasons") or {}
         shown = []
         for position, name in enumerate(order[:QUEUE_SHOWN], start=1):
@@ -99,11 +103,16 @@ def queue_rows(
                     "log": link(name),
                 }
             )
-        waiting = max(int(facts.get("waiting") or 0), len(order))
+        waiting = max(int(facts.get("waiting") or 0), count)
         out.append(
             {"project": project, "waiting": waiting, "jobs": shown, "more": waiting - len(shown)}
         )
     return out
+
+
+def submitted(pending: Mapping[str, tuple[JobSpec | None, JobState]]) -> Callable[[str], float]:
+    """A waiting job's name -> when the daemon first saw it (its place among the unordered)."""
+    return lambda name: pending[name][1].submit_time or 0
 
 
 def running_rows(jobs: Sequence[Job], link: Link, now: float) -> list[dict[str, Any]]:
