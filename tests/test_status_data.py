@@ -72,7 +72,7 @@ def test_jobs_the_summary_has_not_ordered_follow_its_order_oldest_first():
     data = page_data(root_url="/r", log_link=LINK, jobs=jobs, queue=queue, attempts=[], now=NOW)
     (big,) = data["queue"]
     names = [j["name"] for j in big["jobs"]]
-    expected = ["j050"] + [f"j{i:03d}" for i in range(199, 99, -1)][: QUEUE_SHOWN - 1]
+    expected = ["j050", *[f"j{i:03d}" for i in range(199, 99, -1)][: QUEUE_SHOWN - 1]]
     assert names == expected
     assert big["waiting"] == 200 and big["more"] == 200 - QUEUE_SHOWN
     few = [j for j in jobs if j[0] < "j003"]  # fewer than shown: all of them, in that order
