@@ -143,3 +143,17 @@ def test_a_time_threshold_replans_no_sooner_than_a_gap_that_grows_with_the_queue
     planned_at = [rig.now for _ in range(40) if rig.cycle(10.0).planned]  # 400 s
     assert planned_at, "the threshold never replanned"
     assert came + 240 < last + 300 <= planned_at[0] <= last + 310, (came, last, planned_at)
+
+
+def test_a_restart_names_each_job_under_way_and_counts_the_waiting(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """100,000 waiting jobs made 100,000 lines of a restart's log: the waiting are counted."""
+    rig.settle_in()
+    rig.daemon.close()
+    rig.daemon = rig.build()
+    with caplog.at_level("INFO", logger="bastion.daemon"):
+        rig.cycle()
+    named = [r.getMessage() for r in caplog.records if "recovered in state" in r.getMessage()]
+    assert len(named) == 2 and all("ACTIVE" in line for line in named), named
+    assert f"recovered {JOBS} jobs: {JOBS - 2} PENDING, 2 ACTIVE" in caplog.text

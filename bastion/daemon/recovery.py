@@ -4,6 +4,7 @@ the periodic check that no one else wrote a state we own.
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import time
@@ -74,7 +75,11 @@ def recover(ctx: Context, specs: dict[str, ObjectInfo], cycle_time: float | None
                     ),
                     time.time(),
                 )
-        log.info("%s: recovered in state %s (attempt %d)", name, state.status.value, state.attempt)
+        if state.status is not Status.PENDING or state.attempt:  # the waiting: counted below
+            log.info(
+                "%s: recovered in state %s (attempt %d)", name, state.status.value, state.attempt
+            )
+    log.info("recovered %d jobs: %s", len(ctx.jobs), counted(ctx))
     now = time.time()
     snapshot.known(ctx.snapshots, filter(None, map(snapshot.key, ctx.jobs.values())), now)
     sweep.sweep(ctx)
@@ -83,6 +88,12 @@ def recover(ctx: Context, specs: dict[str, ObjectInfo], cycle_time: float | None
             # Recorded before the start, which may or may not have happened: start is
             # idempotent by name (a runner that has it adopts it), so it happens once.
             events.apply(ctx, job, lifecycle.StartAgain(purpose), now)
+
+
+def counted(ctx: Context) -> str:
+    """``99980 PENDING, 20 ACTIVE``: the jobs held, by status."""
+    counts = collections.Counter(job.state.status.value for job in ctx.jobs.values())
+    return ", ".join(f"{n} {status}" for status, n in counts.most_common()) or "none"
 
 
 def read_states(
