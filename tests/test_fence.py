@@ -146,3 +146,32 @@ def test_a_daemon_whose_start_is_fenced_stops_acting_and_starts_nothing(tmp_path
         assert not any(p.name.startswith("bst-") for p in attempts.iterdir())
     finally:
         daemon.close()
+
+
+def test_a_burst_of_starts_under_a_new_term_bumps_once_and_none_is_told_to_wait(
+    tmp_path: Path,
+) -> None:
+    """A restarted daemon's first burst: 480 starts of a new term from 48 threads. One bumps
+    the fence; the others that saw the old term wait for it in the process (holding no lock),
+    then start under the shared one. Each holds the fence 100 ms, as a fork of a large daemon
+    does: those that saw the old term could not get the exclusive lock past the shared ones
+    of those that came after the bump, and were told to try again."""
+    import concurrent.futures
+
+    with fence.fenced(str(tmp_path), 3):
+        pass
+    outcomes: list[str] = []
+
+    def start(_: int) -> None:
+        try:
+            with fence.fenced(str(tmp_path), 4):
+                time.sleep(0.1)
+                sum(range(20_000))  # some work under the GIL, as a start does
+            outcomes.append("started")
+        except TryAgain as e:
+            outcomes.append(str(e))
+
+    with concurrent.futures.ThreadPoolExecutor(48) as pool:  # a start always under way
+        list(pool.map(start, range(480)))
+    assert outcomes == ["started"] * 480, sorted(set(outcomes))
+    assert fence.current(str(tmp_path)) == 4

@@ -10,9 +10,10 @@ whose attempts live on this host keeps the highest term that started anything in
 
 The check and the start must not be separated by a bump, so a start holds a shared lock on the
 fence file from the check until its process exists; a newer term bumps under the exclusive
-lock. A holder frozen in the middle of a start therefore blocks the bump (the newer daemon is
-told to try again; when the frozen start resumes it finishes, and the newer daemon adopts it by
-name), and once the bump is done every older start is refused. Locks are never waited on for
+lock, once per process (the other starts of a burst wait for it inside the process). A
+holder frozen in the middle of a start therefore blocks the bump (the newer daemon is told to
+try again; when the frozen start resumes it finishes, and the newer daemon adopts it by name),
+and once the bump is done every older start is refused. Locks are never waited on for
 long: a frozen process holding one must not freeze the daemon that asks.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import threading
 import time
 from collections.abc import Iterator
 
@@ -50,15 +52,31 @@ def fenced(directory: str, term: int) -> Iterator[None]:
                 yield
                 return
             fcntl.flock(fd, fcntl.LOCK_UN)
-            _lock(fd, fcntl.LOCK_EX)
+            _raise_to(fd, term)
+        raise TryAgain("the host's fence moved while this start waited for it")
+    finally:
+        os.close(fd)
+
+
+# A burst's starts under a new term all see the old one: one of this process raises it, the
+# others wait here holding no lock, then find it raised. (Each taking the exclusive lock itself
+# waited for the shared ones of the starts that came after the raise, and was told to try
+# again: a burst of 1,000 on a freshly bumped host took 69 s instead of 2.)
+_raising = threading.Lock()
+
+
+def _raise_to(fd: int, term: int) -> None:
+    with _raising:
+        if _read(fd) >= term:
+            return  # raised meanwhile (by a start of this process): take the shared lock again
+        _lock(fd, fcntl.LOCK_EX)
+        try:
             if _read(fd) < term:
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, str(term).encode(), 0)
                 os.fsync(fd)
+        finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
-        raise TryAgain("the host's fence moved while this start waited for it")
-    finally:
-        os.close(fd)
 
 
 def current(directory: str) -> int:
