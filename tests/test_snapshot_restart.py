@@ -126,13 +126,17 @@ def test_a_daemon_killed_mid_cycle_restarts_from_its_snapshot_losing_nothing(tmp
         out.close()
     bucket = {name: store.states.read(name) for name in store.states.list()}
     made_before = _attempts(state_dir)
-    running = {  # attempts alive at the kill that cannot have ended since (sleep 600)
+    recorded = {  # long jobs whose attempt the bucket records (written ahead of its start)
         name: state.run_attempt.name
         for name, state in ((n, JobState.loads(raw)) for n, raw in bucket.items() if raw)
         if state.status is Status.ACTIVE
         and state.run_attempt is not None
         and JobSpec.loads(store.specs.read(name) or b"").command == "sleep 600"
     }
+    # alive at the kill, and cannot have ended since (sleep 600); the others were recorded,
+    # but the kill came before their start: the restart starts them, under the same name
+    running = {name: attempt for name, attempt in recorded.items() if attempt in made_before}
+    unstarted = {name: attempt for name, attempt in recorded.items() if name not in running}
     assert running, "no long job was running at the kill: the test checks nothing"
 
     restarted = build_daemon(
@@ -160,6 +164,8 @@ def test_a_daemon_killed_mid_cycle_restarts_from_its_snapshot_losing_nothing(tmp
         assert new, "the restarted daemon started nothing: the test checks nothing"
         twice = sorted(a for a in new if _job_of(a) in running)
         assert not twice, f"started again while their attempt ran: {twice[:5]}"
+        for name, attempt in unstarted.items():  # by the name written ahead, or not at all
+            assert {a for a in new if _job_of(a) == name} <= {attempt}, (name, new)
         for name, attempt in running.items():
             state = restarted.jobs[name].state
             assert state.run_attempt is not None and state.run_attempt.name == attempt, name
