@@ -41,7 +41,13 @@ Measured (2-core VM, nothing else running, one repeat each; local root, 20 ms): 
 0.12-0.15 s; 2.96 KB per job; all PENDING 36.5-40.3 s (the users' writes alone 14-18 s); burst
 2.4-2.8 s; list 2.6-2.9 s, why 2.2-2.7 s. 100,000 jobs (adcfbc4): restart 22.9 s, 344 requests;
 idle 35% of a core; policy pass 1.38 s; 2.95 KB per job; all PENDING 531 s (writes alone 155 s);
-markers deleted in 101 calls, 1,001 requests; list 15.8 s, why 12.0 s.
+markers deleted in 101 calls, 1,001 requests; list 15.8 s, why 12.0 s. 100,000 jobs again
+(3bc4aee; the users' writes from another process since ad45a61): restart 11.3 s (02c9c15: 10.4);
+idle 5.4% (5.0%); policy pass 0.69 s; 2.95 KB per job; all PENDING 262 s (writes alone 71 s),
+longest cycle 6.2 s; markers deleted in 101 calls, 1,001 requests; list 6.4 s, why 6.0 s;
+submit -> running 2.4 s; burst 53.8 s in that run (2.6 s at 02c9c15, 2.3 s twice on a root
+restarted the same way: not reproduced). 20,000 jobs (ad45a61): all PENDING 30.9 s (writes
+alone 10.9 s), longest cycle 1.6 s; burst 2.0 s; submit -> running 1.2 s.
 """
 
 from __future__ import annotations
