@@ -334,9 +334,7 @@ def row_intake(rig: Rig, n: int, poll: float) -> dict[str, float]:
         writing.result()
         wait_until(lambda: not markers_left(rig), 120, "marker deletes")
         cycles = list(reports)
-    if os.environ.get("BENCH_CYCLES"):  # each cycle's slowest steps, to find where it went
-        for r in cycles:
-            print(f"    cycle {r.seconds:6.2f}s ops {sum(r.ops.values()):5d}: {r.slowest(4)}")
+    print_cycles(cycles)
     requests = since(before, rig.bucket.requests())
     return {
         "intake_s": seconds,
@@ -411,13 +409,22 @@ def row_burst(rig: Rig, count: int, poll: float) -> dict[str, float]:
     """``count`` ``true`` jobs on the local runner: first write until every one started."""
     daemon = rig.live
     names = [s.name for s in specs("burst", count, "true", "burst", "local")]
-    with looping(daemon, poll):
+    with looping(daemon, poll) as reports:
         t0 = time.monotonic()
         write_all(rig, "burst", count, "true", "burst", "local").result()
 
         # (a `true` job is known for a cycle or more once started)
         wait_until(until_all(daemon, names, lambda s: s.attempt >= 1), 300, "burst")
-        return {"burst_s": time.monotonic() - t0}
+        seconds = time.monotonic() - t0
+    print_cycles(reports)
+    return {"burst_s": seconds}
+
+
+def print_cycles(reports: list[CycleReport]) -> None:
+    """With BENCH_CYCLES set: each cycle's slowest steps, to find where the time went."""
+    if os.environ.get("BENCH_CYCLES"):
+        for r in reports:
+            print(f"    cycle {r.seconds:6.2f}s ops {sum(r.ops.values()):5d}: {r.slowest(4)}")
 
 
 def row_probes(rig: Rig, count: int, poll: float) -> dict[str, float]:
