@@ -67,13 +67,18 @@ class StateSummary:
 ROW_V3 = b"row 3\n"
 
 
+def group_name(fields: dict[str, Any]) -> str | None:
+    """The array or sweep a spec's fields (``spec_fields``) make it a member of."""
+    group = fields.get("group")
+    return str(group.get("name")) if isinstance(group, dict) and group else None
+
+
 def encode(spec: JobSpec, summary: StateSummary) -> bytes:
     """``row 3``, a JSON array of what a table and `bastion why` read, then the spec's fields
     as `bastion list --json` prints them: a reader decodes the short array and copies the
     fields' text into its output without decoding it."""
     fields = spec_fields(spec)
     meta = spec.metadata
-    group = fields.get("group") if isinstance(fields.get("group"), dict) else None
     head = [
         summary.phase,
         summary.shown,
@@ -85,7 +90,7 @@ def encode(spec: JobSpec, summary: StateSummary) -> bytes:
         meta.resources,
         meta.priority,
         fields["creation_time"],
-        str(group.get("name")) if group else None,
+        group_name(fields),
         "time_limit" in fields,
     ]
     return b"".join(
@@ -134,6 +139,10 @@ class JobRow:
             self.decoded_spec = decoded if isinstance(decoded, dict) else {}
         return self.decoded_spec
 
+    def spec_json(self) -> str:
+        """The spec's fields as JSON text: as the row holds them (version 3), else encoded."""
+        return self.spec_text if self.spec_text is not None else json.dumps(self.spec)
+
     @classmethod
     def loads(cls, raw: bytes) -> JobRow:
         if raw.startswith(ROW_V3):
@@ -157,7 +166,6 @@ class JobRow:
         """A row written before ``row 3``: one JSON object, the spec's fields inside."""
         try:
             spec = data["spec"] if isinstance(data["spec"], dict) else {}
-            group = spec.get("group")
             return cls(
                 *(data[f] for f in ("phase", "status", "reason", "log_start", "standing")),
                 spec.get("project_id"),
@@ -165,7 +173,7 @@ class JobRow:
                 spec.get("resources"),
                 spec.get("priority"),
                 spec.get("creation_time"),
-                str(group.get("name")) if isinstance(group, dict) and group else None,
+                group_name(spec),
                 "time_limit" in spec,
                 decoded_spec=spec,
             )

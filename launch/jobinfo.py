@@ -182,13 +182,11 @@ class JobInfo:
         if row is not None and row.phase != Status.ACTIVE.value and not row.timed:
             state = self.__dict__["_raw"][1]
             if state.startswith(b"{"):
-                reason = json.dumps(self.reason)
-                if row.spec_text is not None and row.spec_text.startswith("{"):
-                    fields = row.spec_text[1:-1]  # the row holds them as printed: copied
+                text = row.spec_json()  # (version 3: as printed, copied undecoded)
+                if text.startswith("{") and text.endswith("}") and text[1:-1].strip():
                     head = f'{{"name": {json.dumps(self.name)}, "status": {json.dumps(row.status)}'
-                    return f'{head}, {fields}, "state": {state.decode()}, "reason": {reason}}}'
-                head = json.dumps({"name": self.name, "status": row.status, **row.spec})
-                return f'{head[:-1]}, "state": {state.decode()}, "reason": {reason}}}'
+                    reason = json.dumps(self.reason)
+                    return f'{head}, {text[1:-1]}, "state": {state.decode()}, "reason": {reason}}}'
         return json.dumps(self.to_json())
 
 

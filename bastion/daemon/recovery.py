@@ -60,21 +60,7 @@ def recover(ctx: Context, specs: dict[str, ObjectInfo], cycle_time: float | None
             restore_spec(job, fresh_specs[name], specs[name].token)
         if name not in specs and state.status is not Status.COMPLETED:
             job.gone_from_bucket = True
-        for purpose in (RUN, CLEANUP):
-            record = lifecycle.attempt_record(state, purpose)
-            if record is not None and record.name is None:
-                # A state written before attempts had names: nothing to find it by.
-                events.apply(
-                    ctx,
-                    job,
-                    lifecycle.Observed(
-                        purpose,
-                        Observation(
-                            AttemptPhase.LOST, "recorded by an older daemon without an attempt name"
-                        ),
-                    ),
-                    time.time(),
-                )
+        lose_unnamed_attempts(ctx, job)
         if state.status is not Status.PENDING or state.attempt:  # the waiting: counted below
             log.info(
                 "%s: recovered in state %s (attempt %d)", name, state.status.value, state.attempt
@@ -88,6 +74,18 @@ def recover(ctx: Context, specs: dict[str, ObjectInfo], cycle_time: float | None
             # Recorded before the start, which may or may not have happened: start is
             # idempotent by name (a runner that has it adopts it), so it happens once.
             events.apply(ctx, job, lifecycle.StartAgain(purpose), now)
+
+
+def lose_unnamed_attempts(ctx: Context, job: Job) -> None:
+    """An attempt recorded by a daemon from before attempts had names: nothing can find it
+    by name, so it is lost."""
+    for purpose in (RUN, CLEANUP):
+        record = lifecycle.attempt_record(job.state, purpose)
+        if record is not None and record.name is None:
+            lost = Observation(
+                AttemptPhase.LOST, "recorded by an older daemon without an attempt name"
+            )
+            events.apply(ctx, job, lifecycle.Observed(purpose, lost), time.time())
 
 
 def counted(ctx: Context) -> str:
