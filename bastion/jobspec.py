@@ -79,6 +79,39 @@ SCHEMA_VERSION = 1
 MIN_PRIORITY, MAX_PRIORITY, DEFAULT_PRIORITY = 1, 5, 5
 
 
+# The fields each object interprets; any other key is kept as it came (``extra``).
+_METADATA_KEYS = frozenset(
+    {
+        "user_id",
+        "project_id",
+        "creation_time",
+        "resources",
+        "priority",
+        "job_id",
+        "version",
+        "updated_by",
+    }
+)
+_SPEC_KEYS = frozenset(
+    {
+        "version",
+        "name",
+        "command",
+        "cleanup_command",
+        "env_vars",
+        "metadata",
+        "runner",
+        "bundle",
+        "time_limit",
+        "after",
+        "after_any",
+        "group",
+        "stop_signal",
+        "grace_seconds",
+    }
+)
+
+
 @dataclass
 class JobMetadata:
     user_id: str
@@ -119,16 +152,6 @@ class JobMetadata:
                 f"field metadata.priority: {show(priority)} is out of range; "
                 f"use {MIN_PRIORITY} (highest) to {MAX_PRIORITY} (lowest)"
             )
-        known = {
-            "user_id",
-            "project_id",
-            "creation_time",
-            "resources",
-            "priority",
-            "job_id",
-            "version",
-            "updated_by",
-        }
         version = optional(data, "version", int, p)
         if version is not None and not 0 <= version <= MAX_COUNT:
             raise SpecError(f"field metadata.version: {show(version)} must be 0 to {MAX_COUNT}")
@@ -141,7 +164,7 @@ class JobMetadata:
             job_id=optional(data, "job_id", str, p),
             version=version,
             updated_by=optional(data, "updated_by", str, p),
-            extra={k: v for k, v in data.items() if k not in known},
+            extra={k: v for k, v in data.items() if k not in _METADATA_KEYS},
         )
 
 
@@ -248,29 +271,15 @@ class JobSpec:
         env = optional(data, "env_vars", dict, "")
         if env is not None:
             for key, value in env.items():
-                where = f"env_vars.{shorten(str(key))}"
-                if not key or "=" in key:
-                    raise SpecError(f"field {where}: a variable name must be non-empty, no '='")
-                check_text(key, where)
-                if not isinstance(value, str):
+                if not (key and "=" not in key and isinstance(value, str)):
+                    where = f"env_vars.{shorten(str(key))}"
+                    if not key or "=" in key:
+                        raise SpecError(f"field {where}: a variable name must be non-empty, no '='")
                     raise SpecError(f"field {where}: expected a string value, got {show(value)}")
-                check_text(value, where)
-        known = {
-            "version",
-            "name",
-            "command",
-            "cleanup_command",
-            "env_vars",
-            "metadata",
-            "runner",
-            "bundle",
-            "time_limit",
-            "after",
-            "after_any",
-            "group",
-            "stop_signal",
-            "grace_seconds",
-        }
+                if not (key.isascii() and value.isascii()) or "\x00" in key or "\x00" in value:
+                    where = f"env_vars.{shorten(str(key))}"
+                    check_text(key, where)
+                    check_text(value, where)
         return cls(
             name=check_name(require(data, "name", str, "")),
             command=check_command(require(data, "command", str, ""), "command"),
@@ -288,7 +297,7 @@ class JobSpec:
             group=check_group(data.get("group")),
             stop_signal=check_stop_signal(data.get("stop_signal"), "field stop_signal"),
             grace_seconds=check_grace_seconds(data.get("grace_seconds"), "field grace_seconds"),
-            extra={k: v for k, v in data.items() if k not in known},
+            extra={k: v for k, v in data.items() if k not in _SPEC_KEYS},
         )
 
     @classmethod

@@ -79,6 +79,8 @@ def check_resources(value: Any, field_name: str) -> dict[str, int]:
             f"field {field_name}: expected an object of type -> count, e.g. {{'v4': 8}}"
         )
     for key, count in value.items():
+        if type(count) is int and 0 <= count <= MAX_COUNT:
+            continue  # (the common case, checked first: a restart checks every spec)
         where = f"field {field_name}.{shorten(str(key))}"
         if not isinstance(count, int) or isinstance(count, bool):
             raise SpecError(f"{where}: expected an integer count, got {show(count)}")
@@ -109,6 +111,8 @@ def check_text(value: str, field_name: str) -> str:
     """Strings reach a shell, an environment or a container API: no NUL, valid Unicode."""
     if "\x00" in value:
         raise SpecError(f"field {field_name}: contains a NUL character; remove it")
+    if value.isascii():  # no surrogate possible: nothing to encode
+        return value
     try:
         value.encode()
     except UnicodeEncodeError:
@@ -166,6 +170,11 @@ def check_command(value: str | None, field_name: str) -> str | None:
     return value
 
 
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_RUNNER_KIND = re.compile(r"[a-z][a-z0-9-]{0,31}")
+_OPTION_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+
+
 def check_bundle(value: Any) -> dict[str, Any] | None:
     """The optional ``bundle`` record: kind, uri and a ``sha256:`` digest at least."""
     if value is None:
@@ -175,7 +184,7 @@ def check_bundle(value: Any) -> dict[str, Any] | None:
     for key in ("kind", "uri", "digest"):
         if not isinstance(value.get(key), str) or not value.get(key):
             raise SpecError(f"field bundle.{key}: missing; relaunch to make the bundle again")
-    if not re.fullmatch(r"sha256:[0-9a-f]{64}", value["digest"]):
+    if not _DIGEST.fullmatch(value["digest"]):
         raise SpecError(
             f"field bundle.digest: {show(value['digest'])} is not sha256:<64 hex digits>"
         )
@@ -189,12 +198,12 @@ def check_runner(value: Any) -> dict[str, Any] | None:
     if not isinstance(value, Mapping):
         raise SpecError('field runner: expected an object such as {"kind": "docker", "image": IMG}')
     kind = value.get("kind")
-    if not isinstance(kind, str) or not re.fullmatch(r"[a-z][a-z0-9-]{0,31}", kind):
+    if not isinstance(kind, str) or not _RUNNER_KIND.fullmatch(kind):
         raise SpecError(
             f"field runner.kind: {show(kind)} is not a runner kind; use e.g. 'local' or 'docker'"
         )
     for key in value:
-        if not isinstance(key, str) or not re.fullmatch(r"[a-z][a-z0-9_]{0,63}", key):
+        if not isinstance(key, str) or not _OPTION_NAME.fullmatch(key):
             raise SpecError(f"field runner: option name {show(key)} must be lower_snake_case")
     return dict(value)
 

@@ -31,3 +31,21 @@ def test_events_are_bounded_keeping_the_first_and_the_latest():
     assert numbers[:KEPT_FIRST_EVENTS] == list(range(KEPT_FIRST_EVENTS))
     assert numbers[-1] == MAX_EVENTS + 49
     assert numbers[KEPT_FIRST_EVENTS] == KEPT_FIRST_EVENTS + 50
+
+
+def test_a_loaded_state_is_what_the_constructor_makes_and_owns_its_lists():
+    """from_json fills the fields directly (not through __init__): a field the JSON lacks is
+    at its default, a loaded state counts as changed until written, and two loaded states
+    never share the default events list or metadata dict."""
+    empty = JobState.from_json({})
+    assert empty == JobState() and vars(empty).keys() == vars(JobState()).keys()
+    assert empty.changed
+    full = JobState(status=Status.ACTIVE, attempt=3, reason="r", pending_since=1.5, tier=2)
+    full.add_event({"event": "STARTED"})
+    assert JobState.from_json(json.loads(full.dumps())).to_json() == full.to_json()
+    first, second = JobState.loads(b"{}"), JobState.loads(b"{}")
+    first.mark_written()
+    first.add_event({"n": 1})
+    first.metadata["x"] = 1
+    assert second.events == [] and second.metadata == {} and first.changed
+    assert JobState().events == [] and JobState().metadata == {}

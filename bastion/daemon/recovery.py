@@ -73,7 +73,9 @@ def recover(ctx: Context, specs: dict[str, ObjectInfo], cycle_time: float | None
         for purpose in (RUN, CLEANUP):
             # Recorded before the start, which may or may not have happened: start is
             # idempotent by name (a runner that has it adopts it), so it happens once.
-            events.apply(ctx, job, lifecycle.StartAgain(purpose), now)
+            # (Most jobs of a large queue have no record: nothing to feed the table.)
+            if lifecycle.attempt_record(job.state, purpose) is not None:
+                events.apply(ctx, job, lifecycle.StartAgain(purpose), now)
 
 
 def lose_unnamed_attempts(ctx: Context, job: Job) -> None:
