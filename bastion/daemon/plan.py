@@ -61,15 +61,9 @@ def run_pass(ctx: Context, now: float) -> bool:
     grace = config.scheduling.preemption_grace_seconds
     changed = []
     failed = False
-    for name in sorted(plan.decisions):
+    for name in sorted(to_apply(ctx, plan)):
         job = ctx.jobs[name]
         before = (job.state.status, job.state.reason)
-        if (
-            before[0] is Status.PENDING
-            and before[1] is not None
-            and plan.wait_text(name) == before[1]
-        ):
-            continue  # waits as it waited: nothing to apply, nothing to write
         decision = plan.decisions[name]  # (made only here for most waiting jobs)
         try:
             event = event_for(ctx, job, decision, grace)
@@ -87,6 +81,20 @@ def run_pass(ctx: Context, now: float) -> bool:
     record_decisions(ctx, changed, now)
     publish_queue(ctx, plan, first_to_go(requests, plan.usage, plan.quotas, now))
     return True
+
+
+def to_apply(ctx: Context, plan: Plan) -> list[str]:
+    """The jobs whose decision may change them: all but those that wait as they waited
+    (most of a large queue; found before sorting, which then orders only the few)."""
+    jobs, wait_text = ctx.jobs, plan.wait_text
+    out = []
+    for name in plan.decisions:
+        state = jobs[name].state
+        reason = state.reason
+        if state.status is Status.PENDING and reason is not None and wait_text(name) == reason:
+            continue  # waits as it waited: nothing to apply, nothing to write
+        out.append(name)
+    return out
 
 
 def holding(ctx: Context, now: float) -> dict[str, float]:
