@@ -33,11 +33,14 @@ all reading and writing through one ``CountedObjects`` (every request counted: s
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import os
+import threading
 from typing import Any
 
 import fsspec
+from fsspec.asyn import AsyncFileSystem
 
 from bastion.bucket.artifacts import Bundles, Packages
 from bastion.bucket.control import Lease, QuotaFiles
@@ -119,6 +122,20 @@ class Store:
             for sub in JOB_DIRECTORIES:
                 os.makedirs(self.bucket.path(JOBS, sub), exist_ok=True)
 
+    def own_connection(self, name: str) -> Store:
+        """This root through connections of its own: for a remote bucket (gcsfs, s3fs), a
+        filesystem instance with its own session and its own event loop thread ``name``, so
+        its requests never queue behind this store's. The lease's renewals need it: every
+        request of an fsspec filesystem goes through one event loop and one connection pool,
+        and a burst's thousands of requests queued ahead of a renewal made it wait over 35 s
+        (GCS emulator, 1,000 starts), past the lease's validity, so the daemon stopped
+        acting. A local root has no queue to wait in: the store itself."""
+        fs = self.bucket.fs
+        if not isinstance(fs, AsyncFileSystem):
+            return self
+        options = {k: v for k, v in fs.storage_options.items() if k != "loop"}
+        return Store(self.root_url, **options, skip_instance_cache=True, loop=_event_loop(name))
+
     @property
     def root_url(self) -> str:
         """The root as the user gave it (``gs://b/x``, a path): for messages."""
@@ -146,3 +163,10 @@ class Store:
     def is_local(self) -> bool:
         """A local directory rather than a bucket."""
         return self.bucket.is_local
+
+
+def _event_loop(name: str) -> asyncio.AbstractEventLoop:
+    """A new event loop, running in a daemon thread of its own for the process's life."""
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, name=name, daemon=True).start()
+    return loop

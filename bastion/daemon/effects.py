@@ -145,7 +145,11 @@ def effects_of(
             elif isinstance(effect, lifecycle.Stop) and record.handle is not None:
                 ctx.runners.get(record.kind).stop(record.handle, effect.deadline)
     except NotHolding:
+        # As a cycle that cannot prove the lease: act no more and drop what we know. Else
+        # the start would be lost while the daemon went on (its attempt recorded, never
+        # made, and retried by nothing): a recovery, once the lease is ours again, makes it.
         log.error("%s: effects not carried out: the lease is not certainly ours", job_name)
+        ctx.lost_ownership = True
     except Fenced as e:  # a newer daemon has started attempts: we are a stale holder
         log.error("%s: effects not carried out: %s", job_name, e)
         ctx.lost_ownership = True

@@ -162,7 +162,12 @@ def build_daemon(
     quota = QuotaSource(store, quota_file, machine_pool(getattr(local, "gpus", [])))
     lease = None
     if lease_seconds:
-        lease = Lease(store, process_identity(work_dir), duration=lease_seconds)
+        # (renewals on connections of their own: never queued behind a burst's requests)
+        lease = Lease(
+            store.own_connection("bastion-lease"),
+            process_identity(work_dir),
+            duration=lease_seconds,
+        )
     return Daemon(
         store,
         runners,
