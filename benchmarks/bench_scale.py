@@ -226,10 +226,14 @@ def looping(daemon: Daemon, poll: float) -> Iterator[list[CycleReport]]:
     stop = threading.Event()
 
     def loop() -> None:
-        while not stop.is_set():
-            started = time.monotonic()
-            reports.append(step(daemon))
-            daemon.wait_for_work(started + poll)  # as `bastion start` waits: glancing
+        try:
+            while not stop.is_set():
+                started = time.monotonic()
+                reports.append(step(daemon))
+                daemon.wait_for_work(started + poll)  # as `bastion start` waits: glancing
+        except BaseException as e:  # the row waiting on it fails at once, saying why
+            LOOP_FAILED.append(e)
+            raise
 
     thread = threading.Thread(target=loop, daemon=True)
     thread.start()
@@ -247,11 +251,25 @@ def jobs_now(daemon: Daemon) -> dict[str, Any]:
             return {name: job.state for name, job in list(daemon.jobs.items())}
 
 
-def wait_until(check: Callable[[], bool], limit: float, what: str, every: float = 0.05) -> float:
-    """Seconds until ``check()`` holds (polled ``every`` s); RuntimeError after ``limit``."""
+# Failures of the daemon's loop thread (``looping``): a row waiting on the daemon ends at once.
+LOOP_FAILED: list[BaseException] = []
+
+
+def wait_until(
+    check: Callable[[], bool],
+    limit: float,
+    what: str,
+    every: float = 0.05,
+    limit_from: Callable[[], float | None] = lambda: 0.0,
+) -> float:
+    """Seconds until ``check()`` holds (polled ``every`` s); RuntimeError after ``limit``
+    counted from ``limit_from()`` s in (None: not yet), or once the daemon's loop failed."""
     t0 = time.monotonic()
     while not check():
-        if time.monotonic() - t0 > limit:
+        if LOOP_FAILED:
+            raise RuntimeError(f"{what}: the daemon's loop failed: {LOOP_FAILED.pop()!r}")
+        start = limit_from()
+        if start is not None and time.monotonic() - t0 - start > limit:
             raise RuntimeError(f"{what}: not within {limit:g} s")
         time.sleep(every)
     return time.monotonic() - t0
@@ -330,7 +348,15 @@ def row_intake(rig: Rig, n: int, poll: float) -> dict[str, float]:
         writing.add_done_callback(lambda _: written.append(time.monotonic() - t0))
 
         visible = until_all(daemon, [s.name for s in batch], lambda s: s.status in VISIBLE)
-        seconds = wait_until(visible, 60 + n / 50, "intake", every=max(0.05, n / 200_000))
+        # (the limit counts from the users' last write: on the GCS emulator, whose writes
+        # slow down as its bucket fills, 10,000 jobs' writes alone take minutes)
+        seconds = wait_until(
+            visible,
+            60 + n / 50,
+            "intake after the users' writes",
+            every=max(0.05, n / 200_000),
+            limit_from=lambda: written[0] if written else None,
+        )
         writing.result()
         wait_until(lambda: not markers_left(rig), 120, "marker deletes")
         cycles = list(reports)
