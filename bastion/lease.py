@@ -4,10 +4,12 @@ The rules, and why no two daemons ever act at once:
 
 - **Holder.** Before each renewal write the holder reads its monotonic clock (``sent``). When
   the write succeeds, the lease is valid until ``sent + duration - margin`` on the holder's
-  clock. The holder renews on its own thread every third of the duration, so no cycle length
-  can lose it. Before every effect that starts or stops anything, the daemon asks
-  :meth:`Lease.valid` with the time the effect may take; when it cannot prove the lease valid
-  for that long it starts nothing more and drops what it knows.
+  clock. The holder renews on its own thread every third of the duration (counted from when
+  the last renewal was sent), so no cycle length can lose it; on a bucket, through connections
+  of its own (``Store.own_connection``), so the daemon's other requests never queue ahead of
+  it. Before every effect that starts or stops anything, the daemon asks :meth:`Lease.valid`
+  with the time the effect may take; when it cannot prove the lease valid for that long it
+  starts nothing more and drops what it knows.
 - **Standby.** A waiter never trusts the holder's clock: it takes over only after the lease
   object has stayed unchanged (same token) for a whole ``duration`` on its *own* monotonic
   clock, counted from when it first *saw* that token, which is after the holder's write
@@ -212,8 +214,13 @@ class Lease:
         self._thread = None
 
     def _renew_loop(self) -> None:
+        """A renewal every third of the duration from when the last one was sent, not from
+        when its answer came: a renewal slowed by a loaded bucket (a burst's requests ahead
+        of it) delays the next by nothing, so its validity is not spent waiting twice."""
         stop = self._stop
-        while not stop.wait(self.duration / 3):
+        sent = self._valid_until - (self.duration - self.margin)  # (the take's)
+        while not stop.wait(max(0.0, sent + self.duration / 3 - self.clock())):
+            sent = self.clock()
             if self.token is None or not self.renew():
                 return
 

@@ -138,3 +138,42 @@ def test_a_start_refused_for_an_uncertain_lease_is_made_once_the_daemon_holds_it
         assert [o.name for o in owned] == [record.name]  # made once, under its recorded name
     finally:
         daemon.close()
+
+
+class _SlowLeaseObject:
+    """The root's real lease object, each write taking ``seconds`` first (a loaded bucket)."""
+
+    def __init__(self, store: Store, seconds: float) -> None:
+        self._lease, self._seconds = store.lease, seconds
+        self.writes: list[float] = []  # when each write was sent (monotonic)
+
+    def read(self) -> object:
+        return self._lease.read()
+
+    def write(self, record: dict, expected: str | None) -> str:
+        self.writes.append(time.monotonic())
+        time.sleep(self._seconds)
+        return self._lease.write(record, expected)
+
+
+def test_a_renewal_as_slow_as_a_third_of_the_term_never_lets_the_lease_lapse(
+    tmp_path: Path,
+) -> None:
+    """Renewals are sent every third of the term from when the last one was sent: counted
+    from its answer instead, each slow renewal would spend its validity waiting twice (sent
+    every 2 s, each valid for 2.25 s from its sending, answered 1 s later: a lapse)."""
+    store = Store(str(tmp_path / "root"))
+    slow = _SlowLeaseObject(store, seconds=1.0)
+    slowed = type("SlowStore", (), {"lease": slow, "root_url": store.root_url})()
+    lease = Lease(slowed, "tester", duration=3.0)  # type: ignore[arg-type]
+    assert lease.hold()
+    try:
+        deadline, lapsed = time.monotonic() + 6.0, 0
+        while time.monotonic() < deadline:
+            lapsed += not lease.valid()
+            time.sleep(0.02)
+        assert lapsed == 0, f"the lease lapsed in {lapsed} of its checks"
+        gaps = [b - a for a, b in zip(slow.writes[1:], slow.writes[2:], strict=False)]
+        assert gaps and all(0.9 <= gap <= 1.5 for gap in gaps), gaps
+    finally:
+        lease.release()
