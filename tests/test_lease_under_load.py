@@ -1,7 +1,8 @@
 """The lease under the daemon's own load: its renewals never wait behind the daemon's other
 requests, and a start refused while the lease was uncertain is made once the daemon holds it
-again (found with benchmarks/bench_scale.py on the GCS emulator: a burst of 1,000 starts
-queued a renewal for over 35 s, the lease lapsed, and 136 starts were lost)."""
+again (found with benchmarks/bench_scale.py on the GCS emulator: during a burst of 1,000
+starts a renewal waited over 35 s behind the burst's requests, the lease lapsed, and 136 starts
+were refused and never made)."""
 
 from __future__ import annotations
 

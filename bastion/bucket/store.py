@@ -125,11 +125,12 @@ class Store:
     def own_connection(self, name: str) -> Store:
         """This root through connections of its own: for a remote bucket (gcsfs, s3fs), a
         filesystem instance with its own session and its own event loop thread ``name``, so
-        its requests never queue behind this store's. The lease's renewals need it: every
-        request of an fsspec filesystem goes through one event loop and one connection pool,
-        and a burst's thousands of requests queued ahead of a renewal made it wait over 35 s
-        (GCS emulator, 1,000 starts), past the lease's validity, so the daemon stopped
-        acting. A local root has no queue to wait in: the store itself."""
+        its requests never wait in this store's queue (every request of an fsspec filesystem
+        goes through one event loop and one connection pool, where a burst's starts put
+        thousands). The lease's renewals need it. A bucket that is itself overloaded still
+        delays them (the GCS emulator behind the benchmark's proxy took 16-64 s for one
+        during a 1,000-job burst, with or without this); a lapse then makes the daemon stand
+        down and recover. A local root has no queue to wait in: the store itself."""
         fs = self.bucket.fs
         if not isinstance(fs, AsyncFileSystem):
             return self
