@@ -112,9 +112,11 @@ class JobState:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> JobState:
-        """Filled in directly, not through ``__init__``: its ``__setattr__`` per field was a
-        third of the load, and a restart loads every state (100,000: 0.5 s). What ``__init__``
-        would do: every field at its default, then those the JSON holds; marked changed."""
+        """Filled in without ``__init__``'s class ``__setattr__`` per field (a third of the
+        load; a restart loads every state, 100,000: 0.35 s): what ``__init__`` does, every
+        field set in the order of the fields, at its default unless the JSON holds it; marked
+        changed. (In that order, not by updating ``__dict__``: instances whose attributes
+        are set in one order share one table of keys, and a state costs 600 bytes less.)"""
         values = {**_DEFAULTS, "events": [], "metadata": {}}
         values.update((k, v) for k, v in data.items() if k in _PLAIN_NAMES)
         values["status"] = Status(str(data.get("status", "PENDING")).upper())
@@ -124,8 +126,9 @@ class JobState:
                 values[name] = record_type.from_json(raw)
         if data.get("outcome"):
             values["outcome"] = Outcome(data["outcome"])
-        state = object.__new__(cls)
-        state.__dict__.update(values)
+        state, assign = object.__new__(cls), object.__setattr__
+        for name in _FIELD_NAMES:
+            assign(state, name, values[name])
         return state
 
     @classmethod
@@ -156,6 +159,7 @@ _PLAIN_FIELDS = tuple(
     f for f in dataclasses.fields(JobState) if f.name not in {name for _, name, _ in _RECORDS}
 )
 _PLAIN_NAMES = frozenset(f.name for f in _PLAIN_FIELDS)
+_FIELD_NAMES = tuple(f.name for f in dataclasses.fields(JobState))  # __init__'s order
 # Every field's default but the two mutable ones (a fresh list and dict per state).
 _DEFAULTS = {
     f.name: f.default for f in dataclasses.fields(JobState) if f.name not in ("events", "metadata")
