@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import warnings
 from pathlib import Path
 
 import pytest
@@ -18,19 +17,9 @@ from bastion.bucket.store import Store
 from bastion.daemon.start import build_daemon
 from bastion.jobstate import Status
 from bastion.lease import Lease
-from launch.api import Client, new_jobspec
+from launch.api import Client
 from tests.conftest import fresh_gcs_root
-
-QUOTA = """\
-[toml-schema]
-version = "1"
-[total_resources]
-cpu = 4
-[project_membership]
-default = [".*"]
-[project_resources.default]
-cpu = 1.0
-"""
+from tests.test_snapshot import QUOTA, _submit
 
 
 @pytest.mark.usefixtures("gcs_emulator")
@@ -86,18 +75,7 @@ def test_a_start_refused_for_an_uncertain_lease_is_made_once_the_daemon_holds_it
     quota = Path(root, "project-quotas", "project-quotas.config")
     quota.parent.mkdir(parents=True)
     quota.write_text(QUOTA)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the test drives the daemon's cycles itself
-        Client(root, expect_daemon=False).submit(
-            new_jobspec(
-                name="train",
-                command="sleep 600",
-                user_id="u",
-                project_id="default",
-                resources={"cpu": 1},
-                runner={"kind": "fake"},
-            )
-        )
+    _submit(Client(root, expect_daemon=False), ["train"])
     daemon = build_daemon(
         root,
         work_dir=str(tmp_path / "work"),
