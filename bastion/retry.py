@@ -39,6 +39,14 @@ def quietly(call: Callable[[T], R]) -> Callable[[T], R | Exception]:
     return wrapped
 
 
+def error_text(error: BaseException) -> str:
+    """What a log line says of an error: its type, then its message. A timeout's message is
+    empty (``TimeoutError()``), which left "could not record the finished job: " saying
+    nothing on the GCS emulator."""
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
 def exponential(first: float, cap: float) -> Callable[[int], float]:
     """The pause before retry ``k`` (0-based): ``first * 2**k``, at most ``cap``."""
     return lambda k: min(first * 2 ** min(k, 40), cap)

@@ -60,6 +60,7 @@ class FailurePlan:
         where: str = "",
         first_calls: int = 0,
         when: str = "either",
+        silent: bool = False,
     ) -> None:
         self.fraction = fraction
         self.seed = seed
@@ -67,6 +68,7 @@ class FailurePlan:
         self.where = where
         self.first_calls = first_calls
         self.when = when  # for writes: "before", "after" or "either" (seeded)
+        self.silent = silent  # fail with a TimeoutError() that says nothing, as a timeout does
         self.calls: collections.Counter[str] = collections.Counter()
         self.failures: collections.Counter[str] = collections.Counter()  # "op:before|after"
         self._seen: collections.Counter[tuple[str, str]] = collections.Counter()
@@ -141,11 +143,19 @@ class FlakyFileSystem(AbstractFileSystem):
         covering = self._covering(path)
         when = covering[1].decide(op, path) if covering else None
         if when == "before":
-            raise Simulated503(f"simulated 503 Service Unavailable before {op} {path}")
+            raise self._failure(covering[1], f"before {op} {path}")
         result = action()
         if when == "after":
-            raise Simulated503(f"simulated 503 Service Unavailable after {op} {path} (it happened)")
+            raise self._failure(covering[1], f"after {op} {path} (it happened)")
         return result
+
+    @staticmethod
+    def _failure(plan: FailurePlan, where: str) -> Exception:
+        return (
+            TimeoutError()
+            if plan.silent
+            else Simulated503(f"simulated 503 Service Unavailable {where}")
+        )
 
     def _tmp_path(self, path: str) -> str:
         covering = self._covering(path)

@@ -425,3 +425,18 @@ def test_a_503_while_finalizing_changes_nothing_the_user_sees(
     assert rig.ran() == {"one": 1}
     assert [msg for msg, _ in rig.errors.records if "another daemon" in msg] == []
     assert daemon.jobs == {}
+
+
+def test_an_error_without_a_message_is_logged_by_its_type(rig: Rig) -> None:
+    """A timeout says nothing (``str(TimeoutError())`` is empty): the daemon's log names its
+    type, where it used to end at "could not record the finished job (will retry): "."""
+    rig.submit("one", "exit 0")
+    plan = rig.set_plan(
+        FailurePlan(first_calls=1, ops={"pipe_file"}, where="/jobs/complete/", silent=True)
+    )
+    daemon = rig.daemon()
+    rig.drive(daemon, lambda: rig.all_complete(["one"]) and not rig.entries("jobs", "states"))
+
+    assert plan.total_failures == 1
+    logged = [msg for msg, _ in rig.errors.records if "could not record the finished job" in msg]
+    assert logged == ["one: could not record the finished job (will retry): TimeoutError"]

@@ -12,6 +12,7 @@ from bastion.daemon import pools, status_page
 from bastion.daemon.context import DELETE_WAIT_SECONDS, Context, Job
 from bastion.jobspec import JobSpec, name_problem
 from bastion.jobstate import Status
+from bastion.retry import error_text
 
 log = logging.getLogger("bastion.daemon")
 
@@ -44,7 +45,11 @@ def finalize_all(ctx: Context, now: float) -> None:
     results = ctx.pool.map(pools.quietly(functools.partial(finalize, ctx, now=now)), ready)
     for job, result in zip(ready, results, strict=True):
         if isinstance(result, Exception):
-            log.error("%s: could not record the finished job (will retry): %s", job.name, result)
+            log.error(
+                "%s: could not record the finished job (will retry): %s",
+                job.name,
+                error_text(result),
+            )
         else:
             ctx.jobs.pop(job.name, None)  # its end was news to the policy already
             ctx.job_changes += 1

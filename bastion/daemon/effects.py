@@ -24,6 +24,7 @@ from bastion.daemon.context import (
 )
 from bastion.jobstate import AttemptRecord
 from bastion.lifecycle import CLEANUP, RUN
+from bastion.retry import error_text
 from bastion.runners.base import (
     Attempt,
     CannotStart,
@@ -127,14 +128,16 @@ def effects_of(
                 try:
                     handle = ctx.runners.get(record.kind).start(attempt)
                 except RunnerError as e:  # the job's error: its attempt fails with it
-                    log.error("%s: could not start %s: %s", job_name, attempt.name, e)
+                    log.error("%s: could not start %s: %s", job_name, attempt.name, error_text(e))
                     results.append(lifecycle.StartFailed(effect.purpose, str(e)[:1000]))
                     continue
                 except Fenced:
                     raise
                 except Exception as e:  # transient: the same start again, backing off
                     bound = None if isinstance(e, NoCapacity) else ctx.start_give_up_seconds
-                    log.warning("%s: starting %s: %s; trying again", job_name, attempt.name, e)
+                    log.warning(
+                        "%s: starting %s: %s; trying again", job_name, attempt.name, error_text(e)
+                    )
                     requeue = isinstance(e, CannotStart)
                     deferred = lifecycle.StartDeferred(effect.purpose, str(e)[:500], bound, requeue)
                     results.append(deferred)
@@ -151,7 +154,7 @@ def effects_of(
         log.error("%s: effects not carried out: the lease is not certainly ours", job_name)
         ctx.lost_ownership = True
     except Fenced as e:  # a newer daemon has started attempts: we are a stale holder
-        log.error("%s: effects not carried out: %s", job_name, e)
+        log.error("%s: effects not carried out: %s", job_name, error_text(e))
         ctx.lost_ownership = True
     except Exception:
         log.exception("%s: carrying out effects failed; retried next cycle", job_name)
@@ -168,7 +171,7 @@ def delete_attempt(ctx: Context, name: str, kind: str, handle: dict[str, Any] | 
     except NotHolding:  # tried again once we act (or dropped if we let go)
         gone = False
     except Exception as e:
-        log.error("could not delete attempt %s (will retry): %s", name, e)
+        log.error("could not delete attempt %s (will retry): %s", name, error_text(e))
         gone = False
     with ctx.results_lock:
         if gone:

@@ -14,6 +14,7 @@ from bastion.daemon.context import Context, Job
 from bastion.jobstate import JobState
 from bastion.lifecycle import CLEANUP
 from bastion.policy_inputs import job_request
+from bastion.retry import error_text
 from bastion.runners.base import (
     attempt_name,
 )
@@ -78,7 +79,9 @@ def log_line(ctx: Context, job: Job, purpose: str, text: str) -> None:
             ctx.logs.write(*job.pending_log[0])
             job.pending_log = job.pending_log[1:]
     except OSError as e:  # a full work-dir disk: the line waits, the job goes on
-        log.error("%s: could not write to the local log mirror (retrying): %s", job.name, e)
+        log.error(
+            "%s: could not write to the local log mirror (retrying): %s", job.name, error_text(e)
+        )
 
 
 def runner_kind(ctx: Context, job: Job) -> str:

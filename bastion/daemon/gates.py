@@ -17,6 +17,7 @@ from bastion.daemon import events
 from bastion.daemon.context import Context, Job
 from bastion.dependencies import Gate, Member, Verdict, dependency_verdict, group_held
 from bastion.jobstate import JobState, Status, StopKind
+from bastion.retry import error_text
 from bastion.timelimits import fmt_duration, time_used
 
 log = logging.getLogger("bastion.daemon")
@@ -83,7 +84,7 @@ def _status_of(ctx: Context, name: str) -> str | None:
         try:
             record = ctx.store.complete.read(name)
         except Exception as e:  # the bucket blinked: wait, ask again next pass
-            log.warning("could not read the record of dependency %s: %s", name, e)
+            log.warning("could not read the record of dependency %s: %s", name, error_text(e))
             return "UNKNOWN"
         cache[name] = JobState.from_json(record["state"]).display_status if record else None
     return cache[name]

@@ -15,6 +15,7 @@ from bastion.daemon import events, pools
 from bastion.daemon.context import Context, Job
 from bastion.jobspec import JobSpec, SpecError, name_problem, requester, spec_changes
 from bastion.jobstate import JobState, Status
+from bastion.retry import error_text
 from bastion.runners.base import known_kinds
 from bastion.suggest import did_you_mean
 
@@ -53,7 +54,7 @@ def read_specs(ctx: Context, look: Look, now: float) -> None:
             absorb_spec(ctx, name, b"", token, now, problem=str(result))
             continue
         if isinstance(result, Exception):
-            log.error("%s: could not read spec: %s", name, result)
+            log.error("%s: could not read spec: %s", name, error_text(result))
             unread.add(name)
             continue
         if result is None:  # deleted since it was listed or marked
@@ -187,7 +188,7 @@ def apply_request(ctx: Context, name: str, now: float) -> None:
     try:
         raw = ctx.store.requests.read(name)
     except ValueError as e:  # not a regular file or too large: drop it
-        log.warning("%s: deleting an unreadable request: %s", name, e)
+        log.warning("%s: deleting an unreadable request: %s", name, error_text(e))
         ctx.store.requests.delete(name)
         return
     if raw is None:

@@ -13,6 +13,7 @@ from bastion.daemon import events, pools
 from bastion.daemon.context import OUTPUT_CHUNK, Context, Job
 from bastion.jobstate import Status
 from bastion.lifecycle import CLEANUP, RUN
+from bastion.retry import error_text
 from bastion.runners.base import (
     Observation,
 )
@@ -41,7 +42,9 @@ def observe(ctx: Context, now: float) -> None:
     results = ctx.pool.map(pools.quietly(functools.partial(watch, ctx)), work)
     for (job, purpose), result in zip(work, results, strict=True):
         if isinstance(result, Exception):
-            log.error("%s: could not watch its %s attempt: %s", job.name, purpose, result)
+            log.error(
+                "%s: could not watch its %s attempt: %s", job.name, purpose, error_text(result)
+            )
             if job.reason_before_blind is None:
                 job.reason_before_blind = job.state.reason
             blind = f"could not watch attempt {job.state.attempt}: {result}"[:500]

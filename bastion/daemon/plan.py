@@ -24,6 +24,7 @@ from bastion.daemon.context import (
 )
 from bastion.jobstate import Status
 from bastion.lifecycle import RUN
+from bastion.retry import error_text
 from bastion.runners.base import (
     attempt_name,
 )
@@ -142,7 +143,7 @@ def publish_queue(ctx: Context, plan: Plan, going: dict[str, list[str]]) -> None
     except NotHolding:
         raise
     except Exception as e:  # a reader sees the last one; written again next cycle
-        log.error("could not write the queue summary: %s", e)
+        log.error("could not write the queue summary: %s", error_text(e))
 
 
 def event_for(ctx: Context, job: Job, decision: Decision, grace: float) -> lifecycle.Event | None:

@@ -11,6 +11,7 @@ import logging
 from typing import Any
 
 from bastion.daemon.context import Context, NotHolding
+from bastion.retry import error_text
 from bastion.runners.base import known_kinds
 
 log = logging.getLogger("bastion.daemon")
@@ -56,4 +57,4 @@ def publish_capabilities(ctx: Context) -> None:
     except NotHolding:
         return  # a standby publishes nothing: the holder's record stands
     except Exception as e:
-        log.error("could not publish the daemon's capabilities: %s", e)
+        log.error("could not publish the daemon's capabilities: %s", error_text(e))

@@ -26,6 +26,7 @@ from bastion.daemon.statebytes import unsqueeze
 from bastion.jobrow import StateSummary
 from bastion.jobrow import encode as encode_row
 from bastion.jobspec import JobSpec
+from bastion.retry import error_text
 
 log = logging.getLogger("bastion.daemon")
 
@@ -122,7 +123,7 @@ def write_shards(
         try:
             ctx.store.snapshot.write(shard, _encode(members))
         except Exception as e:  # written again next time: only a restart's reads depend on it
-            log.warning("snapshot shard %02d not written: %s", shard, e)
+            log.warning("snapshot shard %02d not written: %s", shard, error_text(e))
             continue
         book.signatures[shard] = signature
 

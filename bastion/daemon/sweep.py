@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 from bastion.daemon.context import _PART_OF_ATTEMPT, Context
+from bastion.retry import error_text
 
 log = logging.getLogger("bastion.daemon")
 
@@ -43,7 +44,7 @@ def sweep(ctx: Context) -> None:
         try:
             owned = ctx.runners.get(kind).list_owned()
         except Exception as e:
-            log.error("could not list the attempts of runner %s: %s", kind, e)
+            log.error("could not list the attempts of runner %s: %s", kind, error_text(e))
             continue
         for item in owned:
             busy = item.name in ctx.deleting or item.name in ctx.deletes_in_pool

@@ -19,7 +19,7 @@ from bastion.daemon.context import (
     NotHolding,
 )
 from bastion.jobstate import Status
-from bastion.retry import ReadBack, read_back
+from bastion.retry import ReadBack, error_text, read_back
 
 log = logging.getLogger("bastion.daemon")
 
@@ -35,7 +35,7 @@ def write_back_job(ctx: Context, item: tuple[Job | None, list[str]]) -> bool:
             else:
                 ctx.logs.sync(name)
         except Exception as e:
-            log.error("%s: log upload failed; it will be retried: %s", name, e)
+            log.error("%s: log upload failed; it will be retried: %s", name, error_text(e))
     if job is None:
         return False
     ctx.may_act()
@@ -69,7 +69,7 @@ def write_back(ctx: Context) -> None:
         if isinstance(result, (PreconditionFailed, NotHolding)):
             ctx.lost_ownership = True
         elif isinstance(result, Exception):
-            log.error("%s: could not write state (will retry): %s", job.name, result)
+            log.error("%s: could not write state (will retry): %s", job.name, error_text(result))
     if ctx.lost_ownership:
         raise NotHolding
     ctx.usage_unsaved = ctx.usage_unsaved or changed
