@@ -199,6 +199,12 @@ class Lease:
         except Exception as e:
             log.warning("could not release the lease: %s", e)
 
+    def close(self) -> None:
+        """Released, and the connections of its own closed (``Store.own_connection``):
+        the lease is not used again."""
+        self.release()
+        self.store.close()
+
     # -- renewing ------------------------------------------------------------------------------
 
     def _start_renewing(self) -> None:

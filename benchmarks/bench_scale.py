@@ -212,6 +212,9 @@ def start_daemon(rig: Rig, latency: bool = True) -> Daemon:
 
 def stop_daemon(rig: Rig) -> None:
     if rig.daemon is not None:
+        # The effects in flight first, under the lease, as `bastion start`'s own stop does:
+        # close() lets the lease go first, and the starts still queued were refused then.
+        rig.daemon.settle()
         rig.daemon.close()
         kill_attempts(rig.daemon)
         rig.daemon = None

@@ -56,8 +56,12 @@ def test_the_daemons_lease_has_connections_of_its_own_on_a_bucket(tmp_path: Path
         assert daemon.ctx.lease is not None
         lease_fs, store_fs = daemon.ctx.lease.store.bucket.fs, daemon.ctx.store.bucket.fs
         assert lease_fs is not store_fs and lease_fs.loop is not store_fs.loop
+        assert lease_fs.loop.is_running()
     finally:
         daemon.close()
+    # and closing the daemon stops that loop's thread (a closed daemon leaves none behind)
+    assert not lease_fs.loop.is_running()
+    assert store_fs.loop.is_running()  # fsspec's shared loop is not ours to stop
 
 
 def test_a_local_root_needs_no_connection_of_its_own(tmp_path: Path) -> None:

@@ -118,6 +118,7 @@ class Store:
         self.packages = Packages(self.bucket)
         self.outputs = OutputPaths(self)  # ROOT/outputs/<job>/...: bastion/bucket/outputs.py
         self.reports = ReportObjects(self)  # ROOT/usage/ (the ledger) and ROOT/status/ (page)
+        self._own_loop: tuple[asyncio.AbstractEventLoop, threading.Thread] | None = None
         if self.bucket.is_local:  # so a user browsing the root sees the layout
             for sub in JOB_DIRECTORIES:
                 os.makedirs(self.bucket.path(JOBS, sub), exist_ok=True)
@@ -135,7 +136,23 @@ class Store:
         if not isinstance(fs, AsyncFileSystem):
             return self
         options = {k: v for k, v in fs.storage_options.items() if k != "loop"}
-        return Store(self.root_url, **options, skip_instance_cache=True, loop=_event_loop(name))
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name=name, daemon=True)
+        thread.start()
+        own = Store(self.root_url, **options, skip_instance_cache=True, loop=loop)
+        own._own_loop = (loop, thread)
+        return own
+
+    def close(self) -> None:
+        """Stops what this store runs for itself: the event loop thread of an
+        ``own_connection`` (the client's own finalizer then closes its sockets). A daemon
+        closed in a process that goes on (tests, the benchmarks) leaves no thread behind.
+        Other stores run nothing of their own: a no-op."""
+        if self._own_loop is None:
+            return
+        (loop, thread), self._own_loop = self._own_loop, None
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
 
     @property
     def root_url(self) -> str:
@@ -164,10 +181,3 @@ class Store:
     def is_local(self) -> bool:
         """A local directory rather than a bucket."""
         return self.bucket.is_local
-
-
-def _event_loop(name: str) -> asyncio.AbstractEventLoop:
-    """A new event loop, running in a daemon thread of its own for the process's life."""
-    loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, name=name, daemon=True).start()
-    return loop

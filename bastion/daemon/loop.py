@@ -131,7 +131,7 @@ class Daemon:
         """After the last ``run``: the pools and the runners' clients (and the lease, for a
         daemon driven by ``cycle`` alone)."""
         if self.ctx.lease is not None:
-            self.ctx.lease.release()
+            self.ctx.lease.close()
         self.settle()
         if self.ctx.page is not None:
             self.ctx.page.wait()  # a render in flight writes before the store goes
