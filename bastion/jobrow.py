@@ -148,7 +148,7 @@ class JobRow:
         if raw.startswith(ROW_V3):
             head, _, text = raw[len(ROW_V3) :].partition(b"\n")
             try:
-                row = cls(*json.loads(head), spec_text=text.decode())
+                row = cls(*json.loads(head.decode()), spec_text=text.decode())
             except (TypeError, UnicodeDecodeError):
                 raise ValueError("not a row: fields missing or too many") from None
         else:
@@ -157,7 +157,7 @@ class JobRow:
         texts += (row.creation_time,)
         typed = type(row.log_start) is int and type(row.resources) is dict
         typed = typed and type(row.timed) is bool and (row.group is None or type(row.group) is str)
-        if not typed or {type(t) for t in texts} != {str}:
+        if not typed or not all(map(_is_str, texts)):
             raise ValueError("not a row: a field has the wrong type")
         return row
 
@@ -179,3 +179,7 @@ class JobRow:
             )
         except (KeyError, TypeError):
             raise ValueError("not a row: a field is missing") from None
+
+
+def _is_str(value: object) -> bool:
+    return type(value) is str

@@ -15,6 +15,7 @@ import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii as _quoted  # json.dumps of a str
 from typing import Any
 
 from bastion.bucket.store import UnacceptableObject
@@ -23,6 +24,10 @@ from bastion.jobspec import JobSpec, SpecError, shorten
 from bastion.jobstate import JobState, Status
 from bastion.timelimits import time_left
 from quota.capacity import fmt_units
+
+# (A member's ``.value`` goes through the enum's descriptor: read 100,000 times by a list of
+# 20,000 jobs, the constants save 0.04 s of it.)
+_PENDING, _ACTIVE = Status.PENDING.value, Status.ACTIVE.value
 
 _ROW_FIELDS = ("project_id", "user_id", "resources", "priority")  # a row holds them apart
 
@@ -74,8 +79,9 @@ class JobInfo:
     @property
     def phase(self) -> str | None:
         """The lifecycle status (PENDING, ACTIVE, COMPLETED); None before the daemon's."""
-        if self._listed is not None:
-            return self._listed.phase
+        row = self._listed
+        if row is not None:
+            return row.phase
         return self.state.status.value if self.state is not None else None
 
     @property
@@ -91,7 +97,7 @@ class JobInfo:
         "exit 0", "preempted", "waiting"), as the daemon last saw it; [] otherwise. Not while
         the runner says the attempt is queued or provisioning: the workers it last saw then are
         from before (WORKERS "4/4 running" beside REASON "provisioning: node CREATING")."""
-        if self._listed is not None and self._listed.phase != Status.ACTIVE.value:
+        if self._listed is not None and self._listed.phase != _ACTIVE:
             return []
         if self.state is None or self.state.status is not Status.ACTIVE:
             return []
@@ -133,11 +139,11 @@ class JobInfo:
             return "waiting for the daemon to pick it up"
         reason = row.reason if row is not None else self.state.reason  # type: ignore[union-attr]
         phase = self.phase
-        if phase == Status.PENDING.value and self.live_reason:
+        if phase == _PENDING and self.live_reason:
             return self.live_reason
-        if phase == Status.PENDING.value and self.queue:
+        if phase == _PENDING and self.queue:
             return f"{reason}; {self.queue}"
-        if phase == Status.ACTIVE.value and self.standing:
+        if phase == _ACTIVE and self.standing:
             return f"now {self.standing}; {reason}"  # first: the row is cut at 90
         return reason
 
@@ -179,13 +185,13 @@ class JobInfo:
         a time left is written from the row, with its state's bytes as they are (same fields,
         the state's keys sorted): no parse."""
         row = self._listed
-        if row is not None and row.phase != Status.ACTIVE.value and not row.timed:
+        if row is not None and row.phase != _ACTIVE and not row.timed:
             state = self.__dict__["_raw"][1]
             if state.startswith(b"{"):
                 text = row.spec_json()  # (version 3: as printed, copied undecoded)
                 if text.startswith("{") and text.endswith("}") and text[1:-1].strip():
-                    head = f'{{"name": {json.dumps(self.name)}, "status": {json.dumps(row.status)}'
-                    reason = json.dumps(self.reason)
+                    head = f'{{"name": {_quoted(self.name)}, "status": {_quoted(row.status)}'
+                    reason = _quoted(self.reason)
                     return f'{head}, {text[1:-1]}, "state": {state.decode()}, "reason": {reason}}}'
         return json.dumps(self.to_json())
 
@@ -269,9 +275,9 @@ def placed(jobs: list[JobInfo], summary: Mapping[str, Any]) -> list[JobInfo]:
     going = _first_to_go(projects)
     placed = []
     for job in jobs:
-        if job.phase == Status.PENDING.value and job.name in where:
+        if job.phase == _PENDING and job.name in where:
             job = _with(job, queue=where[job.name] + tail, live_reason=live.get(job.name, ""))
-        elif job.phase == Status.ACTIVE.value:
+        elif job.phase == _ACTIVE:
             job = _with(job, standing=_standing(job, going))
         placed.append(job)
     return placed

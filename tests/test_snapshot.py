@@ -102,6 +102,9 @@ def test_a_shard_round_trips_and_anything_else_is_refused():
     entries = {
         "a": Entry("1", "2", b'{"status": "PENDING"}', b'{"name": "a"}'),
         "b": Entry("", "3", b"x"),
+        # strings whose header needs escapes: read by the JSON decoder, not the plain pattern
+        'q"uote': Entry("back\\slash", "\u00e9t\u00e9", b"s", b"p", b"r"),
+        "ctl\x01": Entry("1", "tab\t", b"", b"", b""),
     }
     assert decode(encode(entries.items())) == entries
     for foreign in (b"", b"not compressed", encode([])[:-3], b"x\x9c" + b"\x00" * 8):
@@ -118,6 +121,8 @@ def test_a_shard_round_trips_and_anything_else_is_refused():
         b'["a","1","2",-1,3,0]\nxyz',  # a negative size
         b'["a","1","2","x",0,0]\n',  # a size that is no number
         b'["a","1",2,0]\n',  # too few fields
+        b'["a","1","2",0,0]\n',  # a version 1 header in a version 2 shard
+        b'["a","1","2",0,0,0,0]\n',  # too many fields
         b'{"name":"a"}\n',  # not a list
         b"not json\n",
     ],

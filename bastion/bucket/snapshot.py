@@ -22,6 +22,7 @@ Version 1 (no row) is still read: a daemon's first snapshot after an upgrade rew
 from __future__ import annotations
 
 import json
+import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -39,6 +40,11 @@ SHARDS = 64
 SNAPSHOT = "snapshot"
 _MAGIC = b"bastion-snapshot 2\n"
 _MAGIC_V1 = b"bastion-snapshot 1\n"  # entries without a row
+# A header as ``encode`` writes it when no string in it needs an escape (every job name and
+# token Bastion makes): read without the JSON decoder, 5.5 -> 1 us an entry, which a restart
+# and every `bastion list` pay once per job. Anything else goes through json.loads.
+_PLAIN = rb'"([\x20\x21\x23-\x5b\x5d-\x7e]*)"'  # printable ASCII but " and \
+_PLAIN_HEADER = re.compile(rb"\[%s,%s,%s,(\d+),(\d+)(?:,(\d+))?\]" % (_PLAIN, _PLAIN, _PLAIN))
 _MAX_SHARD_BYTES = 1 << 30  # a shard inflated past this is not ours: read as empty
 
 
@@ -93,15 +99,14 @@ def _entries(data: bytes, at: int, fields: int) -> Iterator[tuple[str, Entry]]:
         end = data.find(b"\n", at)
         if end < 0:
             raise SnapshotError("a torn entry")
-        try:
-            header = json.loads(data[at:end])
-            if not isinstance(header, list) or len(header) != fields:
-                raise ValueError(f"a header of {fields} fields expected")
-            name, spec_token, state_token, *sizes = header
-            state_size, spec_size = int(sizes[0]), int(sizes[1])
-            row_size = int(sizes[2]) if fields == 6 else 0
-        except (ValueError, TypeError) as e:
-            raise SnapshotError(f"a torn entry: {e}") from None
+        plain = _PLAIN_HEADER.fullmatch(data, at, end)
+        if plain is not None and (plain[6] is not None) == (fields == 6):
+            name, spec_token, state_token = plain[1].decode(), plain[2].decode(), plain[3].decode()
+            state_size, spec_size, row_size = int(plain[4]), int(plain[5]), int(plain[6] or 0)
+        else:
+            name, spec_token, state_token, state_size, spec_size, row_size = _header(
+                data[at:end], fields
+            )
         state_at = end + 1
         spec_at = state_at + state_size
         row_at = spec_at + spec_size
@@ -109,7 +114,20 @@ def _entries(data: bytes, at: int, fields: int) -> Iterator[tuple[str, Entry]]:
         if state_size < 0 or spec_size < 0 or row_size < 0 or at > len(data):
             raise SnapshotError("a torn entry")
         state, spec, row = data[state_at:spec_at], data[spec_at:row_at], data[row_at:at]
-        yield str(name), Entry(str(spec_token), str(state_token), state, spec, row)
+        yield name, Entry(spec_token, state_token, state, spec, row)
+
+
+def _header(line: bytes, fields: int) -> tuple[str, str, str, int, int, int]:
+    """A header as JSON: what the plain pattern leaves (a string with an escape in it)."""
+    try:
+        header = json.loads(line)
+        if not isinstance(header, list) or len(header) != fields:
+            raise ValueError(f"a header of {fields} fields expected")
+        name, spec_token, state_token, *sizes = header
+        row_size = int(sizes[2]) if fields == 6 else 0
+        return str(name), str(spec_token), str(state_token), int(sizes[0]), int(sizes[1]), row_size
+    except (ValueError, TypeError) as e:
+        raise SnapshotError(f"a torn entry: {e}") from None
 
 
 class Snapshot:
@@ -183,7 +201,12 @@ class ActiveJob:
 def read_active(store: Store, map_: Callable[..., Iterable[object]] = map) -> list[ActiveJob]:
     """Every job in jobs/active/ with its spec and state, by name: two listings, the snapshot,
     and a read of each spec or state the snapshot does not hold as listed now. A job whose
-    spec and state both come from the snapshot comes with its row."""
+    spec and state both come from the snapshot comes with its row. ``map_``: a pool's map, for
+    a bucket's reads; a local root is read in this thread, which is faster there (a read is
+    one syscall, the rest holds the GIL: 0.35 s against 0.37-0.44 s in 16 threads for 20,000
+    jobs)."""
+    if store.is_local:
+        map_ = map
     specs, states = map_(lambda listing: listing(), [store.specs.list, store.states.list])
     entries = store.snapshot.read_all(map_)
     fresh_states, fresh_specs = still_current(entries, specs, states)
