@@ -82,7 +82,7 @@ class LocalObjects(Objects):
 
     @staticmethod
     def token(info: dict[str, Any]) -> str:
-        return f"{info.get('ino')}:{info.get('mtime')}:{info.get('size')}"
+        return _token(info.get("ino"), info.get("mtime"), info.get("size"))
 
     def _confined(self, path: str) -> bool:
         return self.root is not None and path.startswith(self.root + "/")
@@ -370,4 +370,8 @@ class LocalObjects(Objects):
 def _stat_token(st: os.stat_result) -> str:
     """``LocalObjects.token`` of what ``st`` says, made without the info dict fsspec's
     listings give (a listing makes one per object: 20,000 in a `bastion list`)."""
-    return f"{st.st_ino}:{st.st_mtime}:{st.st_size}"
+    return _token(st.st_ino, st.st_mtime, st.st_size)
+
+
+def _token(ino: object, mtime: object, size: object) -> str:
+    return f"{ino}:{mtime}:{size}"
