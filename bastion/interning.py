@@ -13,6 +13,7 @@ SHORT = 16  # characters: a value this short may be repeated across jobs; longer
 # table that grows with the queue.
 _MAX_SHARED = 4096
 _shared: dict[str, str] = {}
+_shapes: dict[tuple[tuple[str, int], ...], dict[str, int]] = {}
 
 
 def interned(value: Any) -> Any:
@@ -42,3 +43,14 @@ def _share(text: str) -> str:
     if len(_shared) < _MAX_SHARED:
         return _shared.setdefault(text, text)
     return _shared.get(text, text)
+
+
+def shared_counts(counts: dict[str, int]) -> dict[str, int]:
+    """One dict per distinct resource request (``{"cpu": 1}``), shared by every spec that asks
+    for it, as short strings are: a queue of 100,000 jobs holds a handful of shapes, and a
+    dict each cost 184 bytes a job. Specs are values: nothing changes a spec's resources in
+    place (a changed spec is a new spec)."""
+    key = tuple(counts.items())
+    if len(_shapes) < _MAX_SHARED:
+        return _shapes.setdefault(key, counts)
+    return _shapes.get(key, counts)

@@ -22,7 +22,7 @@ from bastion.exec_limits import (
     exec_arg_max,
     exec_limit_problem,
 )
-from bastion.interning import interned
+from bastion.interning import interned, shared_counts
 from bastion.spec_errors import MAX_MESSAGE, MAX_SHOWN, SpecError, shorten, show
 from bastion.spec_fields import (
     MAX_COMMAND_BYTES,
@@ -159,7 +159,7 @@ class JobMetadata:
             user_id=require(data, "user_id", str, p),
             project_id=require(data, "project_id", str, p),
             creation_time=parse_time(require(data, "creation_time", str, p), p + "creation_time"),
-            resources=check_resources(data.get("resources") or {}, p + "resources"),
+            resources=shared_counts(check_resources(data.get("resources") or {}, p + "resources")),
             priority=priority,
             job_id=optional(data, "job_id", str, p),
             version=version,

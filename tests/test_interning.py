@@ -8,6 +8,7 @@ import json
 
 from bastion import interning
 from bastion.interning import SHORT, interned
+from bastion.jobspec import JobSpec, new_jobspec
 
 
 def _parsed(document: object) -> object:
@@ -45,3 +46,25 @@ def test_long_values_are_not_shared_and_unknown_ones_past_the_bound_are_not_kept
     interned(_parsed({"k": "kept"}))
     interned(_parsed({"k": "not-kept"}))
     assert interning._shared == {"kept": "kept"}
+
+
+def test_specs_asking_for_the_same_resources_share_one_dict(monkeypatch) -> None:
+    monkeypatch.setattr(interning, "_shapes", {})
+
+    def loaded(name: str, resources: dict[str, int]) -> JobSpec:
+        spec = new_jobspec(
+            name=name, command="true", resources=resources, user_id="u", project_id="p"
+        )
+        return JobSpec.loads(spec.dumps())
+
+    a, b = loaded("a", {"cpu": 1}), loaded("b", {"cpu": 1})
+    other = loaded("c", {"cpu": 2})
+    assert a.metadata.resources == b.metadata.resources == {"cpu": 1}
+    assert a.metadata.resources is b.metadata.resources
+    assert other.metadata.resources == {"cpu": 2}
+    assert other.metadata.resources is not a.metadata.resources
+    monkeypatch.setattr(interning, "_MAX_SHARED", 2)  # past the bound: not kept, not shared
+    assert (
+        loaded("d", {"gpu": 1}).metadata.resources is not loaded("e", {"gpu": 1}).metadata.resources
+    )
+    assert len(interning._shapes) == 2
