@@ -184,6 +184,30 @@ def test_a_file_finished_before_the_grace_ran_out_is_never_lost(local_bastion):
     assert "last.ckpt" in b.store.outputs.list("careful")
 
 
+def test_a_file_a_program_under_the_shell_finishes_in_its_grace_is_never_lost(local_bastion):
+    """The common command line: a shell with a program under it. The shell has no handler and
+    dies of the warning at once; the program (here an inner shell with a handler) takes 1 s
+    to write its checkpoint. The final sync waits for the whole job, not for the shell."""
+    b = local_bastion
+    b.start("--grace_seconds=5")
+    program = (
+        "trap 'sleep 1; echo final > $BASTION_OUTPUT_DIR/last.ckpt; exit 0' TERM; "
+        "echo running; while true; do sleep 0.1; done"
+    )
+    b.cli(
+        "launch",
+        "--name=nested",
+        "--env=BASTION_SYNC_SECONDS=3600",
+        "--",
+        f'bash -c "{program}"; echo the shell goes on',
+    )
+    wait_for(lambda: "running" in b.log("nested"), what="the job to run")
+    b.cli("cancel", "nested")
+    record = b.wait_complete("nested", timeout=60)
+    assert record["state"]["outcome"] == "CANCELLED"
+    assert "last.ckpt" in b.store.outputs.list("nested")
+
+
 def test_a_job_that_ignores_the_warning_is_killed_at_its_grace_and_still_synced(local_bastion):
     b = local_bastion
     b.start("--grace_seconds=30")

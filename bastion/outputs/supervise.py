@@ -37,6 +37,7 @@ STOP_FILE = "stop"  # {"deadline": epoch seconds}, written by the runner before 
 JOB_GROUP_FILE = "job_pgid"  # the job's process group, for the runner's last resort
 RESTORE_TRIES = 4
 DEFAULT_GRACE = 30.0
+GROUP_KILL_WAIT = 5.0  # after the deadline's SIGKILL, for a group that still lists members
 
 
 def wrapper_argv(name: str, command: str, directory: str) -> list[str]:
@@ -153,7 +154,39 @@ class Supervisor:
             if not killed and self.deadline is not None and time.time() >= self.deadline:
                 killed = True
                 self._signal_job(signal.SIGKILL)
+        if self.stop_asked_at is not None:
+            self._until_the_group_ends(killed)
         return 128 - code if code < 0 else code
+
+    def _until_the_group_ends(self, killed: bool) -> None:
+        """Asked to stop, the shell may end before the programs under it: ``bash -c "cd src &&
+        python train.py"`` has no handler of its own and dies of the warning at once, while
+        python saves its checkpoint. The group is the job: the final sync waits for all of it,
+        until the deadline (then SIGKILL), so what they wrote in their grace is synced. A group
+        that outlives a SIGKILL (members this process may not signal, zombies nobody reaps)
+        is waited for GROUP_KILL_WAIT seconds more, no longer."""
+        assert self.child is not None
+        given_up_at: float | None = None
+        while _group_alive(self.child.pid):
+            now = time.time()
+            if not killed and self.deadline is not None and now >= self.deadline:
+                killed = True
+                self._signal_job(signal.SIGKILL)
+            if killed:
+                given_up_at = given_up_at or now + GROUP_KILL_WAIT
+                if now >= given_up_at:
+                    return
+            time.sleep(0.1)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a member we may not signal: still the job's
+        return True
+    return True
 
 
 def stop_signal(env: dict[str, str]) -> int:
