@@ -15,7 +15,9 @@ bastion-job:<attempt> COMMAND DIRECTORY`` in a session of its own, so it outlive
    warns the job with ``$BASTION_STOP_SIGNAL`` (TERM), waits until the deadline (else
    ``$BASTION_GRACE_SECONDS``), then SIGKILLs the job's group. The job is in a group of its
    own precisely so that this process is not killed with it: the final sync runs after the
-   job has ended, so a file the job finished before its grace ran out is never lost.
+   job has ended, so a file the job finished before its grace ran out is never lost. After a
+   stop "ended" means the whole group, not the shell: ``cd src && python train.py`` loses its
+   shell to the warning at once while python is still saving.
 5. Final sync, the attempt's summary, then ``DIRECTORY/exit`` (the status, as a shell gives
    it: 128 + signal for a signal), and it exits with that status.
 """
