@@ -153,12 +153,17 @@ class Supervisor:
                 # Asked without a signal: by a daemon in another PID namespace, which cannot
                 # signal what it cannot see (bastion/runners/local.py).
                 self.on_signal(signal.SIGTERM, None)
-            if not killed and self.deadline is not None and time.time() >= self.deadline:
-                killed = True
-                self._signal_job(signal.SIGKILL)
+            killed = self._kill_at_deadline(killed, time.time())
         if self.stop_asked_at is not None:
             self._until_the_group_ends(killed)
         return 128 - code if code < 0 else code
+
+    def _kill_at_deadline(self, killed: bool, now: float) -> bool:
+        """SIGKILL the job's group once the stop's deadline has passed; whether it was."""
+        if not killed and self.deadline is not None and now >= self.deadline:
+            self._signal_job(signal.SIGKILL)
+            return True
+        return killed
 
     def _until_the_group_ends(self, killed: bool) -> None:
         """Asked to stop, the shell may end before the programs under it: ``bash -c "cd src &&
@@ -171,9 +176,7 @@ class Supervisor:
         given_up_at: float | None = None
         while _group_alive(self.child.pid):
             now = time.time()
-            if not killed and self.deadline is not None and now >= self.deadline:
-                killed = True
-                self._signal_job(signal.SIGKILL)
+            killed = self._kill_at_deadline(killed, now)
             if killed:
                 given_up_at = given_up_at or now + GROUP_KILL_WAIT
                 if now >= given_up_at:
