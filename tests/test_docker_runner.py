@@ -222,6 +222,48 @@ def test_sigterm_reaches_the_whole_job(docker_runner, root):
     assert b"python got TERM" in docker_runner.read_output(handle, 0, 1000)
 
 
+_SAVES_ON_TERM = (
+    "python3 -c 'import signal, sys, time\n"
+    "def saved(*_):\n"
+    "    time.sleep(1)\n"
+    '    print("python saved", flush=True)\n'
+    "    sys.exit(5)\n"
+    "signal.signal(signal.SIGTERM, saved)\n"
+    'print("ready", flush=True)\n'
+    "time.sleep(60)'"
+)
+
+
+def test_a_program_under_a_shell_without_a_handler_gets_its_grace(docker_runner, root):
+    """The most common command form: the shell has no handler and dies of the TERM at once.
+    The container used to end with it, 0.05 s after the stop, and python's 1 s save never
+    finished. The status stays the shell's (143), as on the local runner."""
+    handle = docker_runner.start(attempt(root, _SAVES_ON_TERM + "; echo shell after $?"))
+    wait_output(docker_runner, handle, b"ready")
+    stopped = time.time()
+    docker_runner.stop(handle, deadline=time.time() + 60)
+    seen = wait_finished(docker_runner, handle, timeout=20)
+    assert time.time() - stopped >= 1.0
+    assert (seen.phase, seen.exit_code) == (AttemptPhase.FAILED, 143)
+    out = docker_runner.read_output(handle, 0, 1000)
+    assert b"python saved" in out and b"shell after" not in out
+
+
+def test_an_execed_program_ends_the_job_with_its_own_status(docker_runner, root):
+    handle = docker_runner.start(attempt(root, "cd / && exec " + _SAVES_ON_TERM))
+    wait_output(docker_runner, handle, b"ready")
+    docker_runner.stop(handle, deadline=time.time() + 60)
+    seen = wait_finished(docker_runner, handle, timeout=20)
+    assert (seen.phase, seen.exit_code) == (AttemptPhase.FAILED, 5)
+    assert b"python saved" in docker_runner.read_output(handle, 0, 1000)
+
+
+def test_without_a_stop_the_container_ends_with_the_job_not_its_leftovers(docker_runner, root):
+    handle = docker_runner.start(attempt(root, "sleep 60 & echo started"))
+    seen = wait_finished(docker_runner, handle, timeout=10)
+    assert (seen.phase, seen.exit_code) == (AttemptPhase.SUCCEEDED, 0)
+
+
 def test_a_job_ignoring_sigterm_is_killed_at_the_deadline(docker_runner, root):
     handle = docker_runner.start(attempt(root, "trap '' TERM; echo ready; sleep 60"))
     wait_output(docker_runner, handle, b"ready")

@@ -24,7 +24,12 @@ the daemon's own variables), ``mounts`` (more binds), ``shm_size``, ``user``, ``
 
 Commands run as ``/bin/sh -c COMMAND`` under the engine's init (tini) with
 ``TINI_KILL_PROCESS_GROUP=1``, so SIGTERM reaches the whole job (a ``python`` under ``sh`` gets
-it too, as with the local runner) and ends in status 143 unless the job handles it.
+it too, as with the local runner) and ends in status 143 unless the job handles it. That shell
+runs under a small one of ours (``_WRAPPER``), because a container ends with its first process:
+a shell without a handler dies of the signal at once, and a program under it would be killed
+with the container before its handler had saved anything. Ours waits, after a stop, until every
+other process in the container has ended (or the deadline's SIGKILL), then exits with the job
+shell's status, as the local runner does.
 
 A job asking for ``resources["gpu"] = N`` gets N of ``gpus`` that no live Bastion container on
 this engine holds and no other attempt of this daemon holds (the host's GPU ledger,
@@ -411,7 +416,7 @@ class DockerRunner(Runner):
         create = {
             "image": image,
             "entrypoint": ["/bin/sh", "-c"],  # replaces the image's, if any
-            "command": [attempt.command],
+            "command": [wrapper(_stop_signal(attempt)), "bastion", attempt.command],
             "name": attempt.name,
             "labels": labels,
             "environment": env,
@@ -562,6 +567,24 @@ def _handle(summary: Mapping[str, Any]) -> Handle:
         if labels.get("bastion.attempt", "").isdigit()
         else 0,
     }
+
+
+# The container's first process. The job's own shell runs in the foreground, so the trap on
+# the stop signal runs only once that shell has ended (POSIX defers it), whatever the shell
+# died of; then the wait for every process but tini (pid 1) and this one. The trap's handler is
+# reset to the default in the job's processes: they get the signal as before. Without a stop,
+# leftovers are not waited for (the container ends with the job, as it always did).
+_WRAPPER = (
+    'trap "stopped=1" {signal}; /bin/sh -c "$1"; status=$?; '
+    "others() {{ for p in /proc/[0-9]*; do case ${{p#/proc/}} in 1|$$) ;; *) return 0 ;; esac; "
+    "done; return 1; }}; "
+    'if [ -n "${{stopped:-}}" ]; then while others; do sleep 0.1; done; fi; exit $status'
+)
+
+
+def wrapper(stop_signal: str) -> str:
+    """The script the container's shell runs with the job's command as ``$1``."""
+    return _WRAPPER.format(signal=stop_signal.removeprefix("SIG"))
 
 
 def _stop_signal(attempt: Attempt) -> str:
