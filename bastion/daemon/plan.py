@@ -87,13 +87,13 @@ def run_pass(ctx: Context, now: float) -> bool:
 def to_apply(ctx: Context, plan: Plan) -> list[str]:
     """The jobs whose decision may change them: all but those that wait as they waited
     (most of a large queue; found before sorting, which then orders only the few)."""
-    jobs, wait_text = ctx.jobs, plan.wait_text
+    jobs, pending = ctx.jobs, Status.PENDING
     out = []
-    for name in plan.decisions:
-        state = jobs[name].state
-        reason = state.reason
-        if state.status is Status.PENDING and reason is not None and wait_text(name) == reason:
-            continue  # waits as it waited: nothing to apply, nothing to write
+    for name, text in plan.wait_texts():
+        if text is not None:
+            state = jobs[name].state
+            if state.status is pending and state.reason == text:
+                continue  # waits as it waited: nothing to apply, nothing to write
         out.append(name)
     return out
 

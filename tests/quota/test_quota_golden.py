@@ -9,11 +9,13 @@ golden file fails here, it is never written by a test.
 
 from __future__ import annotations
 
+import dataclasses
 from functools import cache
 from typing import Any
 
 import pytest
 
+from quota.policy import schedule
 from tests.quota.golden.scenarios import (
     DECISION_FIELDS,
     Scenario,
@@ -69,3 +71,27 @@ def test_changed_inputs_are_told_apart_from_changed_decisions() -> None:
     frozen = _golden(group)[scenario.name]
     diff = differences(scenario.name, frozen, {**frozen, "inputs": "0" * 16})
     assert len(diff) == 1 and "its inputs changed" in diff[0] and scenario.name in diff[0]
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["own_mappings", "interned_mappings"])
+@pytest.mark.parametrize(("group", "scenario"), CASES[::4], ids=[s.name for _, s in CASES[::4]])
+def test_wait_texts_in_bulk_are_wait_text_for_every_job(
+    group: str, scenario: Scenario, shared: bool
+) -> None:
+    """The daemon compares every stored wait with Plan.wait_texts; it must say what
+    wait_text says name by name, whether or not jobs of one shape share a resources
+    mapping (the daemon interns them; the text is looked up by the mapping)."""
+    config, jobs, usage, now = scenario.make()
+    if shared:
+        one: dict[tuple, dict[str, int]] = {}
+        jobs = [
+            dataclasses.replace(
+                j, resources=one.setdefault(tuple(j.resources.items()), dict(j.resources))
+            )
+            for j in jobs
+        ]
+    bulk = list(schedule(config, jobs, usage, now).wait_texts())
+    plan = schedule(config, jobs, usage, now)
+    one_by_one = [(name, plan.wait_text(name)) for name in plan.decisions]
+    assert bulk == one_by_one
+    assert any(text is not None for _, text in bulk) or not plan.waits()
