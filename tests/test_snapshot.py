@@ -12,7 +12,7 @@ import pytest
 
 from bastion.bucket.snapshot import SHARDS, Entry, SnapshotError, decode, encode, shard_of
 from bastion.bucket.store import Store
-from bastion.daemon import Daemon
+from bastion.daemon import Daemon, snapshot
 from bastion.daemon.snapshot import SNAPSHOT_SECONDS
 from bastion.daemon.start import build_daemon
 from bastion.jobstate import JobState
@@ -172,6 +172,34 @@ def test_what_changed_after_the_snapshot_is_read_from_the_bucket(root, tmp_path)
         assert second.jobs["late"].spec is not None
     finally:
         second.close()
+
+
+def test_a_quiet_queue_visits_no_shard_and_the_next_visit_writes_a_change(root, tmp_path):
+    """A visit looks only at the shards of jobs whose key may have moved: none while the
+    queue is quiet (its running jobs are attended, their keys unmoved), and the shards of
+    the jobs a cancel ended and started, which the next visit writes."""
+    first = _daemon(root, tmp_path)
+    try:
+        before = _settled(first)
+        _written_snapshot(first)
+        _settled(first)
+        book = first.ctx.snapshots
+        assert snapshot.changed_shards(first.ctx, book) == set()
+        running = sorted(n for n, (status, _, _) in before.items() if status == "ACTIVE")
+        Client(root, expect_daemon=False).cancel(running[0], user_id="u")
+        after = _settled(first)
+        started = [n for n, (st, _, _) in after.items() if st == "ACTIVE" and n not in running]
+        assert len(started) == 1, after
+        written = book.inflight
+        _cycle(first, time.time() + 10 * SNAPSHOT_SECONDS)  # past the next visit
+        assert book.inflight is not written, "the change was not written"
+        book.inflight.result(timeout=60)
+        entries = Store(root).snapshot.read_all(map)
+        assert entries[started[0]].state_token == first.jobs[started[0]].state_token
+        assert running[0] not in entries
+        assert snapshot.changed_shards(first.ctx, book) == set()
+    finally:
+        first.close()
 
 
 def test_a_foreign_or_torn_shard_costs_reads_never_a_wrong_state(root, tmp_path):

@@ -174,6 +174,13 @@ class SnapshotBook:
     signatures: dict[int, int] = field(default_factory=dict)  # shard -> hash of its keys
     rowless: set[int] = field(default_factory=set)  # read without rows (version 1): rewritten
     due: float = 0.0
+    # Which shards the next visit looks at, so that a quiet queue costs nothing (a job's key
+    # changes only while it is attended): jobs that left the attention set since the last
+    # visit (gone quiet or away, at a cycle's end), the keys of the jobs attended then (one
+    # attended now with another key changed), and shards to write again (a failed write).
+    touched: set[str] = field(default_factory=set)
+    seen: dict[str, tuple[str, str, str] | None] = field(default_factory=dict)
+    again: set[int] = field(default_factory=set)
     inflight: concurrent.futures.Future[None] | None = None
 
 
@@ -254,13 +261,16 @@ class Context:
         return [job for name in list(self.attention) if (job := jobs.get(name)) is not None]
 
     def settle_attention(self) -> None:
-        """At a cycle's end: jobs that went quiet or away leave the attention set."""
-        jobs = self.jobs
-        self.attention = {
-            name: None
-            for name in self.attention
-            if (job := jobs.get(name)) is not None and not job.quiet()
-        }
+        """At a cycle's end: jobs that went quiet or away leave the attention set (and are
+        noted for the snapshot: their key may have changed while they were attended)."""
+        jobs, kept, left = self.jobs, {}, self.snapshots.touched
+        for name in self.attention:
+            job = jobs.get(name)
+            if job is not None and not job.quiet():
+                kept[name] = None
+            else:
+                left.add(name)
+        self.attention = kept
 
     def _init_effects(self, max_workers: int) -> None:
         """The pools and the books of effects in flight, results to take in, and deletes."""

@@ -114,6 +114,8 @@ def absorb_spec(
     if job is None:  # born: what the table knows of a job before its first event
         job = ctx.jobs[name] = Job(name=name, state=JobState(submit_time=now))
         ctx.attend(job)
+    elif job.token != token:
+        ctx.attend(job)  # re-read: its key in the snapshot moved, whatever the spec says
     job.token = token
     job.gone_from_bucket = False
     state = job.state

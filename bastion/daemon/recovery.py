@@ -55,12 +55,13 @@ def recover(ctx: Context, specs: dict[str, ObjectInfo], cycle_time: float | None
         state.mark_written()
         job = Job(name=name, state=state, squeezed=squeeze(raw), state_token=states[name].token)
         ctx.jobs[name] = job
-        ctx.attend(job)  # dropped at the cycle's end if quiet
         if name in fresh_specs:
             restore_spec(job, fresh_specs[name], specs[name].token)
         if name not in specs and state.status is not Status.COMPLETED:
             job.gone_from_bucket = True
         lose_unnamed_attempts(ctx, job)
+        if not job.quiet():  # (a quiet job has nothing under way: no step looks at it)
+            ctx.attend(job)
         if state.status is not Status.PENDING or state.attempt:  # the waiting: counted below
             log.info(
                 "%s: recovered in state %s (attempt %d)", name, state.status.value, state.attempt
@@ -68,6 +69,7 @@ def recover(ctx: Context, specs: dict[str, ObjectInfo], cycle_time: float | None
     log.info("recovered %d jobs: %s", len(ctx.jobs), counted(ctx))
     now = time.time()
     snapshot.known(ctx.snapshots, filter(None, map(snapshot.key, ctx.jobs.values())), now)
+    snapshot.baseline(ctx)
     sweep.sweep(ctx)
     for job in ctx.jobs.values():
         for purpose in (RUN, CLEANUP):
@@ -162,6 +164,7 @@ def check_states(ctx: Context) -> None:
             back = read_back_state(ctx, job)
             if back.ours and back.found is not None:
                 job.state_token = back.found[1]  # our own write, whose answer was lost
+                ctx.attend(job)  # (its key in the snapshot moved)
                 continue
         if info is None or info.token != job.state_token:
             log.error(

@@ -6,6 +6,12 @@ theirs: at 100,000 jobs, 64 reads and two paged listings instead of 200,000 read
 rewritten only when one of its jobs changed (its spec or state token), so a quiet queue writes
 nothing and a busy one what changed, at most once per ``SNAPSHOT_SECONDS``.
 
+Nor does a quiet queue cost a visit of every job: a job's key changes only while the job is
+attended (every change attends it, Context.attend), so a visit looks only at the shards of
+jobs that left the attention set since the last one and of attended jobs whose key moved
+(SnapshotBook.touched, .seen). At 100,000 jobs with 20 running, a visit found nothing and
+took 1.1 s of CPU every 100 s, now nothing; the shards it does look at are checked whole.
+
 The loop collects what to write (references to bytes it already holds; no serialization);
 a thread of the effects pool encodes and writes it, so a cycle never waits on it.
 """
@@ -51,6 +57,13 @@ def known(book: SnapshotBook, keys: Iterable[Key], now: float) -> None:
         shard: hash(frozenset(ks)) for shard, ks in by_shard.items() if shard not in book.rowless
     }
     book.due = now + SNAPSHOT_SECONDS
+    book.touched, book.again = set(), set(book.rowless)
+
+
+def baseline(ctx: Context) -> None:
+    """At recovery, once the jobs are loaded: the keys of the jobs attended now, the ones a
+    later visit compares (the others are quiet, as known() saw them)."""
+    ctx.snapshots.seen = {job.name: key(job) for job in ctx.attending()}
 
 
 def key(job: Job) -> Key | None:
@@ -61,15 +74,34 @@ def key(job: Job) -> Key | None:
     return (job.name, job.token if job.spec is not None else "", job.state_token)
 
 
-def dirty_shards(ctx: Context, book: SnapshotBook) -> dict[int, tuple[int, list[Member]]]:
-    """The shards whose content differs from what was last written: signature and members."""
+def changed_shards(ctx: Context, book: SnapshotBook) -> set[int]:
+    """The shards a job may have changed in since the last visit (see the module's
+    docstring); the keys of the jobs attended now are kept for the next one."""
+    shards = {shard_of(name) for name in book.touched} | book.again
+    seen: dict[str, Key | None] = {}
+    for job in ctx.attending():
+        k = seen[job.name] = key(job)
+        if k != book.seen.get(job.name):
+            shards.add(shard_of(job.name))
+    book.touched, book.seen, book.again = set(), seen, set()
+    return shards
+
+
+def dirty_shards(
+    ctx: Context, book: SnapshotBook, among: set[int] | None = None
+) -> dict[int, tuple[int, list[Member]]]:
+    """The shards (of ``among``; None: all) whose content differs from what was last
+    written: signature and members."""
     by_shard: dict[int, list[tuple[Key, Job]]] = defaultdict(list)
     for job in ctx.jobs.values():
+        shard = shard_of(job.name)
+        if among is not None and shard not in among:
+            continue
         k = key(job)
         if k is not None:
-            by_shard[shard_of(job.name)].append((k, job))
+            by_shard[shard].append((k, job))
     dirty: dict[int, tuple[int, list[Member]]] = {}
-    for shard in range(SHARDS):
+    for shard in range(SHARDS) if among is None else sorted(among):
         members = by_shard.get(shard, [])
         signature = hash(frozenset(k for k, _ in members))
         if book.signatures.get(shard, hash(frozenset())) == signature:
@@ -91,7 +123,10 @@ def maybe_write(ctx: Context, now: float) -> None:
     if now < book.due or (book.inflight is not None and not book.inflight.done()):
         return
     book.due = now + max(SNAPSHOT_SECONDS, len(ctx.jobs) * SNAPSHOT_SECONDS_PER_JOB)
-    dirty = dirty_shards(ctx, book)
+    changed = changed_shards(ctx, book)
+    if not changed:
+        return  # no job's key moved: nothing to visit
+    dirty = dirty_shards(ctx, book, changed)
     if dirty:
         book.inflight = effects.submit(ctx, write_shards, ctx, book, dirty)
 
@@ -124,6 +159,7 @@ def write_shards(
             ctx.store.snapshot.write(shard, _encode(members))
         except Exception as e:  # written again next time: only a restart's reads depend on it
             log.warning("snapshot shard %02d not written: %s", shard, error_text(e))
+            book.again.add(shard)
             continue
         book.signatures[shard] = signature
 
