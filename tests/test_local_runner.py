@@ -19,6 +19,7 @@ import pytest
 
 from bastion.runners import base, localproc
 from bastion.runners.base import Attempt, AttemptPhase, Observation, RunnerError
+from bastion.runners.launcher import LAUNCHER_ARG
 from bastion.runners.local import LocalRunner
 from tests.harness import (
     REPO,
@@ -360,6 +361,61 @@ def test_a_runner_setting_for_the_leftover_grace_must_be_seconds(tmp_path: Path)
     assert from_settings({**settings, "leftover_grace": 2}).leftover_grace == 2.0
     with pytest.raises(RunnerError, match=r"\[runners.local\] leftover_grace = 'soon'"):
         from_settings({**settings, "leftover_grace": "soon"})
+
+
+def test_wrappers_are_forked_by_one_launcher_and_known_by_their_lock_after_a_restart(
+    rig: Rig,
+) -> None:
+    runner = rig.runner()
+    first = runner.start(rig.attempt("a", rig.wait_go("a")))
+    second = runner.start(rig.attempt("b", rig.wait_go("b")))
+    wrappers = [psutil.Process(h["pid"]) for h in (first, second)]
+    assert wrappers[0].ppid() == wrappers[1].ppid() != os.getpid()  # one launcher, not us
+    assert LAUNCHER_ARG in wrappers[0].cmdline()  # (its argv is the launcher's)
+    restarted = rig.runner()  # a new daemon, who knows the wrapper only by what it holds
+    assert running(restarted, first)
+    restarted.stop(first, time.time() + 30)
+    assert finished(restarted, first) == (AttemptPhase.FAILED, 143)
+    rig.go("b").touch()
+    assert finished(runner, second) == (AttemptPhase.SUCCEEDED, 0)
+
+
+def test_a_launcher_that_died_is_replaced_and_its_wrappers_run_on(rig: Rig) -> None:
+    runner = rig.runner()
+    first = runner.start(rig.attempt("a", rig.wait_go("a")))
+    launcher = psutil.Process(psutil.Process(first["pid"]).ppid())
+    launcher.kill()
+    launcher.wait(10)
+    second = runner.start(rig.attempt("b", "exit 4"))
+    assert psutil.Process(second["pid"]).ppid() not in (launcher.pid, os.getpid())
+    assert finished(runner, second) == (AttemptPhase.FAILED, 4)
+    assert running(runner, first)  # its wrapper outlived the launcher, as it outlives a daemon
+    rig.go("a").touch()
+    assert finished(runner, first) == (AttemptPhase.SUCCEEDED, 0)
+
+
+def test_a_closed_runner_ends_its_launcher(rig: Rig) -> None:
+    runner = rig.runner()
+    handle = runner.start(rig.attempt("a", rig.wait_go("a")))
+    launcher = psutil.Process(psutil.Process(handle["pid"]).ppid())
+    runner.close()
+    launcher.wait(10)  # (psutil.TimeoutExpired if it lingers)
+    rig.go("a").touch()
+    assert finished(rig.runner(), handle) == (AttemptPhase.SUCCEEDED, 0)
+
+
+def test_without_the_launcher_each_wrapper_is_exec_d_and_a_bad_setting_is_named(rig: Rig) -> None:
+    from bastion.runners.local import from_settings
+
+    settings = {"root": ROOT, "attempts_dir": rig.attempts_dir, "gpus": []}
+    runner = from_settings({**settings, "launcher": False})
+    handle = runner.start(rig.attempt("a", f"{rig.wait_go('a')}; exit 3"))
+    wrapper = psutil.Process(handle["pid"])
+    assert wrapper.ppid() == os.getpid() and wrapper.cmdline()[-1] == str(rig.dir("a"))
+    rig.go("a").touch()
+    assert finished(runner, handle) == (AttemptPhase.FAILED, 3)
+    with pytest.raises(RunnerError, match=r"\[runners.local\] launcher = 'yes': give true"):
+        from_settings({**settings, "launcher": "yes"})
 
 
 def marked_by(root: str) -> list[psutil.Process]:

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from bastion import leftovers
+from bastion.exec_limits import exec_limit_problem
 from bastion.outputs.checkpoint import read_checkpoint_time
 from bastion.outputs.supervise import JOB_GROUP_FILE, STOP_FILE, wrapper_argv
 from bastion.runners.base import (
@@ -61,6 +62,7 @@ from bastion.runners.base import (
 )
 from bastion.runners.fence import fenced
 from bastion.runners.gpus import GpuLedger, ledger_of
+from bastion.runners.launcher import Launcher, LauncherLost
 from bastion.runners.localproc import (
     CREATE_TIME_TOLERANCE,
     being_claimed,
@@ -68,6 +70,7 @@ from bastion.runners.localproc import (
     held_alive,
     hold_alive,
     in_group,
+    is_wrapper,
     leader_gone,
     process_of,
     read_int,
@@ -123,12 +126,20 @@ def from_settings(settings: Mapping[str, Any]) -> LocalRunner:
     """Settings: ``root`` (the daemon's root URL), ``attempts_dir`` (default: per root, in the
     user's state directory), ``gpus`` (indices this runner hands out; default: nvidia-smi),
     ``leftover_grace`` (seconds between the SIGTERM and the SIGKILL of what an attempt left
-    running after its command ended; default 10). ``gpu_ledger``: the host's GPU ledger, which
-    the daemon's ``Runners`` hands to every runner (bastion/runners/gpus.py)."""
+    running after its command ended; default 10), ``launcher`` (default true: wrappers are
+    forked by one launcher process, bastion/runners/launcher.py; false: each is exec'd).
+    ``gpu_ledger``: the host's GPU ledger, which the daemon's ``Runners`` hands to every
+    runner (bastion/runners/gpus.py)."""
     root = str(settings.get("root") or "")
     attempts_dir = settings.get("attempts_dir") or default_attempts_dir(root)
     gpus = settings.get("gpus")
     grace = settings.get("leftover_grace", LEFTOVER_GRACE)
+    launcher = settings.get("launcher", True)
+    if not isinstance(launcher, bool):
+        raise RunnerError(
+            f"[runners.local] launcher = {launcher!r}: give true (wrappers forked by one "
+            "launcher process) or false (each wrapper a new interpreter)"
+        )
     if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
         raise RunnerError(
             f"[runners.local] leftover_grace = {grace!r}: give a number of seconds, 0 or more"
@@ -139,6 +150,7 @@ def from_settings(settings: Mapping[str, Any]) -> LocalRunner:
         root=root,
         leftover_grace=float(grace),
         ledger=ledger_of(settings),
+        launcher=launcher,
     )
 
 
@@ -153,6 +165,7 @@ class LocalRunner(Runner):
         root: str = "",
         leftover_grace: float = LEFTOVER_GRACE,
         ledger: GpuLedger | None = None,
+        launcher: bool = True,
     ) -> None:
         self.attempts_dir = os.path.abspath(attempts_dir)  # wrappers' argv names it: one spelling
         self.prefix = name_prefix(root) if root else ""
@@ -161,6 +174,12 @@ class LocalRunner(Runner):
         self.host = socket.gethostname()
         self.gpus = list(detect_gpus() if gpus is None else gpus)
         self._children: dict[str, subprocess.Popen[bytes]] = {}  # by attempt; reaped by poll()
+        # attempt -> (pid, creation time) of its wrapper, when known to be it (forked by the
+        # launcher, or recognised once): no look at its command line or files on each poll
+        self._known: dict[str, tuple[int, float]] = {}
+        self._launcher = (
+            Launcher(os.path.join(self.attempts_dir, ".launcher.log")) if launcher else None
+        )
         self.ledger = ledger or GpuLedger()  # the host's GPUs, shared with other runners
         self._termed: set[str] = set()
         self.leftover_grace = leftover_grace
@@ -319,34 +338,58 @@ class LocalRunner(Runner):
         argv = wrapper_argv(attempt.name, attempt.command, directory)
         alive = hold_alive(directory)  # the wrapper holds it for as long as it lives
         try:
+            pid = self._launch(argv, env, work, (stdin, output, alive))
+        finally:
+            os.close(output)
+            os.close(stdin)
+            os.close(alive)
+        try:
+            created = psutil.Process(pid).create_time()
+        except psutil.NoSuchProcess:  # already gone: it cannot be confused with anything
+            created = 0.0
+        handle.update(pid=pid, create_time=created)
+        self._known[attempt.name] = (pid, created)
+        write_json(os.path.join(directory, "handle.json"), handle)
+        return handle
+
+    def _launch(self, argv: list[str], env: dict[str, str], cwd: str, fds: tuple[int, ...]) -> int:
+        """The wrapper's pid: forked by the launcher (bastion/runners/launcher.py) when one
+        runs here and exec would take the wrapper's argv and environment; else exec'd here,
+        which refuses what exec refuses with its reason (E2BIG names the variable)."""
+        directory = argv[-1]
+        if self._launcher is not None and _exec_takes(env, argv):
+            try:
+                return self._launcher.spawn(argv, env, cwd, fds)
+            except LauncherLost as e:  # it may have forked: its wrapper writes its pid first
+                pid = _pid_soon(directory)
+                if pid is None:
+                    raise TryAgain(f"starting {os.path.basename(directory)}: {e}") from e
+                return pid
+            except OSError as e:
+                log.warning("the launcher could not fork a wrapper (%s); exec'ing it", e)
+        try:
             proc = subprocess.Popen(
                 argv,
-                stdin=stdin,
-                stdout=output,
+                stdin=fds[0],
+                stdout=fds[1],
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                cwd=work,
+                cwd=cwd,
                 close_fds=True,
-                pass_fds=(alive,),
+                pass_fds=(fds[2],),
             )
         except OSError as e:  # exec refused: E2BIG, no /bin/sh... never cured by a retry
             refused = exec_refusal(e, argv[0], env, argv)
             if refused is None:
                 raise  # EAGAIN, ENOMEM: transient, the daemon backs off and tries again
             raise refused from None
-        finally:
-            os.close(output)
-            os.close(stdin)
-            os.close(alive)
-        self._children[attempt.name] = proc
-        try:
-            created = psutil.Process(proc.pid).create_time()
-        except psutil.NoSuchProcess:  # already gone: it cannot be confused with anything
-            created = 0.0
-        handle.update(pid=proc.pid, create_time=created)
-        write_json(os.path.join(directory, "handle.json"), handle)
-        return handle
+        self._children[os.path.basename(directory)] = proc
+        return proc.pid
+
+    def close(self) -> None:
+        if self._launcher is not None:
+            self._launcher.close()
 
     def _bundle_store(self) -> Store:
         if self._store is None:
@@ -397,15 +440,19 @@ class LocalRunner(Runner):
         pid = int(handle.get("pid") or 0)
         if pid <= 0:
             return 0
-        child = self._children.get(handle["name"])
+        name = handle["name"]
+        child = self._children.get(name)
         if child is not None and child.pid == pid:
             return pid if child.poll() is None else 0  # our own child: no psutil lookup
-        directory = self._dir(handle["name"])
+        directory = self._dir(name)
         try:
             proc = psutil.Process(pid)
-            same = abs(proc.create_time() - float(handle["create_time"])) <= CREATE_TIME_TOLERANCE
-            cmdline = proc.cmdline()  # not our child: only this attempt's wrapper counts as ours
-            if same and cmdline[1:2] == ["-c"] and cmdline[-1:] == [directory]:
+            created = proc.create_time()
+            same = abs(created - float(handle["create_time"])) <= CREATE_TIME_TOLERANCE
+            # Not our child: only this attempt's wrapper counts as ours (one we started or
+            # already recognised is known by its pid and creation time)
+            if same and (self._known.get(name) == (pid, created) or is_wrapper(proc, directory)):
+                self._known[name] = (pid, created)
                 return pid if proc.status() != psutil.STATUS_ZOMBIE else 0
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
@@ -444,6 +491,7 @@ class LocalRunner(Runner):
         child = self._children.get(handle.get("name", ""))
         if child is not None and child.pid == pid:
             del self._children[handle["name"]]
+        self._known.pop(handle.get("name", ""), None)
 
     def _free_gpus(self, name: str) -> None:
         """Only once nothing of the attempt runs: a process it left behind may hold them."""
@@ -540,6 +588,24 @@ class LocalRunner(Runner):
             self._signal_group(handle, signal.SIGKILL)
             leftovers.send(found, signal.SIGKILL)
         return False
+
+
+def _exec_takes(env: Mapping[str, str], argv: Sequence[str]) -> bool:
+    """Whether exec takes this argv and environment (what it refuses is refused by an exec
+    here, with the reason, not by a forked wrapper that could only fail)."""
+    if any("\0" in a for a in argv) or exec_limit_problem(env, argv) is not None:
+        return False
+    return all(k and "=" not in k and "\0" not in k + v for k, v in env.items())
+
+
+def _pid_soon(directory: str, seconds: float = 2.0) -> int | None:
+    """The pid a wrapper writes first thing, if one appears within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        pid = read_int(os.path.join(directory, "pid"))
+        if pid is not None or time.monotonic() >= deadline:
+            return pid
+        time.sleep(0.05)
 
 
 def _ended(directory: str, note: str, checkpoint: float | None) -> Observation:

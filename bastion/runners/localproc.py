@@ -14,6 +14,7 @@ import psutil
 
 from bastion import leftovers
 from bastion.runners.base import Handle, StartRefused, TryAgain
+from bastion.runners.launcher import LAUNCHER_ARG
 
 if TYPE_CHECKING:
     from bastion.bucket.store import Store
@@ -22,16 +23,28 @@ CREATE_TIME_TOLERANCE = 0.05
 
 
 def process_of(directory: str, pid: int | None) -> psutil.Process | None:
-    """The wrapper process of the attempt in ``directory`` (its argv names it)."""
+    """The wrapper process of the attempt in ``directory`` (see ``is_wrapper``)."""
     candidates = [psutil.Process(pid)] if pid and psutil.pid_exists(pid) else []
     if not candidates:  # the kill landed between fork and the wrapper's first line
         candidates = list(psutil.process_iter())
     for proc in candidates:
         with contextlib.suppress(psutil.Error):
-            cmdline = proc.cmdline()
-            if len(cmdline) >= 6 and cmdline[-1] == directory and cmdline[1] == "-c":
+            if is_wrapper(proc, directory):
                 return proc
     return None
+
+
+def is_wrapper(proc: psutil.Process, directory: str) -> bool:
+    """Whether ``proc`` is the wrapper of the attempt in ``directory``. One the runner exec'd
+    has it in its argv (``-c`` second, the directory last); one the launcher forked has the
+    launcher's argv, and holds the attempt's liveness lock open (its job never does)."""
+    cmdline = proc.cmdline()
+    if len(cmdline) >= 6 and cmdline[-1] == directory and cmdline[1] == "-c":
+        return True
+    if LAUNCHER_ARG not in cmdline:
+        return False
+    lock = os.path.join(directory, ALIVE_LOCK)
+    return any(f.path == lock for f in proc.open_files())
 
 
 def leader_gone(handle: Handle) -> bool:

@@ -1,0 +1,207 @@
+"""The local runner's launcher: one long-lived process that has imported the attempt wrapper
+(bastion/outputs/supervise.py) and forks a wrapper for each attempt.
+
+Why: an exec'd wrapper is a fresh interpreter that imports the bucket stack (fsspec, the
+store) before it runs anything: about 0.1 s of CPU per attempt, so the 1,000 jobs of a sweep
+took a minute of a 2-core host to start. A fork of a process that has imported it costs a
+millisecond or two, and the child runs the same code as the exec'd wrapper did.
+
+What the runner gets is the wrapper it knew, but for its parent and its command line: a
+session of its own (its pid is its group), its pid written to the attempt's directory
+before the launcher answers, the attempt's liveness lock held for as long as it lives,
+outliving the daemon and the launcher. Its command line is the launcher's, so the runner
+knows it by the lock it holds (``localproc.is_wrapper``), not by its argv.
+
+One request at a time on a Unix socket pair: a JSON object ``{argv, env, cwd}`` sent with
+three descriptors (stdin, output, liveness lock), answered ``{"pid": N}`` or
+``{"error": "..."}``. The launcher ends when the daemon does (its end of the socket closes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+LAUNCHER_ARG = "bastion-launcher"  # in the argv of the launcher and of the wrappers it forks
+MAX_REQUEST = 4 << 20
+ANSWER_SECONDS = 30.0  # a fork and a small write: far less, unless the launcher hangs  # the wrapper's argv and environment: exec's own limit is far lower
+_CODE = "from bastion.runners.launcher import serve; serve()"
+
+
+class LauncherLost(Exception):
+    """The launcher ended after it was sent a request: whether it forked is unknown."""
+
+
+class Launcher:
+    """The daemon's end: starts the launcher on first use, again if it ended before a
+    request reached it; ``spawn`` is safe from the effects pool's threads (one at a time)."""
+
+    def __init__(self, log_path: str) -> None:
+        self.log_path = log_path
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._sock: socket.socket | None = None
+
+    def spawn(self, argv: Sequence[str], env: dict[str, str], cwd: str, fds: Sequence[int]) -> int:
+        """Fork a wrapper running ``argv``'s supervisor (its last argument is the attempt's
+        directory); its pid. OSError when no launcher runs here (the caller execs the
+        wrapper itself); LauncherLost when the request went out and no answer came back."""
+        request = json.dumps({"argv": list(argv), "env": env, "cwd": cwd}).encode()
+        if len(request) > MAX_REQUEST:
+            raise OSError("the request is too large for the launcher")
+        with self._lock:
+            sock = self._running()
+            try:
+                socket.send_fds(sock, [request], list(fds))
+            except OSError:  # it had ended: nothing was forked, so a new one may try
+                self._stop()
+                sock = self._running()
+                socket.send_fds(sock, [request], list(fds))
+            try:
+                answer = sock.recv(1 << 16)
+            except OSError as e:
+                self._stop()
+                raise LauncherLost(f"the launcher did not answer: {e}") from e
+            if not answer:
+                self._stop()
+                raise LauncherLost("the launcher ended before it answered")
+        reply = json.loads(answer)
+        if "pid" not in reply:
+            raise OSError(reply.get("error") or "the launcher could not fork")
+        return int(reply["pid"])
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
+
+    def _running(self) -> socket.socket:
+        if self._sock is not None and self._proc is not None and self._proc.poll() is None:
+            return self._sock
+        self._stop()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            with open(self.log_path, "ab") as errors:
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-c", _CODE, LAUNCHER_ARG, str(theirs.fileno())],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=errors,
+                    pass_fds=(theirs.fileno(),),
+                    start_new_session=True,  # a Ctrl-C to the daemon's group is not for it
+                )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.settimeout(ANSWER_SECONDS)  # a launcher that hangs must not hold every start
+        self._sock = ours
+        return ours
+
+    def _stop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()  # the launcher reads its end, and exits
+            self._sock = None
+        if self._proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=5)
+            if self._proc.poll() is None:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+
+
+# -- the launcher's side -------------------------------------------------------------------
+
+
+def serve() -> None:
+    """The launcher's loop (``python -c ... bastion-launcher FD``)."""
+    # What every wrapper imports (the bucket stack above all), imported once, here
+    import bastion.bucket.store
+    import bastion.outputs.supervise  # noqa: F401
+
+    # What the imports made is never collected: frozen, the children's collections do not
+    # visit it (each visit writes to the objects' pages, and a forked child copies each page
+    # it writes to)
+    gc.freeze()
+    sock = socket.socket(fileno=int(sys.argv[-1]))
+    signal.signal(signal.SIGCHLD, _reap)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while True:
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(sock, MAX_REQUEST, 3)
+        except OSError:
+            return
+        if not data:
+            return  # the daemon ended
+        try:
+            answer: dict[str, Any] = {"pid": _fork(json.loads(data), fds, sock)}
+        except Exception as e:  # (answered: the runner raises it)
+            answer = {"error": f"{type(e).__name__}: {e}"}
+        finally:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        with contextlib.suppress(OSError):
+            sock.send(json.dumps(answer).encode())
+
+
+def _reap(_signum: int, _frame: Any) -> None:
+    """Wrappers are the launcher's children until it ends: their exits are collected, so
+    they do not stay zombies (the runner reads their status from their directory)."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+
+
+def _fork(request: dict[str, Any], fds: list[int], sock: socket.socket) -> int:
+    argv, env, cwd = list(request["argv"]), dict(request["env"]), str(request["cwd"])
+    if len(fds) != 3:
+        raise ValueError(f"expected 3 descriptors, got {len(fds)}")
+    directory = argv[-1]
+    pid = os.fork()
+    if pid == 0:  # the wrapper
+        try:
+            _become_wrapper(argv, env, cwd, fds, sock)
+        finally:
+            os._exit(1)  # (supervise.main never returns; this is for a failure before it)
+    path = os.path.join(directory, "pid")  # before the answer: a daemon that dies after it
+    with open(path + ".launcher", "w") as f:  # finds the attempt by its pid
+        f.write(str(pid))
+    os.replace(path + ".launcher", path)
+    return pid
+
+
+def _become_wrapper(
+    argv: list[str], env: dict[str, str], cwd: str, fds: list[int], sock: socket.socket
+) -> None:
+    stdin, output, alive = fds
+    os.setsid()
+    for sig in (signal.SIGCHLD, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+    os.dup2(stdin, 0)
+    os.dup2(output, 1)
+    os.dup2(output, 2)
+    sock.close()
+    keep = {0, 1, 2, alive}
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd not in keep:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.argv = argv[1:]
+    from bastion.outputs.supervise import main
+
+    main(argv[1:])
