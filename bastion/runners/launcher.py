@@ -32,8 +32,8 @@ from collections.abc import Sequence
 from typing import Any
 
 LAUNCHER_ARG = "bastion-launcher"  # in the argv of the launcher and of the wrappers it forks
-MAX_REQUEST = 4 << 20
-ANSWER_SECONDS = 30.0  # a fork and a small write: far less, unless the launcher hangs  # the wrapper's argv and environment: exec's own limit is far lower
+MAX_REQUEST = 4 << 20  # the wrapper's argv and environment: exec's own limit is far lower
+ANSWER_SECONDS = 30.0  # a fork and a small write: far less, unless the launcher hangs
 _CODE = "from bastion.runners.launcher import serve; serve()"
 
 
