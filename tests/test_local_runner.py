@@ -394,6 +394,18 @@ def test_a_launcher_that_died_is_replaced_and_its_wrappers_run_on(rig: Rig) -> N
     assert finished(runner, first) == (AttemptPhase.SUCCEEDED, 0)
 
 
+def test_an_environment_too_large_for_the_launcher_but_not_for_exec_is_exec_d(rig: Rig) -> None:
+    runner = rig.runner()
+    big = {"BIG1": "x" * 100_000, "BIG2": "y" * 100_000}  # exec takes it; one message does not
+    handle = runner.start(
+        rig.attempt("a", f"{rig.wait_go('a')}; echo ${{#BIG1}} ${{#BIG2}}", **big)
+    )
+    assert psutil.Process(handle["pid"]).ppid() == os.getpid()
+    rig.go("a").touch()
+    assert finished(runner, handle) == (AttemptPhase.SUCCEEDED, 0)
+    assert runner.read_output(handle, 0, 100) == b"100000 100000\n"
+
+
 def test_a_closed_runner_ends_its_launcher(rig: Rig) -> None:
     runner = rig.runner()
     handle = runner.start(rig.attempt("a", rig.wait_go("a")))

@@ -20,6 +20,7 @@ three descriptors (stdin, output, liveness lock), answered ``{"pid": N}`` or
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import json
 import os
@@ -32,7 +33,7 @@ from collections.abc import Sequence
 from typing import Any
 
 LAUNCHER_ARG = "bastion-launcher"  # in the argv of the launcher and of the wrappers it forks
-MAX_REQUEST = 4 << 20  # the wrapper's argv and environment: exec's own limit is far lower
+MAX_REQUEST = 128 << 10  # the wrapper's argv and environment (more: exec'd by the runner)
 ANSWER_SECONDS = 30.0  # a fork and a small write: far less, unless the launcher hangs
 _CODE = "from bastion.runners.launcher import serve; serve()"
 
@@ -56,14 +57,14 @@ class Launcher:
         directory); its pid. OSError when no launcher runs here (the caller execs the
         wrapper itself); LauncherLost when the request went out and no answer came back."""
         request = json.dumps({"argv": list(argv), "env": env, "cwd": cwd}).encode()
-        if len(request) > MAX_REQUEST:
-            raise OSError("the request is too large for the launcher")
+        if len(request) > MAX_REQUEST:  # (one message: a socket's buffer bounds it)
+            raise OSError(errno.EMSGSIZE, "the wrapper's request is too large for the launcher")
         with self._lock:
             sock = self._running()
             try:
                 socket.send_fds(sock, [request], list(fds))
-            except OSError:  # it had ended: nothing was forked, so a new one may try
-                self._stop()
+            except (BrokenPipeError, ConnectionError):  # it had ended: nothing was forked,
+                self._stop()  # so a new one may
                 sock = self._running()
                 socket.send_fds(sock, [request], list(fds))
             try:
@@ -174,10 +175,14 @@ def _fork(request: dict[str, Any], fds: list[int], sock: socket.socket) -> int:
             _become_wrapper(argv, env, cwd, fds, sock)
         finally:
             os._exit(1)  # (supervise.main never returns; this is for a failure before it)
-    path = os.path.join(directory, "pid")  # before the answer: a daemon that dies after it
-    with open(path + ".launcher", "w") as f:  # finds the attempt by its pid
-        f.write(str(pid))
-    os.replace(path + ".launcher", path)
+    # Written before the answer, so a daemon that dies after it finds the attempt by its pid;
+    # answered whatever happens now (an error would have the runner exec a second wrapper),
+    # and the wrapper writes it too, first thing
+    path = os.path.join(directory, "pid")
+    with contextlib.suppress(OSError):
+        with open(path + ".launcher", "w") as f:
+            f.write(str(pid))
+        os.replace(path + ".launcher", path)
     return pid
 
 

@@ -43,7 +43,7 @@ def is_wrapper(proc: psutil.Process, directory: str) -> bool:
         return True
     if LAUNCHER_ARG not in cmdline:
         return False
-    lock = os.path.join(directory, ALIVE_LOCK)
+    lock = os.path.realpath(os.path.join(directory, ALIVE_LOCK))  # (as /proc names it)
     return any(f.path == lock for f in proc.open_files())
 
 
