@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -404,6 +405,29 @@ def test_an_environment_too_large_for_the_launcher_but_not_for_exec_is_exec_d(ri
     rig.go("a").touch()
     assert finished(runner, handle) == (AttemptPhase.SUCCEEDED, 0)
     assert runner.read_output(handle, 0, 100) == b"100000 100000\n"
+
+
+def test_records_written_at_once_by_two_threads_never_fail(tmp_path: Path) -> None:
+    """A start writes handle.json while a look from another thread (the sweep's listing, the
+    GPU ledger's), which found the wrapper by the pid the launcher wrote, writes it too."""
+    path = str(tmp_path / "handle.json")
+    errors: list[BaseException] = []
+
+    def write(n: int) -> None:
+        try:
+            for i in range(300):
+                localproc.write_json(path, {"writer": n, "i": i})
+        except BaseException as e:  # (reported below)
+            errors.append(e)
+
+    writers = [threading.Thread(target=write, args=(n,)) for n in range(2)]
+    for t in writers:
+        t.start()
+    for t in writers:
+        t.join()
+    assert not errors
+    assert localproc.read_json(path)["i"] == 299
+    assert os.listdir(tmp_path) == ["handle.json"]
 
 
 def test_a_closed_runner_ends_its_launcher(rig: Rig) -> None:

@@ -7,6 +7,7 @@ import contextlib
 import fcntl
 import json
 import os
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -149,9 +150,13 @@ def in_group(process: leftovers.Process, groups: set[int]) -> bool:
 
 
 def write_json(path: str, data: Any) -> None:
-    with open(path + ".tmp", "w") as f:
+    """Atomically, from any number of writers at once: each writes a file of its own and
+    renames it. (A start and a concurrent look that found its wrapper both write
+    ``handle.json``; with one shared temporary name one's rename found the file gone.)"""
+    tmp = f"{path}.{os.getpid()}-{threading.get_ident()}.tmp"
+    with open(tmp, "w") as f:
         json.dump(data, f)
-    os.replace(path + ".tmp", path)
+    os.replace(tmp, path)
 
 
 def read_json(path: str) -> Any:
