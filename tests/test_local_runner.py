@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
-from bastion.runners import base, localproc
+from bastion.runners import base, launcher, localproc
 from bastion.runners.base import Attempt, AttemptPhase, Observation, RunnerError
 from bastion.runners.launcher import LAUNCHER_ARG
 from bastion.runners.local import LocalRunner
@@ -428,6 +428,24 @@ def test_records_written_at_once_by_two_threads_never_fail(tmp_path: Path) -> No
     assert not errors
     assert localproc.read_json(path)["i"] == 299
     assert os.listdir(tmp_path) == ["handle.json"]
+
+
+def test_a_launcher_that_cannot_run_here_is_given_up_and_wrappers_are_exec_d(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A launcher that dies before its first answer (here: one that exits at once) forked
+    nothing: the start is tried again (TryAgain), and from then on every wrapper is exec'd,
+    so the job runs, once."""
+    monkeypatch.setattr(launcher, "_CODE", "import sys; sys.exit(3)")
+    runner = rig.runner()
+    attempt = rig.attempt("a", "echo ran")
+    with pytest.raises(base.TryAgain, match="nothing was started"):
+        runner.start(attempt)
+    handle = runner.start(attempt)  # the daemon's retry
+    assert finished(runner, handle) == (AttemptPhase.SUCCEEDED, 0)
+    assert runner.read_output(handle, 0, 100) == b"ran\n"
+    second = runner.start(rig.attempt("b", "true"))
+    assert finished(runner, second) == (AttemptPhase.SUCCEEDED, 0)
 
 
 def test_a_closed_runner_ends_its_launcher(rig: Rig) -> None:

@@ -51,6 +51,7 @@ class Launcher:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
+        self.answered = 0  # answers received, from every launcher this one started
 
     def spawn(self, argv: Sequence[str], env: dict[str, str], cwd: str, fds: Sequence[int]) -> int:
         """Fork a wrapper running ``argv``'s supervisor (its last argument is the attempt's
@@ -75,6 +76,7 @@ class Launcher:
             if not answer:
                 self._stop()
                 raise LauncherLost("the launcher ended before it answered")
+            self.answered += 1
         reply = json.loads(answer)
         if "pid" not in reply:
             raise OSError(reply.get("error") or "the launcher could not fork")

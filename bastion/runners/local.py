@@ -337,12 +337,17 @@ class LocalRunner(Runner):
         stdin = os.open(os.devnull, os.O_RDONLY)
         argv = wrapper_argv(attempt.name, attempt.command, directory)
         alive = hold_alive(directory)  # the wrapper holds it for as long as it lives
+        lost: LauncherLost | None = None
         try:
             pid = self._launch(argv, env, work, (stdin, output, alive))
+        except LauncherLost as e:
+            lost, pid = e, 0
         finally:
             os.close(output)
             os.close(stdin)
             os.close(alive)
+        if lost is not None:
+            pid = self._after_lost(directory, lost)
         try:
             created = psutil.Process(pid).create_time()
         except psutil.NoSuchProcess:  # already gone: it cannot be confused with anything
@@ -360,11 +365,6 @@ class LocalRunner(Runner):
         if self._launcher is not None and _exec_takes(env, argv):
             try:
                 return self._launcher.spawn(argv, env, cwd, fds)
-            except LauncherLost as e:  # it may have forked: its wrapper writes its pid first
-                pid = _pid_soon(directory)
-                if pid is None:
-                    raise TryAgain(f"starting {os.path.basename(directory)}: {e}") from e
-                return pid
             except OSError as e:
                 log.warning("the launcher could not fork a wrapper (%s); exec'ing it", e)
         try:
@@ -386,6 +386,27 @@ class LocalRunner(Runner):
             raise refused from None
         self._children[os.path.basename(directory)] = proc
         return proc.pid
+
+    def _after_lost(self, directory: str, lost: LauncherLost) -> int:
+        """The launcher got the request and ended without an answer: did it fork? A wrapper
+        it forked holds the attempt's liveness lock (we let go of ours) and writes its pid
+        first: then that is the attempt. Else nothing runs, and the start is tried again;
+        a launcher that never answered at all cannot run here, and wrappers are exec'd."""
+        name = os.path.basename(directory)
+        if held_alive(directory) or os.path.exists(os.path.join(directory, "pid")):
+            pid = _pid_soon(directory, 10.0)
+            if pid is not None:
+                return pid
+            raise TryAgain(f"starting {name}: {lost}; its wrapper has not written its pid")
+        if self._launcher is not None and not self._launcher.answered:
+            log.error(
+                "the local runner's launcher ended before its first answer (its errors: %s); "
+                "every wrapper is exec'd from now on",
+                self._launcher.log_path,
+            )
+            self._launcher.close()
+            self._launcher = None
+        raise TryAgain(f"starting {name}: {lost}; nothing was started")
 
     def close(self) -> None:
         if self._launcher is not None:
