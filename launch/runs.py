@@ -35,6 +35,10 @@ def runs_of(store: Store, name: str, current: JobInfo | None) -> list[Run]:
         record = store.finished_runs.read(name, submission)
         if record and record.get("state"):
             infos.append(from_record(name, record))
+    # In the order the daemon saw them: a record's name sorts by the whole second only, and
+    # two runs of a name seen in the same second sorted by their random submission ids
+    # (then a run's log ended where it began: empty)
+    infos.sort(key=lambda i: (i.state.submit_time or 0.0) if i.state else 0.0)
     seen = {i.state.submission for i in infos if i.state}
     if current is not None and (current.state is None or current.state.submission not in seen):
         infos.append(current)

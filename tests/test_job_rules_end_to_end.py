@@ -291,3 +291,23 @@ def test_earlier_runs_of_a_name_stay_reachable(bastion):
     assert table[0].split()[:3] == ["NAME", "RUN", "STATE"]
     rows = [r.split() for r in table[1:] if r.startswith("rerun")]
     assert [r[1:3] for r in rows] == [["1", "SUCCEEDED"], ["2", "FAILED"]]
+
+
+def test_runs_seen_in_one_second_are_numbered_in_the_order_they_were_seen(tmp_path):
+    """A run's record is named by its whole second and a random submission id: two runs of a
+    name seen within one second listed in either order. The CLI numbered them as listed, and
+    the earlier run's output then ended where it began (a flake of the test above)."""
+    from bastion.bucket.store import Store
+    from launch.runs import runs_of
+
+    store = Store(str(tmp_path / "root"))
+    store.logs.append("rerun", b"first run\nsecond run\n")
+    runs = [(0.25, "b1", 0, "SUCCEEDED"), (0.75, "a2", 10, "FAILED")]  # a2 is listed first
+    for when, submission, log_start, outcome in runs:
+        state = {"status": "COMPLETED", "outcome": outcome, "submission": submission}
+        state.update(submit_time=1_000_000.0 + when, log_start=log_start)
+        store.finished_runs.save("rerun", f"{1_000_000:012d}-{submission}", {"state": state})
+    assert store.finished_runs.list("rerun") == ["000001000000-a2", "000001000000-b1"]
+    first, second = runs_of(store, "rerun", None)
+    assert (first.number, first.info.state.submission, first.log_end) == (1, "b1", 10)
+    assert (second.number, second.info.state.submission, second.log_end) == (2, "a2", None)
