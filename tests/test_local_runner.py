@@ -18,6 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
+from bastion.outputs.supervise import JOB_GROUP_FILE
 from bastion.runners import base, launcher, localproc
 from bastion.runners.base import Attempt, AttemptPhase, Observation, RunnerError
 from bastion.runners.launcher import LAUNCHER_ARG
@@ -90,6 +91,12 @@ class Rig:
     def wait_go(self, key: str) -> str:
         """A command fragment that blocks until the test releases it."""
         return f"while [ ! -e {self.go(key)} ]; do sleep 0.02; done"
+
+    def command_started(self, job: str) -> None:
+        """Wait until the wrapper has started the job's command (it records the command's
+        group then): a stop before that ends an attempt whose job never ran (LOST)."""
+        group = self.dir(job) / JOB_GROUP_FILE
+        wait_for(lambda: group.exists() and group.read_text().strip(), what=f"{job}'s command")
 
     def start_elsewhere(self, job: str, command: str, gpus: int = 0) -> dict[str, Any]:
         """Start an attempt from a process that exits right away; returns the handle."""
@@ -375,6 +382,7 @@ def test_wrappers_are_forked_by_one_launcher_and_known_by_their_lock_after_a_res
     assert LAUNCHER_ARG in wrappers[0].cmdline()  # (its argv is the launcher's)
     restarted = rig.runner()  # a new daemon, who knows the wrapper only by what it holds
     assert running(restarted, first)
+    rig.command_started("a")  # (a stop before it would end a job that never ran: LOST)
     restarted.stop(first, time.time() + 30)
     assert finished(restarted, first) == (AttemptPhase.FAILED, 143)
     rig.go("b").touch()
@@ -900,8 +908,23 @@ def test_a_daemon_in_a_pid_namespace_stops_a_wrapper_it_cannot_see_through_its_s
     rig: Rig, namespace: PidNamespace
 ) -> None:
     handle = rig.runner().start(rig.attempt("stopped", "sleep 120"))
+    rig.command_started("stopped")
     assert _from_inside(rig, namespace, "stop", handle) == "asked"
     wait_for(lambda: (rig.dir("stopped") / "exit").exists(), timeout=30, what="the stop")
     assert not rig.processes()
     seen = rig.runner().poll(handle)
     assert seen.phase is not AttemptPhase.RUNNING, seen
+
+
+@pytest.mark.parametrize("launcher", [True, False], ids=["forked", "exec'd"])
+def test_a_stop_right_after_the_start_stops_the_job_and_never_loses_the_attempt(
+    rig: Rig, launcher: bool
+) -> None:
+    """The wrapper is known (its pid written) before it has set its handlers: a stop in that
+    window killed it outright, and an attempt whose job was about to run was judged never
+    started (LOST). Its stop signals are blocked until its handlers are set."""
+    runner = LocalRunner(rig.attempts_dir, gpus=[], root=ROOT, launcher=launcher)
+    handles = [runner.start(rig.attempt(f"quick{i}", "sleep 60")) for i in range(5)]
+    for handle in handles:
+        runner.stop(handle, future())
+    assert [finished(runner, h) for h in handles] == [(AttemptPhase.FAILED, 143)] * 5

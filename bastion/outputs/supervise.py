@@ -5,7 +5,9 @@ bastion-job:<attempt> COMMAND DIRECTORY`` in a session of its own, so it outlive
 (a restarted daemon adopts the attempt by DIRECTORY, the last argument). In order:
 
 1. ``DIRECTORY/pid``: its own pid, before anything else (a daemon killed right after the
-   fork still finds the attempt).
+   fork still finds the attempt). Its stop signals come blocked (:func:`stop_signals_held`,
+   around the fork) and are taken once its handlers are set: a stop that came first is
+   handled as in 4, never fatal to a wrapper whose job has yet to start.
 2. Restores ``$BASTION_OUTPUT_DIR`` from ``$BASTION_OUTPUT_URL`` (the bucket's
    ``ROOT/outputs/<job>/``); a restore that keeps failing fails the attempt with the reason
    rather than start the job without its checkpoint.
@@ -31,6 +33,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from bastion.outputs.syncer import SYNC_SECONDS, Periodic, Syncer
@@ -40,6 +43,21 @@ JOB_GROUP_FILE = "job_pgid"  # the job's process group, for the runner's last re
 RESTORE_TRIES = 4
 DEFAULT_GRACE = 30.0
 GROUP_KILL_WAIT = 5.0  # after the deadline's SIGKILL, for a group that still lists members
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+
+
+@contextlib.contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """Blocks the stop signals in this thread while a wrapper is forked or exec'd from it.
+    The wrapper inherits the mask and takes them once its handlers are set (:func:`main`).
+    Its pid is known, and a stop may come, from the moment it exists: without this, a stop
+    in that window killed it outright, and an attempt whose job was about to run was judged
+    never started."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def wrapper_argv(name: str, command: str, directory: str) -> list[str]:
@@ -218,8 +236,9 @@ def main(argv: list[str] | None = None) -> None:
     command, directory = args[-2], args[-1]
     _write(os.path.join(directory, "pid"), str(os.getpid()))
     supervisor = Supervisor(command, directory, dict(os.environ))
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, supervisor.on_signal)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # (a stop that came first: now)
     try:
         status = supervisor.run()
     except BaseException as e:  # never leave without a status: the daemon would wait for one

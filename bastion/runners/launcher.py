@@ -32,6 +32,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from bastion.outputs.supervise import stop_signals_held
+
 LAUNCHER_ARG = "bastion-launcher"  # in the argv of the launcher and of the wrappers it forks
 MAX_REQUEST = 128 << 10  # the wrapper's argv and environment (more: exec'd by the runner)
 ANSWER_SECONDS = 30.0  # a fork and a small write: far less, unless the launcher hangs
@@ -171,12 +173,13 @@ def _fork(request: dict[str, Any], fds: list[int], sock: socket.socket) -> int:
     if len(fds) != 3:
         raise ValueError(f"expected 3 descriptors, got {len(fds)}")
     directory = argv[-1]
-    pid = os.fork()
-    if pid == 0:  # the wrapper
-        try:
-            _become_wrapper(argv, env, cwd, fds, sock)
-        finally:
-            os._exit(1)  # (supervise.main never returns; this is for a failure before it)
+    with stop_signals_held():  # (the wrapper takes them once its handlers are set)
+        pid = os.fork()
+        if pid == 0:  # the wrapper
+            try:
+                _become_wrapper(argv, env, cwd, fds, sock)
+            finally:
+                os._exit(1)  # (supervise.main never returns; this is for a failure before it)
     # Written before the answer, so a daemon that dies after it finds the attempt by its pid;
     # answered whatever happens now (an error would have the runner exec a second wrapper),
     # and the wrapper writes it too, first thing

@@ -47,7 +47,12 @@ import psutil
 from bastion import leftovers
 from bastion.exec_limits import exec_limit_problem
 from bastion.outputs.checkpoint import read_checkpoint_time
-from bastion.outputs.supervise import JOB_GROUP_FILE, STOP_FILE, wrapper_argv
+from bastion.outputs.supervise import (
+    JOB_GROUP_FILE,
+    STOP_FILE,
+    stop_signals_held,
+    wrapper_argv,
+)
 from bastion.runners.base import (
     Attempt,
     AttemptPhase,
@@ -368,17 +373,18 @@ class LocalRunner(Runner):
             except OSError as e:
                 log.warning("the launcher could not fork a wrapper (%s); exec'ing it", e)
         try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=fds[0],
-                stdout=fds[1],
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-                cwd=cwd,
-                close_fds=True,
-                pass_fds=(fds[2],),
-            )
+            with stop_signals_held():
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=fds[0],
+                    stdout=fds[1],
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                    cwd=cwd,
+                    close_fds=True,
+                    pass_fds=(fds[2],),
+                )
         except OSError as e:  # exec refused: E2BIG, no /bin/sh... never cured by a retry
             refused = exec_refusal(e, argv[0], env, argv)
             if refused is None:
