@@ -928,3 +928,11 @@ def test_a_stop_right_after_the_start_stops_the_job_and_never_loses_the_attempt(
     for handle in handles:
         runner.stop(handle, future())
     assert [finished(runner, h) for h in handles] == [(AttemptPhase.FAILED, 143)] * 5
+
+
+def test_a_started_wrapper_already_leads_its_own_process_group(rig: Rig) -> None:
+    """The runner signals an attempt's group by the wrapper's pid: a forked wrapper that has
+    not yet made its session when the start returns would lose that signal."""
+    runner = rig.runner()
+    handles = [runner.start(rig.attempt(f"g{i}", "sleep 60")) for i in range(20)]
+    assert [os.getpgid(h["pid"]) for h in handles] == [h["pid"] for h in handles]

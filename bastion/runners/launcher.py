@@ -7,7 +7,7 @@ took a minute of a 2-core host to start. A fork of a process that has imported i
 millisecond or two, and the child runs the same code as the exec'd wrapper did.
 
 What the runner gets is the wrapper it knew, but for its parent and its command line: a
-session of its own (its pid is its group), its pid written to the attempt's directory
+session of its own (its pid is its group) and its pid written to the attempt's directory
 before the launcher answers, the attempt's liveness lock held for as long as it lives,
 outliving the daemon and the launcher. Its command line is the launcher's, so the runner
 knows it by the lock it holds (``localproc.is_wrapper``), not by its argv.
@@ -173,13 +173,22 @@ def _fork(request: dict[str, Any], fds: list[int], sock: socket.socket) -> int:
     if len(fds) != 3:
         raise ValueError(f"expected 3 descriptors, got {len(fds)}")
     directory = argv[-1]
+    in_session, session_made = os.pipe()
     with stop_signals_held():  # (the wrapper takes them once its handlers are set)
         pid = os.fork()
         if pid == 0:  # the wrapper
             try:
-                _become_wrapper(argv, env, cwd, fds, sock)
+                os.close(in_session)
+                _become_wrapper(argv, env, cwd, fds, sock, session_made)
             finally:
                 os._exit(1)  # (supervise.main never returns; this is for a failure before it)
+    # Answered once the wrapper leads a session of its own: the runner signals its group by
+    # its pid, which before the wrapper's setsid is no group at all (the signal would be lost)
+    os.close(session_made)
+    try:
+        os.read(in_session, 1)  # EOF: the wrapper closed its end after setsid (or died)
+    finally:
+        os.close(in_session)
     # Written before the answer, so a daemon that dies after it finds the attempt by its pid;
     # answered whatever happens now (an error would have the runner exec a second wrapper),
     # and the wrapper writes it too, first thing
@@ -192,10 +201,16 @@ def _fork(request: dict[str, Any], fds: list[int], sock: socket.socket) -> int:
 
 
 def _become_wrapper(
-    argv: list[str], env: dict[str, str], cwd: str, fds: list[int], sock: socket.socket
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str,
+    fds: list[int],
+    sock: socket.socket,
+    session_made: int,
 ) -> None:
     stdin, output, alive = fds
     os.setsid()
+    os.close(session_made)  # (the launcher answers now)
     for sig in (signal.SIGCHLD, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
     os.dup2(stdin, 0)
