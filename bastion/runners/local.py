@@ -18,10 +18,11 @@ the holder looks for an earlier start and, finding none, starts the process; any
   names it, when its SIGKILL is due), so a restarted daemon finishes the job.
 
 Every process of an attempt carries ``BASTION_ATTEMPT_NAME`` in its environment. A stop
-signals the process group; whatever is still alive once the wrapper has ended (a process that
-left the group with ``setsid``, a background child the command did not wait for) is found by
-that marker (:mod:`bastion.leftovers`), gets SIGTERM, SIGKILL after ``leftover_grace``, and is
-named in the attempt's history; ``delete`` is true only once a fresh scan finds none.
+signals the process group; whatever is still alive once the wrapper has ended is found by
+that marker, gets SIGTERM, SIGKILL after ``leftover_grace``, and is named in the attempt's
+history (bastion/runners/localremains.py); ``delete`` is true only once a fresh scan finds
+none. How a wrapper is started (forked by the host's launcher, or exec'd):
+bastion/runners/localstart.py.
 
 Processes are identified by (pid, create time), so a recycled pid is never signalled. Runners
 know nothing of quotas: they are told what to start and how many GPUs it may use; which GPUs,
@@ -40,19 +41,12 @@ import socket
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psutil
 
-from bastion import leftovers
-from bastion.exec_limits import exec_limit_problem
 from bastion.outputs.checkpoint import read_checkpoint_time
-from bastion.outputs.supervise import (
-    JOB_GROUP_FILE,
-    STOP_FILE,
-    stop_signals_held,
-    wrapper_argv,
-)
+from bastion.outputs.supervise import JOB_GROUP_FILE, STOP_FILE
 from bastion.runners.base import (
     Attempt,
     AttemptPhase,
@@ -62,30 +56,23 @@ from bastion.runners.base import (
     Runner,
     RunnerError,
     TryAgain,
-    exec_refusal,
     name_prefix,
 )
 from bastion.runners.fence import fenced
 from bastion.runners.gpus import GpuLedger, ledger_of
-from bastion.runners.launcher import Launcher, LauncherLost
 from bastion.runners.localproc import (
     CREATE_TIME_TOLERANCE,
     being_claimed,
     claim,
     held_alive,
-    hold_alive,
-    in_group,
     is_wrapper,
-    leader_gone,
     process_of,
     read_int,
     read_json,
-    unpack_bundle,
     write_json,
 )
-
-if TYPE_CHECKING:
-    from bastion.bucket.store import Store
+from bastion.runners.localremains import Remains
+from bastion.runners.localstart import Starter
 
 log = logging.getLogger(__name__)
 # A start (a frozen daemon's, another daemon's on this host) holds the claim of an attempt that
@@ -175,24 +162,21 @@ class LocalRunner(Runner):
         self.attempts_dir = os.path.abspath(attempts_dir)  # wrappers' argv names it: one spelling
         self.prefix = name_prefix(root) if root else ""
         self.root = root
-        self._store: Any = None  # made on the first bundle to fetch
         self.host = socket.gethostname()
         self.gpus = list(detect_gpus() if gpus is None else gpus)
-        self._children: dict[str, subprocess.Popen[bytes]] = {}  # by attempt; reaped by poll()
         # attempt -> (pid, creation time) of its wrapper, when known to be it (forked by the
         # launcher, or recognised once): no look at its command line or files on each poll
         self._known: dict[str, tuple[int, float]] = {}
-        self._launcher = (
-            Launcher(os.path.join(self.attempts_dir, ".launcher.log")) if launcher else None
-        )
+        self.starter = Starter(self.attempts_dir, self.host, root, launcher)
         self.ledger = ledger or GpuLedger()  # the host's GPUs, shared with other runners
-        self._termed: set[str] = set()
-        self.leftover_grace = leftover_grace
-        self._scanner = leftovers.Scanner(self.prefix)  # one /proc scan for many askers
-        self._deadlines: dict[str, float] = {}  # attempt -> its stop's deadline
-        self._left: dict[str, dict[str, Any]] = {}  # attempt -> its left_behind record
+        self.remains = Remains(self.prefix, self._dir, leftover_grace)
         os.makedirs(self.attempts_dir, exist_ok=True)
         self.ledger.join(self.kind, self._holding)  # a restarted daemon: live GPUs stay taken
+
+    @property
+    def leftover_grace(self) -> float:
+        """Seconds from SIGTERM to SIGKILL for what outlived an attempt's command."""
+        return self.remains.grace
 
     # -- the contract ----------------------------------------------------------------------
 
@@ -235,10 +219,12 @@ class LocalRunner(Runner):
                     shutil.rmtree(directory, ignore_errors=True)
                 raise
             try:
-                return self._spawn(attempt, directory, gpus)
+                handle = self.starter.spawn(attempt, directory, gpus)
             except BaseException:
                 self.ledger.free(attempt.name)  # nothing started: its GPUs stay free
                 raise
+            self._known[attempt.name] = (handle["pid"], handle["create_time"])
+            return handle
 
     def poll(self, handle: Handle) -> Observation:
         if handle.get("host") != self.host:
@@ -257,7 +243,7 @@ class LocalRunner(Runner):
         if self._alive(handle):
             return Observation(AttemptPhase.RUNNING, checkpoint=checkpoint)
         self._finish(handle)
-        left = self._left_behind(handle)
+        left = self.remains.record(handle)
         if not left.get("pids"):
             self._free_gpus(handle["name"])
         note = str(left.get("note") or "")
@@ -268,14 +254,13 @@ class LocalRunner(Runner):
         if handle.get("host") != self.host or not self._alive(handle):
             return
         name = handle["name"]
-        told = self._deadlines.get(name)
-        self._deadlines[name] = deadline  # what it leaves behind gets this grace too
+        told = self.remains.note_deadline(name, deadline)  # (its leftovers' grace too)
         if time.time() >= deadline + FINAL_SYNC_SECONDS:
             self._kill(handle)  # the wrapper did not end the job and sync in time
-        elif name not in self._termed or told != deadline:
+        elif not self.remains.warned(name) or told != deadline:
             # The wrapper warns the job once and kills it at the deadline (told again when the
             # deadline moves: a cancel that forces an update's stop)
-            self._termed.add(name)
+            self.remains.mark_warned(name)
             with contextlib.suppress(OSError):
                 write_json(os.path.join(self._dir(name), STOP_FILE), {"deadline": deadline})
             self._signal(handle, signal.SIGTERM)
@@ -287,12 +272,10 @@ class LocalRunner(Runner):
             self._kill(handle)
             return False  # gone once the next call finds it dead
         self._finish(handle)
-        if not self._left_behind_gone(handle):
+        if not self.remains.gone(handle):
             return False  # ended, not yet verified gone: asked again next cycle
         self._free_gpus(handle["name"])
-        self._termed.discard(handle["name"])
-        self._deadlines.pop(handle["name"], None)
-        self._left.pop(handle["name"], None)
+        self.remains.forget(handle["name"])
         shutil.rmtree(self._dir(handle["name"]), ignore_errors=True)
         return not os.path.exists(self._dir(handle["name"]))
 
@@ -322,108 +305,8 @@ class LocalRunner(Runner):
     def _dir(self, name: str) -> str:
         return os.path.join(self.attempts_dir, name)
 
-    def _spawn(self, attempt: Attempt, directory: str, gpus: list[int]) -> Handle:
-        handle: Handle = {"name": attempt.name, "host": self.host, "gpus": gpus}
-        write_json(os.path.join(directory, "launch.json"), handle)
-        work = os.path.join(directory, "work")
-        os.makedirs(work, exist_ok=True)
-        if attempt.bundle:
-            unpack_bundle(attempt.bundle, self._bundle_store, work)
-        env = {
-            **os.environ,
-            **attempt.env,
-            "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)),
-            "BASTION_ATTEMPT_NAME": attempt.name,
-            "BASTION_OUTPUT_DIR": os.path.join(directory, "outputs"),
-        }
-        output = os.open(
-            os.path.join(directory, "output"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
-        )
-        stdin = os.open(os.devnull, os.O_RDONLY)
-        argv = wrapper_argv(attempt.name, attempt.command, directory)
-        alive = hold_alive(directory)  # the wrapper holds it for as long as it lives
-        lost: LauncherLost | None = None
-        try:
-            pid = self._launch(argv, env, work, (stdin, output, alive))
-        except LauncherLost as e:
-            lost, pid = e, 0
-        finally:
-            os.close(output)
-            os.close(stdin)
-            os.close(alive)
-        if lost is not None:
-            pid = self._after_lost(directory, lost)
-        try:
-            created = psutil.Process(pid).create_time()
-        except psutil.NoSuchProcess:  # already gone: it cannot be confused with anything
-            created = 0.0
-        handle.update(pid=pid, create_time=created)
-        self._known[attempt.name] = (pid, created)
-        write_json(os.path.join(directory, "handle.json"), handle)
-        return handle
-
-    def _launch(self, argv: list[str], env: dict[str, str], cwd: str, fds: tuple[int, ...]) -> int:
-        """The wrapper's pid: forked by the launcher (bastion/runners/launcher.py) when one
-        runs here and exec would take the wrapper's argv and environment; else exec'd here,
-        which refuses what exec refuses with its reason (E2BIG names the variable)."""
-        directory = argv[-1]
-        if self._launcher is not None and _exec_takes(env, argv):
-            try:
-                return self._launcher.spawn(argv, env, cwd, fds)
-            except OSError as e:
-                log.warning("the launcher could not fork a wrapper (%s); exec'ing it", e)
-        try:
-            with stop_signals_held():
-                proc = subprocess.Popen(
-                    argv,
-                    stdin=fds[0],
-                    stdout=fds[1],
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    start_new_session=True,
-                    cwd=cwd,
-                    close_fds=True,
-                    pass_fds=(fds[2],),
-                )
-        except OSError as e:  # exec refused: E2BIG, no /bin/sh... never cured by a retry
-            refused = exec_refusal(e, argv[0], env, argv)
-            if refused is None:
-                raise  # EAGAIN, ENOMEM: transient, the daemon backs off and tries again
-            raise refused from None
-        self._children[os.path.basename(directory)] = proc
-        return proc.pid
-
-    def _after_lost(self, directory: str, lost: LauncherLost) -> int:
-        """The launcher got the request and ended without an answer: did it fork? A wrapper
-        it forked holds the attempt's liveness lock (we let go of ours) and writes its pid
-        first: then that is the attempt. Else nothing runs, and the start is tried again;
-        a launcher that never answered at all cannot run here, and wrappers are exec'd."""
-        name = os.path.basename(directory)
-        if held_alive(directory) or os.path.exists(os.path.join(directory, "pid")):
-            pid = _pid_soon(directory, 10.0)
-            if pid is not None:
-                return pid
-            raise TryAgain(f"starting {name}: {lost}; its wrapper has not written its pid")
-        if self._launcher is not None and not self._launcher.answered:
-            log.error(
-                "the local runner's launcher ended before its first answer (its errors: %s); "
-                "every wrapper is exec'd from now on",
-                self._launcher.log_path,
-            )
-            self._launcher.close()
-            self._launcher = None
-        raise TryAgain(f"starting {name}: {lost}; nothing was started")
-
     def close(self) -> None:
-        if self._launcher is not None:
-            self._launcher.close()
-
-    def _bundle_store(self) -> Store:
-        if self._store is None:
-            from bastion.bucket.store import Store
-
-            self._store = Store(self.root)
-        return self._store
+        self.starter.close()
 
     def _find(self, name: str) -> Handle | None:
         """The handle of an attempt whose command ran or runs; None if it never started."""
@@ -468,7 +351,7 @@ class LocalRunner(Runner):
         if pid <= 0:
             return 0
         name = handle["name"]
-        child = self._children.get(name)
+        child = self.starter.children.get(name)
         if child is not None and child.pid == pid:
             return pid if child.poll() is None else 0  # our own child: no psutil lookup
         directory = self._dir(name)
@@ -513,11 +396,12 @@ class LocalRunner(Runner):
         self._signal(handle, signal.SIGKILL)
 
     def _finish(self, handle: Handle) -> None:
-        """The leader is gone: forget our child (what it left behind: :meth:`_left_behind`)."""
+        """The leader is gone: forget our child (what it left behind: :class:`Remains`)."""
         pid = int(handle.get("pid") or 0)
-        child = self._children.get(handle.get("name", ""))
+        children = self.starter.children
+        child = children.get(handle.get("name", ""))
         if child is not None and child.pid == pid:
-            del self._children[handle["name"]]
+            del children[handle["name"]]
         self._known.pop(handle.get("name", ""), None)
 
     def _free_gpus(self, name: str) -> None:
@@ -531,108 +415,6 @@ class LocalRunner(Runner):
             for owned in self.list_owned()
             if not owned.finished
         ]
-
-    def _signal_group(self, handle: Handle, sig: int) -> None:
-        """Signal the finished attempt's group: what is left in it is ours."""
-        pid = int(handle.get("pid") or 0)
-        if pid <= 0 or not leader_gone(handle):
-            return  # a live process that is not ours holds the pid: never signal its group
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, sig)
-
-    def _left_behind(self, handle: Handle) -> dict[str, Any]:
-        """Once, when the wrapper has ended: SIGTERM whatever of the attempt still runs (its
-        group, and every process carrying its marker wherever it went) and record it, with
-        the history line that names it and when SIGKILL is due (``delete`` sends it). Asked
-        again, the same record: one attempt's end is noted once, on a restarted daemon too."""
-        name = str(handle["name"])
-        record = self._left.get(name)
-        if record is None:
-            record = read_json(os.path.join(self._dir(name), "left_behind"))
-        if record is None:
-            found = self._scanner.find(name, since=self._ended_at(handle))
-            # A scan begun as the wrapper was exiting sees it, and perhaps its own `mv`: the
-            # wrapper's, not left behind (no orphan has the wrapper for a parent: it waits).
-            wrapper = int(handle.get("pid") or 0)
-            found = [p for p in found if wrapper not in (p.pid, p.ppid)]
-            record = self._end(handle, found, {})
-        self._left[name] = record
-        return record
-
-    def _ended_at(self, handle: Handle) -> float:
-        """When the command ended: its ``exit`` file's time (the wrapper writes it once the
-        command has ended), else now (killed, or gone before it could write it)."""
-        try:
-            return os.path.getmtime(os.path.join(self._dir(handle["name"]), "exit"))
-        except OSError:
-            return time.time()
-
-    def _end(
-        self, handle: Handle, found: list[leftovers.Process], record: dict[str, Any]
-    ) -> dict[str, Any]:
-        """SIGTERM the processes ``found`` that were not signalled yet, and the group. A stop
-        has already sent SIGTERM to the group: its members are not sent a second one (a
-        second SIGTERM means "now" to many programs). Returns the record, kept on disk."""
-        name = str(handle["name"])
-        termed = name in self._termed
-        job_group = read_int(os.path.join(self._dir(name), JOB_GROUP_FILE)) or 0
-        groups = {int(handle.get("pid") or 0), job_group} - {0}  # (both got the stop's warning)
-        if not termed:
-            self._signal_group(handle, signal.SIGTERM)  # (unmarked members of the group too)
-        signalled = set(record.get("pids") or [])
-        leftovers.send(
-            [p for p in found if p.pid not in signalled and not (termed and in_group(p, groups))],
-            signal.SIGTERM,
-        )
-        if found:
-            log.warning("%s: %s (SIGTERM)", name, leftovers.describe(found))
-        grace_until = max(time.time() + self.leftover_grace, self._deadlines.get(name, 0.0))
-        record = {
-            "note": record.get("note", leftovers.describe(found) if found else ""),
-            "pids": sorted(signalled | {p.pid for p in found}),
-            "kill_at": record.get("kill_at") or (grace_until if found else None),
-        }
-        if record["pids"]:  # (nothing found: nothing a restarted daemon must finish)
-            with contextlib.suppress(OSError):  # (its directory already gone: nothing to keep)
-                write_json(os.path.join(self._dir(name), "left_behind"), record)
-        return record
-
-    def _left_behind_gone(self, handle: Handle) -> bool:
-        """For ``delete``: True once a scan made after the wrapper ended finds nothing of the
-        attempt; until then SIGTERM what is new, SIGKILL everything once the grace is over."""
-        name = str(handle["name"])
-        record = self._left_behind(handle)
-        if not record.get("pids"):
-            return True  # a scan begun after the wrapper had ended found nothing of it
-        found = self._scanner.find(name)  # (a fresh scan: after our signals)
-        if not found:
-            return True
-        if {p.pid for p in found} - set(record.get("pids") or []):
-            record = self._end(handle, found, record)  # forked since, or an adopted attempt's
-            self._left[name] = record
-        if time.time() >= float(record.get("kill_at") or 0):
-            log.warning("%s: SIGKILL to %s", name, ", ".join(map(str, found)))
-            self._signal_group(handle, signal.SIGKILL)
-            leftovers.send(found, signal.SIGKILL)
-        return False
-
-
-def _exec_takes(env: Mapping[str, str], argv: Sequence[str]) -> bool:
-    """Whether exec takes this argv and environment (what it refuses is refused by an exec
-    here, with the reason, not by a forked wrapper that could only fail)."""
-    if any("\0" in a for a in argv) or exec_limit_problem(env, argv) is not None:
-        return False
-    return all(k and "=" not in k and "\0" not in k + v for k, v in env.items())
-
-
-def _pid_soon(directory: str, seconds: float = 2.0) -> int | None:
-    """The pid a wrapper writes first thing, if one appears within ``seconds``."""
-    deadline = time.monotonic() + seconds
-    while True:
-        pid = read_int(os.path.join(directory, "pid"))
-        if pid is not None or time.monotonic() >= deadline:
-            return pid
-        time.sleep(0.05)
 
 
 def _ended(directory: str, note: str, checkpoint: float | None) -> Observation:
