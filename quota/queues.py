@@ -49,34 +49,46 @@ def build_queues(
     pool, quotas = config.pool, config.quotas
     cutoff = now - config.scheduling.reserve_after_seconds
     best: tuple[float, bool, float, str] | None = None
+    # Per shape, not per job: (valid, needs something) by the resources mapping's identity
+    # (the daemon interns them: a queue of 100,000 jobs has a handful), and membership by
+    # (user, project). The mappings live as long as ``pending``.
+    shapes: dict[int, tuple[bool, bool]] = {}
+    members: dict[tuple[str, str], bool] = {}
     for j in pending:
-        if config.is_member(j.user_id, j.project_id):
-            some = False
-            for r, n in j.resources.items():
-                if n < 0 or n > pool.get(r, 0):
-                    break
-                some = some or n > 0
-            else:
-                p = j.project_id
-                queues.setdefault(p, []).append(j)
-                if not some:
-                    out.zero_need.add(p)
-                t = j.submit_time
-                if (
-                    t <= cutoff
-                    and (best is None or (t <= best[0] and arrival(j) < best))
-                    and within({}, j.resources, quotas.get(p, {}))
-                ):
-                    best = arrival(j)
-                    out.head_project = p
-                continue
-        out.rejects.append((j, invalid_reason(config, j) or "invalid"))
+        who = (j.user_id, j.project_id)
+        member = members.get(who)
+        if member is None:
+            member = members[who] = config.is_member(*who)
+        shape = shapes.get(id(j.resources))
+        if shape is None:
+            shape = shapes[id(j.resources)] = _shape(j.resources, pool)
+        if not (member and shape[0]):
+            out.rejects.append((j, invalid_reason(config, j) or "invalid"))
+            continue
+        p = j.project_id
+        queues.setdefault(p, []).append(j)
+        if not shape[1]:
+            out.zero_need.add(p)
+        t = j.submit_time
+        if (
+            t <= cutoff
+            and (best is None or (t <= best[0] and arrival(j) < best))
+            and within({}, j.resources, quotas.get(p, {}))
+        ):
+            best = arrival(j)
+            out.head_project = p
     out.head = best[-1] if best else None
     key = queue_key(user_usage)
     for q in queues.values():
         q.sort(key=key)
     out.by_project = dict(sorted(queues.items()))
     return out
+
+
+def _shape(resources: Mapping[str, int], pool: Mapping[str, int]) -> tuple[bool, bool]:
+    """(whether no amount is negative or beyond the pool, whether some amount is positive)."""
+    valid = all(0 <= n <= pool.get(r, 0) for r, n in resources.items())
+    return valid, any(n > 0 for n in resources.values())
 
 
 def queue_key(user_usage: Mapping[str, float]) -> Callable[[JobRequest], tuple]:

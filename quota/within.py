@@ -140,6 +140,18 @@ class Within:
                             lenders += queue[i:k]
                             i = k
                     continue
+            elif beyond is not False:
+                # Behind p's aged head, each job follows it and goes to the lenders unless it
+                # fits p's quota (_classify); when none of p's jobs can, that is the rest of
+                # the queue, at once (decided ones too, skipped by whoever reads either).
+                if beyond is None:
+                    beyond = self._beyond(p, q, claimed)
+                if beyond:
+                    rest = queue[i - 1 :]
+                    self.followers.update(dict.fromkeys([b.name for b in rest], self.heads[p]))
+                    lenders += rest
+                    i = n
+                    continue
             same = self._classify(p, j, q, claimed)
             if same is not None:
                 self._same[j.name] = same
