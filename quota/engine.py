@@ -194,6 +194,10 @@ class _Pass:
             quotas=self.quotas,
             within_quota=frozenset(first.admitted),
             waiting=self.order,
+            aged_head=self.head,
+            delays_end=tuple(
+                sorted({detail[1] for kind, detail in self.waits.values() if kind == "delayed"})
+            ),
         )
 
     def _split(self) -> tuple[list[str], list[JobRequest], list[JobRequest]]:

@@ -173,6 +173,11 @@ class Plan:
     quotas: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     within_quota: frozenset[str] = frozenset()
     waiting: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    # What of time the plan depends on, beyond the running jobs' minimum runtimes (see
+    # policy.replan_by): its aged head, if it has one (a job that ages later is younger, and
+    # never takes its place), and when the reclaim delays its waiting jobs wait out end.
+    aged_head: str | None = None
+    delays_end: tuple[float, ...] = ()
 
     def _with(self, verdict: Verdict) -> list[Decision]:
         if verdict is not Verdict.WAIT and isinstance(self.decisions, Decisions):

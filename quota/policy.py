@@ -32,24 +32,44 @@ def schedule(
     return run(config, jobs, usage, now)
 
 
-def replan_by(config: QuotaConfig, jobs: Sequence[JobRequest], now: float, horizon: float) -> float:
+def replan_by(
+    config: QuotaConfig,
+    jobs: Sequence[JobRequest],
+    now: float,
+    horizon: float,
+    plan: Plan | None = None,
+) -> float:
     """The earliest time after ``now`` (at most ``horizon``) at which a pass over these same
     jobs could decide differently only because time passed: a running job reaching its
     minimum runtime (it becomes preemptible), a waiting job reaching ``reserve_after_seconds``
     (it becomes the aged head) or the end of its reclaim delay (it may preempt). Until then,
     and while no job changes, the daemon may keep the last plan instead of running the pass
-    again. (Decayed user usage also moves with time; it
-    reorders users within a priority, which the horizon bounds.)"""
+    again. (Decayed user usage also moves with time; it reorders users within a priority,
+    which the horizon bounds.)
+
+    Given ``plan`` (the pass over these jobs at ``now``), only what it depends on: with an
+    aged head, no later crossing (every job that ages later is younger than the head, which
+    keeps its place until it changes); of the reclaim delays, only those its waiting jobs
+    wait out (a job's delay matters only once it is within quota and short of capacity,
+    which no time passing brings about). After a burst, each of 100,000 jobs crosses both at
+    its own moment: without the plan the daemon replanned every 20 s for half an hour, for
+    thresholds that changed nothing."""
     knobs = config.scheduling
     soonest = horizon
     delay = knobs.reclaim_delay_seconds
+    ages = plan is None or plan.aged_head is None
+    delays = plan is None
+    if plan is not None:
+        soonest = min([soonest, *(t for t in plan.delays_end if t > now)])
     for j in jobs:
         if j.phase is Phase.PENDING:
-            t = j.submit_time + knobs.reserve_after_seconds
-            # its reclaim delay ends (it may preempt from then on)
-            since = j.submit_time if j.pending_since is None else j.pending_since
-            if now < since + delay < soonest:
-                soonest = since + delay
+            if not (ages or delays):
+                continue
+            t = j.submit_time + knobs.reserve_after_seconds if ages else soonest
+            if delays:  # its reclaim delay ends (it may preempt from then on)
+                since = j.submit_time if j.pending_since is None else j.pending_since
+                if now < since + delay < soonest:
+                    soonest = since + delay
         elif j.start_time is not None:
             t = j.start_time + knobs.min_runtime_seconds
         else:

@@ -290,3 +290,24 @@ def test_replan_by_is_the_next_time_threshold_of_the_plan() -> None:
         assert replan_by(config, jobs, now, 10_000.0) == t
         now = t
     assert replan_by(config, jobs, now, now + 30) == now + 30  # the horizon bounds it
+
+
+def test_after_a_burst_the_plan_keeps_until_a_threshold_that_can_change_it() -> None:
+    """A burst of jobs submitted over minutes: each crosses reserve_after_seconds and its
+    reclaim delay at its own moment. Given the plan, replan_by skips the crossings that
+    cannot change it: the aged head is older than any job that ages later, and no job is
+    waiting out a reclaim delay (the project holds all it may)."""
+    from quota.config import parse_quota
+    from quota.model import JobRequest, Phase
+    from quota.policy import replan_by, schedule
+
+    config = parse_quota(QUOTA)
+    knobs = config.scheduling
+    running = JobRequest("r", "default", "u", {"cpu": 1}, 3, 0.0, Phase.RUNNING, start_time=0.0)
+    burst = [JobRequest(f"b{i}", "default", "u", {"cpu": 1}, 3, 100.0 + i) for i in range(1000)]
+    jobs = [running, *burst]
+    now = 100.0 + knobs.reserve_after_seconds + 0.5  # b0 has aged: it is the head
+    plan = schedule(config, jobs, {}, now)
+    assert plan.aged_head == "b0" and plan.delays_end == ()
+    assert replan_by(config, jobs, now, now + 600) == now + 0.5  # b1 ages: no matter
+    assert replan_by(config, jobs, now, now + 600, plan) == now + 600

@@ -56,7 +56,8 @@ def run_pass(ctx: Context, now: float) -> bool:
         return True
     plan = schedule(config, requests, ctx.quota.usage_for(requests, now), now)
     threshold = max(
-        replan_by(config, requests, now, now + period), now + threshold_gap(len(ctx.jobs))
+        replan_by(config, requests, now, now + period, plan),
+        now + threshold_gap(len(ctx.jobs)),
     )
     ctx.replan_at = min([threshold, *not_started.values()])  # a start's retry: on time
     grace = config.scheduling.preemption_grace_seconds

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Mapping
 
 from hypothesis import HealthCheck, given, settings
@@ -11,7 +12,7 @@ from quota_helpers import apply, released
 
 from quota.config import QuotaConfig, SchedulingKnobs
 from quota.model import JobRequest, Phase, Plan, Verdict
-from quota.policy import schedule
+from quota.policy import replan_by, schedule
 
 NOW = 10_000.0
 RES = ("v4", "cpu")
@@ -212,3 +213,31 @@ def test_no_thrash_over_repeated_cycles(world: tuple) -> None:
     # preemptions, and a job preempted twice no longer runs as backfill.)
     assert max(count.values(), default=0) <= 2, count
     assert schedule(config, jobs, usage, NOW).decisions == plan.decisions
+
+
+def _verdicts(plan: Plan) -> dict[str, tuple]:
+    """What a pass decided for each job, without its volatile text (the reason names the
+    queue position, free capacity and usage; ``wait`` is the stable part). The jobs a wait
+    names are compared as sets: victims are listed by the work they would lose (units times
+    the time they ran), an order that moves with time while who they are does not."""
+
+    def named(text: str | None) -> list[str] | None:
+        return None if text is None else sorted(re.split(r"[\s,;]+", text))
+
+    return {
+        n: (d.verdict, d.tier, d.preempted_by, d.backfill_for, named(d.wait), d.ahead)
+        for n, d in plan.decisions.items()
+    }
+
+
+@SETTINGS
+@given(worlds())
+def test_no_decision_changes_before_the_plan_s_replan_time(world: tuple) -> None:
+    """replan_by, given the plan, names a time before which a pass over the same jobs
+    decides exactly the same: the daemon keeps the plan until then."""
+    config, jobs, usage = world
+    plan = schedule(config, jobs, usage, NOW)
+    until = replan_by(config, jobs, NOW, NOW + 5000.0, plan)
+    assert until > NOW
+    for t in (NOW + (until - NOW) / 2, until - 0.01):
+        assert _verdicts(schedule(config, jobs, usage, t)) == _verdicts(plan), t
