@@ -3,9 +3,10 @@
 Three kinds of work visit every job held: the policy pass that re-plans a quiet queue (decayed
 usage moves), finding the snapshot shards that changed, and the whole-queue check of upkeep.
 Each runs at most once per a fixed time per job held, so an idle daemon's CPU does not grow
-with its queue (at 100,000 jobs the idle share was 38% of a core). A time threshold of the
-plan (a waiting job's reclaim delay ends) replans no sooner than a gap per job held after the
-last pass: after a burst, each job's delay ends at its own moment. These tests make the
+with its queue (at 100,000 jobs the idle share was 38% of a core). A time threshold the plan
+depends on (a reclaim delay one of its jobs waits out ends) replans no sooner than a gap per
+job held after the last pass; the others (after a burst, each job's delay ends at its own
+moment) do not replan at all. These tests make the
 per-job periods large on a small queue (real daemon, fake runner, a local root, cycles driven
 on a clock we move) and check when each runs; and that a restart does not re-check at once
 the states it has just read.
@@ -129,20 +130,90 @@ def test_a_restart_does_not_check_at_once_the_states_it_just_read(
     assert min(checks) - start >= 60.0, (start, checks)
 
 
-def test_a_time_threshold_replans_no_sooner_than_a_gap_that_grows_with_the_queue(
+def test_thresholds_that_cannot_change_the_plan_do_not_replan_a_quiet_queue(
     rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The waiting jobs' reclaim delays end 240 s after they came (the quota's default): that
-    threshold replans, but no sooner than the gap after the last pass (here 30 jobs x 10 s),
-    and long before a quiet queue's period (30 jobs x 100 s)."""
+    """The waiting jobs' reclaim delays end 240 s after they came (the quota's default), each
+    at its own moment, but none can change the plan: their project holds all its quota, so
+    none waits out a delay. The queue keeps its plan until its quiet period (30 jobs x 100 s);
+    before the plan said what it depends on, each delay replanned (after the gap, here 30 jobs
+    x 10 s)."""
     monkeypatch.setattr("bastion.daemon.context.REPLAN_SECONDS_PER_JOB", 100.0)
     monkeypatch.setattr("bastion.daemon.context.THRESHOLD_SECONDS_PER_JOB", 10.0)
-    came = rig.now
     rig.settle_in()
-    last = rig.now  # the settling cycles planned (jobs came, then started)
     planned_at = [rig.now for _ in range(40) if rig.cycle(10.0).planned]  # 400 s
-    assert planned_at, "the threshold never replanned"
-    assert came + 240 < last + 300 <= planned_at[0] <= last + 310, (came, last, planned_at)
+    assert planned_at == []
+
+
+TWO_PROJECTS = """\
+[toml-schema]
+version = "1"
+[total_resources]
+cpu = 2
+[project_membership]
+owner = [".*"]
+borrower = [".*"]
+[project_resources.owner]
+cpu = 0.5
+[project_resources.borrower]
+cpu = 0.5
+"""
+
+
+def test_a_reclaim_delay_the_plan_waits_out_replans_when_it_ends_no_sooner_than_the_gap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A borrower holds the pool; the owner's job comes and, within its quota, waits out its
+    reclaim delay (240 s). Its end replans on time (the cycle after it), and no sooner than
+    the gap after the last pass (3 jobs x 60 s)."""
+    monkeypatch.setattr("bastion.daemon.context.REPLAN_SECONDS_PER_JOB", 1000.0)
+    monkeypatch.setattr("bastion.daemon.context.THRESHOLD_SECONDS_PER_JOB", 60.0)
+    store = Store(str(tmp_path / "root"))
+    store.quota.write_default(TWO_PROJECTS)
+    client = Client(store=store, expect_daemon=False)
+
+    def submit(name: str, project: str) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the test drives the cycles itself
+            client.submit(
+                new_jobspec(
+                    name=name,
+                    command="sleep 6000",
+                    user_id="u",
+                    project_id=project,
+                    resources={"cpu": 1},
+                    runner={"kind": "fake"},
+                )
+            )
+
+    daemon = build_daemon(
+        store.root_url,
+        work_dir=str(tmp_path / "work"),
+        gpus=[],
+        settings={"runners": {"fake": {"state_dir": str(tmp_path / "fake")}}},
+    )
+    now = time.time()
+    try:
+        for name in ("b1", "b2"):
+            submit(name, "borrower")
+        for _ in range(3):
+            now += 1.0
+            daemon.cycle(now)
+            daemon.settle()
+        submit("o1", "owner")
+        came = now + 1.0
+        planned_at = []
+        for _ in range(40):  # 400 s
+            now += 10.0 if planned_at or now > came + 5 else 1.0
+            if daemon.cycle(now).planned:
+                planned_at.append(now)
+            daemon.settle()
+        first, *later = planned_at
+        assert first <= came + 3  # the owner's job came: planned at once
+        assert later and came + 240 <= later[0] <= came + 250, (came, planned_at)
+        assert later[0] - first >= 3 * 60.0
+    finally:
+        daemon.close()
 
 
 def test_a_restart_names_each_job_under_way_and_counts_the_waiting(

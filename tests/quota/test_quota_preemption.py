@@ -400,6 +400,8 @@ def test_reclaim_waits_for_the_delay_and_capacity_that_frees_meanwhile_spares_it
             f"borrowers are preempted for it from t={NOW + 240:.0f}" in plan.decisions["a1"].reason
         )
     assert replan_by(c, jobs, NOW, NOW + 3600) == NOW + 240
+    # (given the plan too: a1 waits its delay out)
+    assert replan_by(c, jobs, NOW, NOW + 3600, schedule(c, jobs, {}, NOW)) == NOW + 240
     assert names(schedule(c, jobs, {}, NOW + 240), Verdict.PREEMPT) == ["b2"]
     # b2 finished at NOW + 100: a1 starts in what it freed, nobody is preempted.
     done = [j for j in jobs if j.name != "b2"]
