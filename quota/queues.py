@@ -49,25 +49,28 @@ def build_queues(
     pool, quotas = config.pool, config.quotas
     cutoff = now - config.scheduling.reserve_after_seconds
     best: tuple[float, bool, float, str] | None = None
-    # Per shape, not per job: (valid, needs something) by the resources mapping's identity
-    # (the daemon interns them: a queue of 100,000 jobs has a handful), and membership by
-    # (user, project). The mappings live as long as ``pending``.
-    shapes: dict[int, tuple[bool, bool]] = {}
-    members: dict[tuple[str, str], bool] = {}
+    # A run of jobs that share one resources mapping (the daemon interns them: a sweep's
+    # jobs come together) is checked once; each (user, project) is memoised by the config.
+    last: tuple[Mapping[str, int] | None, bool, bool] = (None, False, False)
+    is_member = config.is_member
     for j in pending:
-        who = (j.user_id, j.project_id)
-        member = members.get(who)
-        if member is None:
-            member = members[who] = config.is_member(*who)
-        shape = shapes.get(id(j.resources))
-        if shape is None:
-            shape = shapes[id(j.resources)] = _shape(j.resources, pool)
-        if not (member and shape[0]):
+        res = j.resources
+        if res is last[0]:
+            valid, some = last[1], last[2]
+        else:
+            valid, some = True, False
+            for r, n in res.items():
+                if n < 0 or n > pool.get(r, 0):
+                    valid = False
+                    break
+                some = some or n > 0
+            last = (res, valid, some)
+        if not (valid and is_member(j.user_id, j.project_id)):
             out.rejects.append((j, invalid_reason(config, j) or "invalid"))
             continue
         p = j.project_id
         queues.setdefault(p, []).append(j)
-        if not shape[1]:
+        if not some:
             out.zero_need.add(p)
         t = j.submit_time
         if (
@@ -83,12 +86,6 @@ def build_queues(
         q.sort(key=key)
     out.by_project = dict(sorted(queues.items()))
     return out
-
-
-def _shape(resources: Mapping[str, int], pool: Mapping[str, int]) -> tuple[bool, bool]:
-    """(whether no amount is negative or beyond the pool, whether some amount is positive)."""
-    valid = all(0 <= n <= pool.get(r, 0) for r, n in resources.items())
-    return valid, any(n > 0 for n in resources.values())
 
 
 def queue_key(user_usage: Mapping[str, float]) -> Callable[[JobRequest], tuple]:
