@@ -59,7 +59,12 @@ s, 344 requests; idle 4.0%; policy pass 0.50-0.56 s; 2.77 KB per job; all PENDIN
 started 76-81 s (one Python supervisor per local attempt, 0.09-0.12 s of CPU each, on 2 cores);
 list 5.2-5.7 s, why 5.2-5.4 s; submit -> running 1.7 s. 10,000 jobs, over 3: restart 1.0 s;
 idle 0.5%; policy pass 0.06 s; 2.8 KB per job; all PENDING 15.8-16.2 s; burst decided 1.7-1.8
-s, started 75-79 s; list 0.9-1.0 s, why 1.0-1.1 s; submit -> running 1.1 s.
+s, started 75-79 s; list 0.9-1.0 s, why 1.0-1.1 s; submit -> running 1.1 s. 100,000 jobs, over 3
+(3a8a200: wrappers forked by the launcher; replans only at thresholds the plan depends on):
+restart 8.6-9.0 s, 344 requests; idle 1.0-1.3% (5c37af3, the same hour: 3.4%, a pass every
+20 s as each job's reclaim delay ended); policy pass 0.47-0.51 s; 2.77 KB per job; all PENDING
+209-226 s (writes alone 60-66 s), longest cycle 4.5-6.0 s; markers 12.2-14.1 s; burst decided
+2.2-2.3 s, started 10.0-12.0 s; list 5.5-6.1 s, why 5.1-5.4 s; submit -> running 1.5 s.
 """
 
 from __future__ import annotations
