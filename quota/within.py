@@ -141,15 +141,11 @@ class Within:
                             i = k
                     continue
             elif beyond is not False:
-                # Behind p's aged head, each job follows it and goes to the lenders unless it
-                # fits p's quota (_classify); when none of p's jobs can, that is the rest of
-                # the queue, at once (decided ones too, skipped by whoever reads either).
+                # (behind p's aged head: when no job of p fits, the rest at once)
                 if beyond is None:
                     beyond = self._beyond(p, q, claimed)
                 if beyond:
-                    rest = queue[i - 1 :]
-                    self.followers.update(dict.fromkeys([b.name for b in rest], self.heads[p]))
-                    lenders += rest
+                    self._follow_head(p, queue[i - 1 :])
                     i = n
                     continue
             same = self._classify(p, j, q, claimed)
@@ -159,6 +155,12 @@ class Within:
                 return i - 1
         self._pos[p] = i
         return None
+
+    def _follow_head(self, p: str, rest: list[JobRequest]) -> None:
+        """What _classify does for each of ``rest`` when none fits p's quota: each follows
+        p's aged head to the lenders (decided ones too, skipped by whoever reads either)."""
+        self.followers.update(dict.fromkeys([b.name for b in rest], self.heads[p]))
+        self.lenders[p] += rest
 
     def _beyond(self, p: str, q: Mapping[str, float], claimed: Mapping[str, int]) -> bool:
         """Whether no job of p's queue fits p's quota over `claimed`: every one of them

@@ -130,9 +130,9 @@ class Launcher:
 
 def serve() -> None:
     """The launcher's loop (``python -c ... bastion-launcher FD``)."""
-    # What every wrapper imports (the bucket stack above all), imported once, here
-    import bastion.bucket.store
-    import bastion.outputs.supervise  # noqa: F401
+    # What every wrapper imports (the bucket stack above all; the wrapper's own module is
+    # imported at the top), imported once, here
+    import bastion.bucket.store  # noqa: F401
 
     # What the imports made is never collected: frozen, the children's collections do not
     # visit it (each visit writes to the objects' pages, and a forked child copies each page
