@@ -23,10 +23,13 @@ def anchor_backfill(
 ) -> None:
     """Fill ps.anchored (waiting job -> its running backfill), ps.pending_project and
     ps.pending_need from the marks that still count (rejected jobs anchor nothing)."""
-    by_name = {j.name: j for j in pending if j.name not in ps.decisions}
-    for j in held:
-        if j.phase is not Phase.RUNNING:
-            continue
+    running = [j for j in held if j.phase is Phase.RUNNING and j.backfill_for]
+    if not running:
+        return  # (no mark at all: the usual case, and no walk of every pending job)
+    named = {a for j in running for a in j.backfill_for}
+    decided = ps.decisions
+    by_name = {j.name: j for j in pending if j.name in named and j.name not in decided}
+    for j in running:
         for a in j.backfill_for:
             w = by_name.get(a)
             if w is None:

@@ -53,10 +53,13 @@ def shortfall(need: Res, have: Mapping[str, float]) -> dict[str, int]:
 
 def least_need(needs: list[Mapping[str, int]], pool: Mapping[str, int]) -> dict[str, int]:
     """For each resource every request needs, the smallest amount any of them needs (valid
-    requests need only resources of the pool). (map and methodcaller: one C loop a resource.)"""
+    requests need only resources of the pool). Each distinct mapping is looked at once (the
+    daemon interns them: 100,000 waiting jobs of a sweep share one), then one C loop a
+    resource (map and methodcaller): 26 -> 5 ms for 100,000 jobs and a pool of three."""
+    distinct = {id(need): need for need in needs}.values()
     least = {}
     for r in pool:
-        m = min(map(methodcaller("get", r, 0), needs), default=0)
+        m = min(map(methodcaller("get", r, 0), distinct), default=0)
         if m > 0:
             least[r] = m
     return least

@@ -19,6 +19,7 @@ from bastion.bucket.logs import daemon_log_name
 from bastion.bucket.logsync import LogSync
 from bastion.bucket.specwatch import SpecWatch
 from bastion.bucket.store import Store
+from bastion.daemon.jobindex import JobIndex
 from bastion.daemon.statebytes import squeeze, unsqueeze
 from bastion.jobspec import JobSpec
 from bastion.jobstate import JobState, Status
@@ -216,6 +217,7 @@ class Context:
         self.logs = LogSync(store, os.path.join(work_dir, "logs"))
         self.daemon_log = daemon_log_name(socket.gethostname(), os.path.abspath(work_dir))
         self.jobs: dict[str, Job] = {}
+        self.index = JobIndex()  # the few jobs a pass looks at apart (kept as jobs change)
         # The jobs a step may have work for this cycle (an ordered set): every job that is not
         # quiet (Job.quiet). events.apply adds the job it changes; the cycle's end drops the
         # ones gone quiet; so an idle cycle's steps cost what is under way, not the queue.

@@ -62,7 +62,7 @@ def hold_back(ctx: Context, now: float) -> set[str]:
 
 def _dependency_verdicts(ctx: Context) -> dict[str, Verdict]:
     verdicts = {}
-    for job in ctx.jobs.values():
+    for job in gated_jobs(ctx):
         spec = job.spec
         if spec is None or not spec.after or job.state.status is not Status.PENDING:
             continue
@@ -92,7 +92,7 @@ def _status_of(ctx: Context, name: str) -> str | None:
 
 def _group_verdicts(ctx: Context) -> dict[str, Verdict]:
     groups: dict[str, tuple[int | None, list[Member]]] = {}
-    for job in ctx.jobs.values():
+    for job in gated_jobs(ctx):
         group = (job.spec.group if job.spec else None) or {}
         if group.get("max_running") is None:
             continue
@@ -102,6 +102,12 @@ def _group_verdicts(ctx: Context) -> dict[str, Verdict]:
     for name, (limit, members) in groups.items():
         held.update(group_held(name, members, limit))
     return held
+
+
+def gated_jobs(ctx: Context) -> list[Job]:
+    """The jobs whose spec waits for others or is in a group with a limit (ctx.index)."""
+    jobs = ctx.jobs
+    return [job for name in ctx.index.gated if (job := jobs.get(name)) is not None]
 
 
 def _member_status(job: Job) -> str:

@@ -132,6 +132,7 @@ def absorb_spec(
         return
     if not state.job_identity:
         job.spec = spec
+        ctx.index.saw_spec(job)
         detected = lifecycle.Detected(
             spec.identity, spec.digest(), uuid.uuid4().hex[:12], str(spec.metadata.job_id)
         )
@@ -140,6 +141,7 @@ def absorb_spec(
     if state.job_identity != spec.identity:
         log.warning("%s: a new submission replaced job %s", name, state.job_identity)
     old, job.spec = job.spec, spec
+    ctx.index.saw_spec(job)
     if spec.digest() == state.spec_digest:
         return
     changes = spec_changes(old, spec) if old is not None else []

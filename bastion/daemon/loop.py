@@ -167,6 +167,7 @@ class Daemon:
         if self.ctx.jobs or self.ctx.recovered:
             log.info("not acting on %s; forgetting in-memory state", self.ctx.store.root_url)
         self.ctx.jobs.clear()
+        self.ctx.index.clear()
         self.ctx.job_changes += 1
         heap.thaw()  # what the recovery froze is collectable again
         self.ctx.start_retries.clear()

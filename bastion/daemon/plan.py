@@ -104,14 +104,12 @@ def holding(ctx: Context, now: float) -> dict[str, float]:
     for ``start_give_up_seconds`` after they let go before the policy sees them again: else
     it would admit them at once, and they would hold quota for another futile try. Job name
     -> when it is seen again."""
-    held = {}
-    for job in ctx.jobs.values():
-        state = job.state
-        if state.status is Status.PENDING and state.reason.startswith(lifecycle.NOT_STARTED):
-            until = (state.end_time or 0.0) + ctx.start_give_up_seconds
-            if now < until:
-                held[job.name] = until
-    return held
+    give_up = ctx.start_give_up_seconds
+    return {
+        name: let_go + give_up
+        for name, let_go in ctx.index.not_started.items()
+        if now < let_go + give_up
+    }
 
 
 def publish_queue(ctx: Context, plan: Plan, going: dict[str, list[str]]) -> None:

@@ -40,6 +40,7 @@ def recover(ctx: Context, specs: dict[str, ObjectInfo], cycle_time: float | None
     states = ctx.store.states.list()
     raws, fresh_specs = read_states(ctx, specs, states)
     ctx.jobs.clear()
+    ctx.index.clear()
     ctx.job_changes += 1
     ctx.attention.clear()
     for name, raw in sorted(raws.items()):
@@ -55,8 +56,10 @@ def recover(ctx: Context, specs: dict[str, ObjectInfo], cycle_time: float | None
         state.mark_written()
         job = Job(name=name, state=state, squeezed=squeeze(raw), state_token=states[name].token)
         ctx.jobs[name] = job
+        ctx.index.saw_state(job)
         if name in fresh_specs:
             restore_spec(job, fresh_specs[name], specs[name].token)
+            ctx.index.saw_spec(job)
         if name not in specs and state.status is not Status.COMPLETED:
             job.gone_from_bucket = True
         lose_unnamed_attempts(ctx, job)
