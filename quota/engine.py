@@ -140,6 +140,7 @@ class _Pass:
         self.cap = Capacity(config.tiers)
         self.decisions: dict[str, Decision] = {}
         self.order: dict[str, list[str]] = {}  # project -> its waiting jobs in queue order
+        self.queues: dict[str, list[JobRequest]] = {}  # project -> valid pending, in order
         self.usage: dict[str, dict[str, int]] = {}  # RUNNING (+ started - preempted) per project
         self.earmark: dict[str, int] = {}  # capacity of RELEASING jobs, for within-quota jobs
         self.reclaimers: set[str] = set()  # jobs named by RELEASING jobs as their preemptor
@@ -169,7 +170,7 @@ class _Pass:
         # 1. Running and releasing jobs hold their capacity (KEEP).
         self._hold(held)
         # 2. Reject invalid pending jobs; order each project's queue; find the aged head.
-        queues = self._queue(pending)
+        queues = self.queues = self._queue(pending)
         # 3. The backfill marks that still count, and claims on backfill others would take.
         anchor_backfill(self, held, pending)
         if self.anchored:

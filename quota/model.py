@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple, Protocol
@@ -88,7 +88,11 @@ class Waiting(Protocol):
 
     def wait_text(self, name: str) -> str | None: ...
 
-    def wait_texts(self, made: Mapping[str, Decision]) -> Iterator[tuple[str, str | None]]: ...
+    def by_wait(self, made: Mapping[str, Decision]) -> dict[str | None, list[str]]: ...
+
+    def leading(
+        self, project: str, names: Sequence[str], made: Mapping[str, Decision]
+    ) -> list[Decision]: ...
 
 
 class Decisions(Mapping[str, Decision]):
@@ -139,13 +143,22 @@ class Decisions(Mapping[str, Decision]):
             return (d.wait or d.reason) if d.verdict is Verdict.WAIT else None
         return None if self._waiting is None else self._waiting.wait_text(name)
 
-    def wait_texts(self) -> Iterator[tuple[str, str | None]]:
-        """``(name, wait_text(name))`` for every job, in input order: the daemon compares
-        each stored wait with its text after every pass, and this costs half of asking
-        ``wait_text`` name by name (0.07 against 0.14 s at 100,000 waiting jobs)."""
+    def by_wait(self) -> dict[str | None, list[str]]:
+        """Every job by its ``wait_text`` (None: it does not wait; no order is promised
+        among the names of one text). The daemon compares each stored wait with its text
+        after every pass: in groups, a waiting job costs a set lookup (at 100,000 waiting
+        jobs, 0.02 s against 0.07 s for a pair per job, and 0.14 s for ``wait_text`` name
+        by name)."""
         if self._waiting is None:
-            return ((n, self.wait_text(n)) for n in self._names)
-        return self._waiting.wait_texts(self._made)
+            return _grouped((n, self.wait_text(n)) for n in self._names)
+        return self._waiting.by_wait(self._made)
+
+    def leading(self, project: str, names: Sequence[str]) -> list[Decision]:
+        """The decisions of ``names``, the first waiting jobs of ``project`` in queue order
+        (Plan.first_waits)."""
+        if self._waiting is None:
+            return [self[n] for n in names]
+        return self._waiting.leading(project, names, self._made)
 
     def made(self, verdict: Verdict) -> list[Decision]:
         """The decisions with this verdict made in the pass, in input order (all of them
@@ -192,12 +205,20 @@ class Plan:
         d = self.decisions.get(name)
         return (d.wait or d.reason) if d is not None and d.verdict is Verdict.WAIT else None
 
-    def wait_texts(self) -> Iterator[tuple[str, str | None]]:
-        """``(name, wait_text(name))`` for every job, in input order (in bulk: see
-        Decisions.wait_texts)."""
+    def by_wait(self) -> dict[str | None, list[str]]:
+        """Every job by its ``wait_text`` (None: it does not wait), in bulk: see
+        Decisions.by_wait."""
         if isinstance(self.decisions, Decisions):
-            return self.decisions.wait_texts()
-        return ((n, self.wait_text(n)) for n in self.decisions)
+            return self.decisions.by_wait()
+        return _grouped((n, self.wait_text(n)) for n in self.decisions)
+
+    def first_waits(self, project: str, count: int) -> list[Decision]:
+        """The decisions of the first ``count`` jobs waiting in ``project``, in queue order
+        (the queue summary's), made without those of every waiting job."""
+        names = self.waiting.get(project, [])[:count]
+        if isinstance(self.decisions, Decisions):
+            return self.decisions.leading(project, names)
+        return [self.decisions[n] for n in names]
 
     def starts(self) -> list[Decision]:
         return self._with(Verdict.START)
@@ -210,3 +231,11 @@ class Plan:
 
     def rejects(self) -> list[Decision]:
         return self._with(Verdict.REJECT)
+
+
+def _grouped(pairs: Iterable[tuple[str, str | None]]) -> dict[str | None, list[str]]:
+    """(name, text) pairs as text -> names, in the order they came."""
+    groups: dict[str | None, list[str]] = {}
+    for name, text in pairs:
+        groups.setdefault(text, []).append(name)
+    return groups

@@ -44,6 +44,7 @@ class PassView(Protocol):
     pending_project: dict[str, str]
     pending_need: dict[str, Mapping[str, int]]
     order: dict[str, list[str]]  # project -> its waiting jobs in queue order
+    queues: dict[str, list[JobRequest]]  # project -> its valid pending jobs in queue order
     zero_need: set[str]  # projects with valid pending jobs that need nothing
     # project -> its first job from which on (in queue order) the jobs that nothing let
     # start still need their "behind" marks (set when lending stops early)

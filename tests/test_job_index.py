@@ -18,22 +18,28 @@ from bastion.jobspec import JobSpec
 from bastion.jobstate import Status
 from launch.api import Client, new_jobspec
 
+Index = tuple[dict[str, float], set[str], dict[str, set[str]]]
 
-def walked(daemon: Daemon) -> tuple[dict[str, float], set[str]]:
+
+def walked(daemon: Daemon) -> Index:
     """What the index must hold, found the old way: every job looked at."""
-    not_started, gated = {}, set()
+    not_started: dict[str, float] = {}
+    gated: set[str] = set()
+    waiting_with: dict[str, set[str]] = {}
     for job in daemon.ctx.jobs.values():
         state, spec = job.state, job.spec
+        if state.status is Status.PENDING:
+            waiting_with.setdefault(state.reason, set()).add(job.name)
         if state.status is Status.PENDING and state.reason.startswith(lifecycle.NOT_STARTED):
             not_started[job.name] = state.end_time or 0.0
         if spec is not None and (spec.after or (spec.group or {}).get("max_running") is not None):
             gated.add(job.name)
-    return not_started, gated
+    return not_started, gated, waiting_with
 
 
-def indexed(daemon: Daemon) -> tuple[dict[str, float], set[str]]:
+def indexed(daemon: Daemon) -> Index:
     index = daemon.ctx.index
-    return dict(index.not_started), set(index.gated)
+    return dict(index.not_started), set(index.gated), index.waiting_with
 
 
 def daemon_on(root: Path, work: Path) -> Daemon:

@@ -52,7 +52,7 @@ def finalize_all(ctx: Context, now: float) -> None:
             )
         else:
             ctx.jobs.pop(job.name, None)  # its end was news to the policy already
-            ctx.index.forget(job.name)
+            ctx.index.forget(job)
             ctx.job_changes += 1
             ctx.finished_status[job.name] = job.state.display_status  # for its dependents
             ctx.ledger.forget(job.name)  # its last attempt's end is in the ledger already

@@ -42,8 +42,8 @@ def apply(ctx: Context, job: Job, event: lifecycle.Event, now: float) -> None:
         job, result.state, now
     ):
         ctx.inputs_changed = True  # what the policy sees of this job moved: plan again
-    job.state = result.state
-    ctx.index.saw_state(job)
+    before, job.state = job.state, result.state
+    ctx.index.saw_state(job, before)
     ctx.attend(job)
     for name, reason in result.events:
         log.info("%s: %s: %s", job.name, name, reason)

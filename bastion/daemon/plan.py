@@ -87,15 +87,16 @@ def run_pass(ctx: Context, now: float) -> bool:
 
 def to_apply(ctx: Context, plan: Plan) -> list[str]:
     """The jobs whose decision may change them: all but those that wait as they waited
-    (most of a large queue; found before sorting, which then orders only the few)."""
-    jobs, pending = ctx.jobs, Status.PENDING
+    (most of a large queue; found before sorting, which then orders only the few). By text:
+    a waiting job is looked up among the jobs that wait with that reason now."""
+    waiting_with = ctx.index.waiting_with
     out = []
-    for name, text in plan.wait_texts():
-        if text is not None:
-            state = jobs[name].state
-            if state.status is pending and state.reason == text:
-                continue  # waits as it waited: nothing to apply, nothing to write
-        out.append(name)
+    for text, names in plan.by_wait().items():
+        same = waiting_with.get(text) if text is not None else None
+        if same is None:
+            out += names
+        else:  # (those that wait as they waited: nothing to apply, nothing to write)
+            out += [name for name in names if name not in same]
     return out
 
 
@@ -123,7 +124,7 @@ def publish_queue(ctx: Context, plan: Plan, going: dict[str, list[str]]) -> None
             "waiting": len(order.get(p, ())),
             "order": order.get(p, [])[:QUEUE_NAMES_KEPT],
             "reasons": {  # the whole story for the first few; `bastion why` for any job
-                n: plan.decisions[n].reason[:500] for n in order.get(p, [])[:QUEUE_REASONS_KEPT]
+                d.name: d.reason[:500] for d in plan.first_waits(p, QUEUE_REASONS_KEPT)
             },
             "usage": dict(plan.usage.get(p, {})),
             "quota": dict(plan.quotas.get(p, {})),

@@ -56,7 +56,7 @@ def recover(ctx: Context, specs: dict[str, ObjectInfo], cycle_time: float | None
         state.mark_written()
         job = Job(name=name, state=state, squeezed=squeeze(raw), state_token=states[name].token)
         ctx.jobs[name] = job
-        ctx.index.saw_state(job)
+        ctx.index.saw_state(job, None)
         if name in fresh_specs:
             restore_spec(job, fresh_specs[name], specs[name].token)
             ctx.index.saw_spec(job)

@@ -75,12 +75,12 @@ def test_changed_inputs_are_told_apart_from_changed_decisions() -> None:
 
 @pytest.mark.parametrize("shared", [False, True], ids=["own_mappings", "interned_mappings"])
 @pytest.mark.parametrize(("group", "scenario"), CASES[::4], ids=[s.name for _, s in CASES[::4]])
-def test_wait_texts_in_bulk_are_wait_text_for_every_job(
+def test_waits_in_bulk_are_wait_text_for_every_job(
     group: str, scenario: Scenario, shared: bool
 ) -> None:
-    """The daemon compares every stored wait with Plan.wait_texts; it must say what
-    wait_text says name by name, whether or not jobs of one shape share a resources
-    mapping (the daemon interns them; the text is looked up by the mapping)."""
+    """The daemon compares every stored wait with Plan.by_wait; it must say what wait_text
+    says name by name, whether or not jobs of one shape share a resources mapping (the
+    daemon interns them; the jobs are gathered by the mapping)."""
     config, jobs, usage, now = scenario.make()
     if shared:
         one: dict[tuple, dict[str, int]] = {}
@@ -90,8 +90,25 @@ def test_wait_texts_in_bulk_are_wait_text_for_every_job(
             )
             for j in jobs
         ]
-    bulk = list(schedule(config, jobs, usage, now).wait_texts())
+    grouped = schedule(config, jobs, usage, now).by_wait()
+    bulk = sorted((name, text or "") for text, names in grouped.items() for name in names)
     plan = schedule(config, jobs, usage, now)
-    one_by_one = [(name, plan.wait_text(name)) for name in plan.decisions]
+    one_by_one = sorted((name, plan.wait_text(name) or "") for name in plan.decisions)
     assert bulk == one_by_one
-    assert any(text is not None for _, text in bulk) or not plan.waits()
+    assert any(text is not None for text in grouped) or not plan.waits()
+
+
+@pytest.mark.parametrize("count", [1, 3, 1000])
+@pytest.mark.parametrize(("group", "scenario"), CASES[::3], ids=[s.name for _, s in CASES[::3]])
+def test_first_waits_are_the_decisions_read_one_by_one(
+    group: str, scenario: Scenario, count: int
+) -> None:
+    """The queue summary reads each project's first waiting jobs' decisions through
+    Plan.first_waits (no map of every job's position): the same decisions, in queue order."""
+    config, jobs, usage, now = scenario.make()
+    plan = schedule(config, jobs, usage, now)
+    fresh = schedule(config, jobs, usage, now)  # (read one by one on a plan of its own)
+    for project, names in plan.waiting.items():
+        expected = [fresh.decisions[n] for n in list(names)[:count]]
+        assert plan.first_waits(project, count) == expected
+    assert plan.first_waits("no-such-project", count) == []
