@@ -295,15 +295,25 @@ def wait_until(
     return time.monotonic() - t0
 
 
-def until_all(daemon: Daemon, names: list[str], done: Callable[[Any], bool]) -> Callable[[], bool]:
-    """A check that holds once ``done(state)`` held for each of ``names``: each poll looks up
-    only the names not yet done (a copy of every job every 50 ms took, at 100,000 jobs, most
-    of the GIL from the loop being measured)."""
+def until_all(
+    daemon: Daemon, names: list[str], done: Callable[[Any], bool], cycles: list[CycleReport]
+) -> Callable[[], bool]:
+    """A check that holds once ``done(state)`` held for each of ``names``, looked at again
+    only once another of ``cycles`` (the loop's reports) has ended, since states change only
+    in cycles; then only the names not yet done. (A copy of every job every 50 ms took, at
+    100,000 jobs, most of the GIL from the loop being measured; a walk of the names left
+    every 0.1 s, 29% of it during a 20,000-job intake: py-spy --gil.)"""
     left = set(names)
+    jobs = daemon.jobs
+    looked = -1
 
     def check() -> bool:
+        nonlocal looked
+        if len(cycles) == looked:
+            return False
+        looked = len(cycles)
         for name in list(left):
-            job = daemon.jobs.get(name)
+            job = jobs.get(name)
             if job is not None and done(job.state):
                 left.discard(name)
         return not left
@@ -367,14 +377,15 @@ def row_intake(rig: Rig, n: int, poll: float) -> dict[str, float]:
         written: list[float] = []
         writing.add_done_callback(lambda _: written.append(time.monotonic() - t0))
 
-        visible = until_all(daemon, [s.name for s in batch], lambda s: s.status in VISIBLE)
+        names = [s.name for s in batch]
+        visible = until_all(daemon, names, lambda s: s.status in VISIBLE, reports)
         # (the limit counts from the users' last write: on the GCS emulator, whose writes
         # slow down as its bucket fills, 10,000 jobs' writes alone take minutes)
         seconds = wait_until(
             visible,
             60 + n / 50,
             "intake after the users' writes",
-            every=max(0.05, n / 200_000),
+            every=0.01,  # (a look at the states once per cycle: see until_all)
             limit_from=lambda: written[0] if written else None,
         )
         writing.result()
@@ -464,7 +475,8 @@ def row_burst(rig: Rig, count: int, poll: float) -> dict[str, float]:
         write_all(rig, "burst", count, "true", "burst", "local").result()
 
         # (a `true` job is known for a cycle or more once started)
-        wait_until(until_all(daemon, names, lambda s: s.attempt >= 1), 300, "burst decided")
+        decided_all = until_all(daemon, names, lambda s: s.attempt >= 1, reports)
+        wait_until(decided_all, 300, "burst decided", every=0.01)
         decided = time.monotonic() - t0
         wait_until(lambda: len(started) == count, 300, "burst started")
     print_cycles(reports)
