@@ -13,7 +13,7 @@ from typing import Any
 
 from bastion.jobspec import JobSpec
 from bastion.jobstate import JobState, Status
-from quota.policy import JobRequest, Phase
+from quota.model import JobRequest, Phase
 
 
 def phase_of(state: JobState) -> Phase | None:

@@ -15,7 +15,7 @@ import psutil
 
 from bastion.bucket.store import Store
 from quota.config import QuotaConfig, QuotaError, default_quota, parse_quota
-from quota.policy import JobRequest
+from quota.model import JobRequest
 from quota.usage import UsageLedger, usage_now
 
 log = logging.getLogger("bastion.quota")
