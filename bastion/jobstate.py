@@ -86,6 +86,18 @@ class JobState:
         """The daemon wrote (or read) exactly this state: unchanged until the next change."""
         object.__setattr__(self, "changed", False)
 
+    def copy(self) -> JobState:
+        """A new state with the same fields and a list of events of its own (what the
+        lifecycle table changes), marked changed: ``dataclasses.replace`` without its
+        ``__init__`` through the class ``__setattr__`` per field (20 -> 8 us; the table makes
+        one per transition, two for each job a burst takes in). Fields are set in
+        ``__init__``'s order, so the instances share one table of keys (see from_json)."""
+        new, assign = object.__new__(JobState), object.__setattr__
+        for name in _FIELD_NAMES:
+            assign(new, name, getattr(self, name))
+        assign(new, "events", list(self.events))
+        return new
+
     def add_event(self, event: dict[str, Any]) -> None:
         """Keep the first events (how it started) and the latest; drop the middle."""
         self.changed = True

@@ -56,7 +56,6 @@ it executes effects), so a daemon that dies at any point finds the attempt by it
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -562,7 +561,7 @@ def transition(
     row = row_for(state, event)
     if row is None:
         return Result(state)
-    new = dataclasses.replace(state, events=list(state.events))
+    new = state.copy()
     result = Result(new)
     row.then(result, event, now, job, has_cleanup)
     for name, reason in result.events:  # an event's reason is the job's reason from now on

@@ -54,3 +54,19 @@ def test_a_loaded_state_is_what_the_constructor_makes_and_owns_its_lists():
     # states held: 60 MB less than a dict of their own each)
     loaded = JobState.from_json(json.loads(full.dumps()))
     assert sys.getsizeof(vars(loaded)) == sys.getsizeof(vars(JobState()))
+
+
+def test_a_copy_is_what_replace_makes_marked_changed_with_events_of_its_own():
+    import dataclasses
+
+    state = JobState.loads(
+        JobState(status=Status.ACTIVE, attempt=3, reason="running", submit_time=1.5).dumps()
+    )
+    state.add_event({"n": 1})
+    state.mark_written()
+    copied, replaced = state.copy(), dataclasses.replace(state, events=list(state.events))
+    assert copied == replaced and copied.to_json() == state.to_json()
+    assert copied.changed and not state.changed  # a new state is unwritten
+    assert list(vars(copied)) == list(vars(replaced))  # same key order: one shared key table
+    copied.add_event({"n": 2})
+    assert len(state.events) == 1  # the table changes the copy's events, never the original's
