@@ -63,6 +63,14 @@ class UnknownJob(LookupError):
     """No active or completed job of that name."""
 
 
+class AlreadyFinished(UnknownJob):
+    """No active job of that name: its run has finished (``status``, as `bastion list` says)."""
+
+    def __init__(self, name: str, status: str) -> None:
+        super().__init__(f"job {name!r} has already finished ({status})")
+        self.name, self.status = name, status
+
+
 class JobExists(FileExistsError):
     """A job of that name is still active; names are keys."""
 
@@ -291,8 +299,7 @@ class Client:
         if raw is None:
             record = self.store.complete.read(name)
             if record:
-                status = JobState.from_json(record["state"]).display_status
-                raise UnknownJob(f"job {name!r} has already finished ({status})")
+                raise AlreadyFinished(name, JobState.from_json(record["state"]).display_status)
             raise UnknownJob(self._unknown(name))
         return JobSpec.loads(raw)
 

@@ -22,6 +22,7 @@ from bastion.jobspec import (
 from bastion.timelimits import parse_time_limit
 from launch import expand
 from launch.api import (
+    AlreadyFinished,
     Client,
     default_job_name,
     default_user,
@@ -342,10 +343,26 @@ def cmd_cancel(args: Sequence[str]) -> int:
         return 0
     if len(names) > 1 and not FLAGS.yes:
         _confirm(names)
-    for name in names:
-        client.cancel(name, FLAGS.user_id, force=FLAGS.force)
-        print(f"cancel requested for {name}; the daemon stops it on its next cycle")
+    cancel_each(client, names, FLAGS.user_id, FLAGS.force, named=bool(args))
     return 0
+
+
+def cancel_each(
+    client: Client, names: Sequence[str], user_id: str | None, force: bool, named: bool
+) -> None:
+    """Ask for each cancel in turn. A job a filter picked (``named`` False) may finish
+    between the listing and its cancel (a sweep's short jobs do): it is said so and passed
+    over, and the others are still cancelled; a job named on the command line that has
+    finished is an error, as for one name."""
+    for name in names:
+        try:
+            client.cancel(name, user_id, force=force)
+        except AlreadyFinished as e:
+            if named:
+                raise
+            print(f"{name} finished meanwhile ({e.status}); nothing to cancel")
+            continue
+        print(f"cancel requested for {name}; the daemon stops it on its next cycle")
 
 
 def _picked(client: Client) -> list[str]:
