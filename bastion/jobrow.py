@@ -16,6 +16,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from bastion.jobspec import JobSpec
 from bastion.jobstate import JobState
 from bastion.policy_inputs import Standing
@@ -148,16 +150,23 @@ class JobRow:
         if raw.startswith(ROW_V3):
             head, _, text = raw[len(ROW_V3) :].partition(b"\n")
             try:
-                row = cls(*json.loads(head.decode()), spec_text=text.decode())
+                row = cls(*_decoded(head), spec_text=text.decode())
             except (TypeError, UnicodeDecodeError):
                 raise ValueError("not a row: fields missing or too many") from None
         else:
             row = cls._first_version(json.loads(raw))
-        texts = (row.phase, row.status, row.reason, row.project_id, row.user_id)
-        texts += (row.creation_time,)
-        typed = type(row.log_start) is int and type(row.resources) is dict
-        typed = typed and type(row.timed) is bool and (row.group is None or type(row.group) is str)
-        if not typed or not all(map(_is_str, texts)):
+        if not (  # (one expression: a reader of 20,000 jobs checks 20,000 rows)
+            type(row.phase) is str
+            and type(row.status) is str
+            and type(row.reason) is str
+            and type(row.project_id) is str
+            and type(row.user_id) is str
+            and type(row.creation_time) is str
+            and type(row.log_start) is int
+            and type(row.resources) is dict
+            and type(row.timed) is bool
+            and (row.group is None or type(row.group) is str)
+        ):
             raise ValueError("not a row: a field has the wrong type")
         return row
 
@@ -181,5 +190,11 @@ class JobRow:
             raise ValueError("not a row: a field is missing") from None
 
 
-def _is_str(value: object) -> bool:
-    return type(value) is str
+def _decoded(head: bytes) -> Any:
+    """A row's head as ``json.loads`` decodes it: orjson's decoder first (1.0 against 4.3 us a
+    row; a reader of 20,000 jobs decodes 20,000), json's for what orjson refuses and json takes
+    (NaN, integers past 64 bits), so that both accept and refuse the same rows."""
+    try:
+        return orjson.loads(head)
+    except orjson.JSONDecodeError:
+        return json.loads(head.decode())

@@ -115,6 +115,7 @@ from launch.api import Client, new_jobspec  # noqa: E402
 from tests.gcs_emulator import GcsEmulator  # noqa: E402
 
 VISIBLE = (Status.PENDING, Status.ACTIVE)
+CLI_ON_MODEL = REPO / "benchmarks" / "cli_on_model.py"  # the CLI alone, on the model
 
 
 # -- the bucket ----------------------------------------------------------------------------------
@@ -539,7 +540,7 @@ def row_cli(rig: Rig) -> dict[str, float]:
     for key, argv in (("list_s", ["list", "--json"]), ("why_s", ["why", pending[-1]])):
         t0 = time.monotonic()
         subprocess.run(
-            [sys.executable, __file__, "--cli", str(rig.bucket.args.latency), *argv],
+            [sys.executable, str(CLI_ON_MODEL), str(rig.bucket.args.latency), *argv],
             env=dict(rig.bucket.cli_env(), BASTION_ROOT=rig.root),
             stdout=subprocess.DEVNULL,
             check=True,
@@ -547,22 +548,6 @@ def row_cli(rig: Rig) -> dict[str, float]:
         )
         out[key] = time.monotonic() - t0
     return out
-
-
-def cli_with_latency(latency: float, argv: list[str]) -> None:
-    """The CLI, every Store it makes on a local root behind the latency model."""
-    from launch.cli.main import run
-
-    made = Store.__init__
-
-    def slowed(self: Store, root: str, **options: Any) -> None:
-        made(self, root, **options)
-        if self.is_local:
-            self.bucket.objects = LatencyBucket(self.bucket.objects, latency)  # type: ignore[assignment]
-
-    Store.__init__ = slowed  # type: ignore[method-assign]
-    sys.argv = ["bastion", *argv]
-    run()
 
 
 def row_memory(rig: Rig) -> dict[str, float]:
@@ -689,9 +674,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1] == "--cli":
-        cli_with_latency(float(sys.argv[2]), sys.argv[3:])
-    elif len(sys.argv) > 2 and sys.argv[1] == "--write":
+    if len(sys.argv) > 2 and sys.argv[1] == "--write":
         writer(*sys.argv[2:])
     else:
         main()

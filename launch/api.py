@@ -23,6 +23,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from bastion import heap
 from bastion import jobspec as _jobspec
 from bastion.bucket.outputs import OutputFile
 from bastion.bucket.snapshot import ActiveJob, read_active
@@ -319,9 +320,13 @@ class Client:
 
     def get(self, name: str) -> JobInfo:
         check_name(name)
-        job = self._active(name)
-        if job is not None:
-            return placed([job], self.queue())[0]
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:  # one round trip, not three
+            spec = pool.submit(quietly(self.store.specs.read), name)
+            state = pool.submit(quietly(self.store.states.read), name)
+            summary = pool.submit(self.queue)
+            job = _active_job(ActiveJob(name, spec.result(), state.result()))
+            if job is not None:
+                return placed([job], summary.result())[0]
         job = self._completed(name)
         if job is None:
             raise UnknownJob(self._unknown(name))
@@ -330,13 +335,14 @@ class Client:
     def list_jobs(self, include_completed: bool = False) -> list[JobInfo]:
         """Every job; one whose objects cannot be read or parsed (any bucket writer can put
         anything there) is a row with the reason (``problem``), never an error for the list."""
-        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        with heap.paused(), concurrent.futures.ThreadPoolExecutor(16) as pool:
+            summary = pool.submit(self.queue)  # read while the rest is (one request)
             active = read_active(self.store, pool.map)  # the snapshot, and what changed since
             jobs = [job for job in map(_active_job, active) if job is not None]
             if include_completed:
                 done = sorted(set(self.store.complete.list()) - {a.name for a in active})
                 jobs += [job for job in pool.map(self._completed, done) if job is not None]
-        return sorted(placed(jobs, self.queue()), key=lambda j: j.name)
+            return sorted(placed(jobs, summary.result()), key=lambda j: j.name)
 
     def queue(self) -> dict[str, Any]:
         """The daemon's queue summary (``ROOT/history/queue``): per project the waiting jobs

@@ -10,6 +10,7 @@ import concurrent.futures
 import datetime as dt
 import time
 
+from bastion import heap
 from bastion.bucket.snapshot import ActiveJob, read_active
 from bastion.jobrow import JobRow, created_at
 from bastion.jobspec import JobSpec, SpecError, check_name
@@ -100,6 +101,12 @@ def load_quota(client: Client, quota_file: str | None) -> QuotaConfig:
 
 
 def explain_job(client: Client, name: str, quota_file: str | None = None) -> str:
+    """(Collections paused throughout: it reads and plans the whole queue; see heap.)"""
+    with heap.paused():
+        return _explain_job(client, name, quota_file)
+
+
+def _explain_job(client: Client, name: str, quota_file: str | None) -> str:
     check_name(name)
     info = client.get(name)
     if quota_file and client.store.quota.token(quota_file) is None:
@@ -107,8 +114,16 @@ def explain_job(client: Client, name: str, quota_file: str | None = None) -> str
             f"no quota file at {quota_file}; fix the URL, or leave --quota_file out to use "
             f"the daemon's ({daemon_quota_url(client)})"
         )
-    refusal = quota_refusal(client, quota_file)
-    text = _held(info, name) or not_started(info) or _explain(client, info, name, quota_file)
+    story = _held(info, name) or not_started(info) or _unplanned(info, name)
+    with (
+        concurrent.futures.ThreadPoolExecutor(16) as pool,
+        concurrent.futures.ThreadPoolExecutor(1) as aside,
+    ):
+        # The whole queue, read while the quota file is (its own requests, in its own thread:
+        # ``pool`` takes its reads); only for a job the policy's plan explains.
+        queue = None if story else aside.submit(read_active, client.store, pool.map)
+        refusal = quota_refusal(client, quota_file)
+        text = story or _explain(client, info, name, quota_file, queue, pool)  # type: ignore[arg-type]
     if _never_started(info):  # admitted, but its runner has not started it: not "running"
         text = text.replace(
             _ADMITTED,
@@ -116,6 +131,13 @@ def explain_job(client: Client, name: str, quota_file: str | None = None) -> str
         )
     text += _time_limit(info)
     return humanize_epochs(text + (f"\n{refusal}" if refusal else ""))
+
+
+def _unplanned(info, name: str) -> str:
+    """A job that is not in the policy's input (finished, or not taken in yet): its status."""
+    if info.finished or info.state is None:
+        return f"job {name}: {info.status}" + (f" ({info.reason})" if info.reason else "")
+    return ""
 
 
 def _held(info, name: str) -> str:
@@ -174,9 +196,15 @@ def not_started(info) -> str:
     )
 
 
-def _explain(client: Client, info, name: str, quota_file: str | None) -> str:
-    if info.finished or info.state is None:
-        return f"job {name}: {info.status}" + (f" ({info.reason})" if info.reason else "")
+def _explain(
+    client: Client,
+    info,
+    name: str,
+    quota_file: str | None,
+    queue: concurrent.futures.Future[list[ActiveJob]],
+    pool: concurrent.futures.ThreadPoolExecutor,
+) -> str:
+    """The policy's plan for the whole queue (``queue``: being read), explained for ``name``."""
     try:
         config = load_quota(client, quota_file)
     except QuotaError as e:
@@ -184,17 +212,16 @@ def _explain(client: Client, info, name: str, quota_file: str | None) -> str:
             f"job {name}: {info.status} ({info.reason})\nthe quota file is invalid:\n"
             + "\n".join(e.problems)
         )
-    store = client.store
-    with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        active = read_active(store, pool.map)  # the snapshot, and what changed since
+    usage = pool.submit(client.store.usage.read)  # read while the queue is (one request)
+    active = queue.result()  # the snapshot, and what changed since
     now = time.time()
     requests = [r for r in (_request(a, now) for a in active) if r is not None]
-    saved = store.usage.read()
+    saved = usage.result()
     half_life = config.scheduling.usage_half_life_seconds
-    ledger = usage_now(UsageLedger.from_json(saved) if saved else None, half_life, requests, now)
-    return (
-        explain(config, requests, ledger.by_user, now, name) + _where(info) + _progress(info, now)
-    )
+    used = UsageLedger.from_json(saved) if saved else None
+    ledger = usage_now(used, half_life, requests, now)
+    why = explain(config, requests, ledger.by_user, now, name)
+    return why + _where(info) + _progress(info, now)
 
 
 def _request(job: ActiveJob, now: float) -> JobRequest | None:

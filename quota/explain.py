@@ -7,7 +7,6 @@ from collections.abc import Mapping, Sequence
 from quota.capacity import EPS, add, fmt_units, shortfall
 from quota.config import QuotaConfig
 from quota.model import Decision, JobRequest, Phase, Plan, Verdict
-from quota.queues import queue_key
 
 
 def explain_plan(
@@ -43,9 +42,10 @@ def explain_plan(
         f"{_units({r: max(0.0, b) for r, b in borrowed.items()}, keys)}"
     )
     lines += [line for line in (_checkpoint(job, now), _backfill(job, d, jobs)) if line]
-    queue = _queue(jobs, plan, usage, p)
+    queue = _queue(jobs, plan, p)
+    at = next((i for i, j in enumerate(queue) if j is job), None)  # (by identity: no __eq__)
     if job.phase is Phase.PENDING and d.verdict is Verdict.WAIT:
-        ahead = [j.name for j in queue[: queue.index(job)]] if job in queue else []
+        ahead = [j.name for j in queue[:at]] if at is not None else []
         shown = ", ".join(ahead[:5]) + (", ..." if len(ahead) > 5 else "")
         lines.append(
             f"  position: {len(ahead) + 1} of {len(queue)} waiting in {p} (priority, "
@@ -64,7 +64,7 @@ def explain_plan(
             )
         )
     claimed = dict(used)
-    for j in queue[: queue.index(job)] if job in queue else ():
+    for j in queue[:at] if at is not None else ():
         if j.name in plan.within_quota:
             add(claimed, j.resources)
     lines.append(f"  to start: {_to_start(config, job, d.verdict, plan, claimed, q)}")
@@ -150,18 +150,12 @@ def _units(res: Mapping[str, float], keys: Sequence[str]) -> str:
     return fmt_units({r: res.get(r, 0) for r in keys})
 
 
-def _queue(
-    jobs: Sequence[JobRequest], plan: Plan, usage: Mapping[str, float], p: str
-) -> list[JobRequest]:
-    waiting = [
-        j
-        for j in jobs
-        if j.project_id == p
-        and j.phase is Phase.PENDING
-        and plan.decisions[j.name].verdict is Verdict.WAIT
-    ]
-    waiting.sort(key=queue_key(usage))  # (the policy's own order)
-    return waiting
+def _queue(jobs: Sequence[JobRequest], plan: Plan, p: str) -> list[JobRequest]:
+    """The project's waiting jobs in queue order: the plan's own (``Plan.waiting``: every
+    WAIT of the project, sorted by ``queues.queue_key``), not a decision made per job to find
+    them (at 20,000 waiting jobs, 0.14 s of a `bastion why`)."""
+    by_name = {j.name: j for j in jobs}
+    return [by_name[n] for n in plan.waiting.get(p, ())]
 
 
 def _to_start(

@@ -1,6 +1,7 @@
-"""The collector around a recovery (bastion/daemon/heap.py): paused while the daemon loads what
+"""The collector around a recovery (bastion/heap.py): paused while the daemon loads what
 it holds, that frozen after (so later full collections skip it), and collectable again once
-the daemon closes; never left paused, even when the recovery fails."""
+the daemon closes; never left paused, even when the recovery fails. Paused, not frozen, while
+`bastion list` and `bastion why` read the whole queue, and given back after."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from bastion.daemon import heap, recovery
+from bastion import heap
+from bastion.bucket.store import Store
+from bastion.daemon import recovery
+from launch import api, why
+from launch.api import Client, new_jobspec
 from tests.test_quiet_periods import JOBS, Rig
 
 
@@ -64,3 +69,48 @@ def test_a_paused_collector_is_left_paused() -> None:
     finally:
         gc.enable()
         heap.thaw()
+
+
+def spied(monkeypatch: pytest.MonkeyPatch, module: object, name: str) -> list[bool]:
+    """Whether the collector ran each time ``module.name`` was called (a spy: it records,
+    then calls the function itself)."""
+    seen: list[bool] = []
+    real = getattr(module, name)
+
+    def watched(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, watched)
+    return seen
+
+
+def test_a_list_of_the_queue_runs_with_the_collector_paused_and_gives_it_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = Client(str(tmp_path / "root"), expect_daemon=False)
+    for i in range(20):
+        spec = new_jobspec(name=f"j{i:02d}", command="true", user_id="u", project_id="default")
+        client.submit(spec)
+    reads, placings = spied(monkeypatch, api, "read_active"), spied(monkeypatch, api, "placed")
+    jobs = client.list_jobs()
+    assert [j.name for j in jobs] == [f"j{i:02d}" for i in range(20)]
+    assert reads == placings == [False] and gc.isenabled()
+
+
+def test_why_reads_and_plans_the_queue_with_the_collector_paused_and_gives_it_back(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rig.settle_in()
+    client = Client(store=Store(rig.root), expect_daemon=False)
+    reads, plans = spied(monkeypatch, why, "read_active"), spied(monkeypatch, why, "explain")
+    text = why.explain_job(client, "q029")
+    assert text.startswith("job q029: WAIT") and "position:" in text
+    assert reads == plans == [False] and gc.isenabled()
+
+
+def test_a_paused_block_gives_the_collector_back_when_it_raises() -> None:
+    with pytest.raises(OSError), heap.paused():
+        assert not gc.isenabled()
+        raise OSError("a read failed")
+    assert gc.isenabled()

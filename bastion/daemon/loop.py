@@ -9,12 +9,12 @@ import signal
 import time
 from typing import Any
 
+from bastion import heap
 from bastion.bucket.store import Store
 from bastion.daemon import (
     archive,
     effects,
     gates,
-    heap,
     ingest,
     observe,
     plan,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -41,11 +42,13 @@ def cmd_list(args: Sequence[str]) -> int:
 
     no_args(args, "list")
     client = client_of()
-    jobs = client.list_jobs(include_completed=FLAGS.all or FLAGS.group is not None)
+    with concurrent.futures.ThreadPoolExecutor(1) as aside:
+        daemon = aside.submit(client.daemon_status)  # its reads beside the list's
+        jobs = client.list_jobs(include_completed=FLAGS.all or FLAGS.group is not None)
+        status = daemon.result()
     project = FLAGS.project_id if FLAGS["project_id"].present else None
     jobs = filtered(jobs, FLAGS.group, FLAGS.state, FLAGS.user_id, project)
     notes = []
-    status = client.daemon_status()
     if status.stopped:
         active = [j for j in jobs if not j.finished]
         notes.append(
