@@ -241,3 +241,43 @@ def test_list_reads_the_snapshot_and_sees_what_changed_since(root, tmp_path):
         raw = store.states.read(name)
         assert raw is not None and job.state is not None and not job.problem, name
         assert job.state.dumps() == JobState.loads(raw).dumps(), name
+
+
+def test_a_settled_burst_is_written_before_due_once_per_period(root, tmp_path, monkeypatch):
+    """An intake of 300 jobs (the threshold set to 100) is in the snapshot as soon as it has
+    settled, not SNAPSHOT_SECONDS later; a second burst in the same period waits for the
+    write when due, which comes as it would have."""
+    monkeypatch.setattr(snapshot, "SETTLED_BURST_JOBS", 100)
+    daemon = _daemon(root, tmp_path)
+    try:
+        _settled(daemon)
+        book = daemon.ctx.snapshots
+        assert book.early and book.inflight is not None, "the settled intake was not written"
+        book.inflight.result(timeout=60)
+        assert time.time() < book.due
+        assert set(Store(root).snapshot.read_all(map)) == set(daemon.jobs)
+        early = book.inflight
+        more = [f"k{i:04d}" for i in range(150)]
+        _submit(Client(root, expect_daemon=False), more)
+        _settled(daemon)
+        assert book.inflight is early, "a second early write in one period"
+        assert not set(more) & set(Store(root).snapshot.read_all(map))
+        _written_snapshot(daemon)
+        assert not book.early
+        assert set(more) <= set(Store(root).snapshot.read_all(map))
+    finally:
+        daemon.close()
+
+
+@pytest.mark.parametrize(
+    ("touched", "changes", "early", "written"),
+    [
+        (1000, 100, False, True),
+        (999, 0, False, False),  # too few jobs went quiet: the write when due will do
+        (1000, 101, False, False),  # still going: written once it has settled
+        (5000, 0, True, False),  # this period's early write is spent
+    ],
+)
+def test_a_burst_counts_as_settled_by_its_size_and_the_last_cycle(touched, changes, early, written):
+    book = snapshot.SnapshotBook(touched={f"j{i}" for i in range(touched)}, early=early)
+    assert snapshot.settled_burst(book, changes) is written

@@ -185,6 +185,8 @@ class SnapshotBook:
     seen: dict[str, tuple[str, str, str] | None] = field(default_factory=dict)
     again: set[int] = field(default_factory=set)
     inflight: concurrent.futures.Future[None] | None = None
+    changes: int = 0  # Context.job_changes at the last cycle's end: a cycle's changes
+    early: bool = False  # this period's write came early (after a settled burst)
 
 
 class NotHolding(Exception):
