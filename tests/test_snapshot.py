@@ -270,14 +270,17 @@ def test_a_settled_burst_is_written_before_due_once_per_period(root, tmp_path, m
 
 
 @pytest.mark.parametrize(
-    ("touched", "changes", "early", "written"),
+    ("touched", "changes", "backlog", "early", "written"),
     [
-        (1000, 100, False, True),
-        (999, 0, False, False),  # too few jobs went quiet: the write when due will do
-        (1000, 101, False, False),  # still going: written once it has settled
-        (5000, 0, True, False),  # this period's early write is spent
+        (1000, 100, 0, False, True),
+        (999, 0, 0, False, False),  # too few jobs went quiet: the write when due will do
+        (1000, 101, 0, False, False),  # still going: written once it has settled
+        (1000, 0, 1, False, False),  # an intake still has specs to take in
+        (5000, 0, 0, True, False),  # this period's early write is spent
     ],
 )
-def test_a_burst_counts_as_settled_by_its_size_and_the_last_cycle(touched, changes, early, written):
+def test_a_burst_counts_as_settled_by_its_size_the_last_cycle_and_the_intake(
+    touched, changes, backlog, early, written
+):
     book = snapshot.SnapshotBook(touched={f"j{i}" for i in range(touched)}, early=early)
-    assert snapshot.settled_burst(book, changes) is written
+    assert snapshot.settled_burst(book, changes, backlog) is written

@@ -130,7 +130,7 @@ def maybe_write(ctx: Context, now: float) -> None:
     if book.inflight is not None and not book.inflight.done():
         return
     if now < book.due:
-        if not settled_burst(book, changes):
+        if not settled_burst(book, changes, ctx.intake_backlog):
             return
         book.early = True  # (the write when due comes as it would have)
     else:
@@ -144,15 +144,18 @@ def maybe_write(ctx: Context, now: float) -> None:
         book.inflight = effects.submit(ctx, write_shards, ctx, book, dirty)
 
 
-def settled_burst(book: SnapshotBook, changes: int) -> bool:
+def settled_burst(book: SnapshotBook, changes: int, backlog: int) -> bool:
     """Whether to write before the snapshot is due: SETTLED_BURST_JOBS jobs have gone quiet
-    since the last visit and the cycle just run changed at most SETTLED_CHANGES (pure).
+    since the last visit, the cycle just run changed at most SETTLED_CHANGES and no spec
+    waits to be taken in (``backlog``: an intake goes on over many cycles) (pure).
 
     Until the snapshot holds them, every reader of the queue reads each such job's spec and
     state: `bastion list` right after a 20,000-job intake read 40,000 objects (54 s on the
     latency model) for up to 30 s (100 s at 100,000 jobs). Once per period at most, so a
     queue that churns without pause pays no more than twice the writes."""
-    return not book.early and len(book.touched) >= SETTLED_BURST_JOBS and changes <= SETTLED_CHANGES
+    if book.early or backlog or changes > SETTLED_CHANGES:
+        return False
+    return len(book.touched) >= SETTLED_BURST_JOBS
 
 
 def write_now(ctx: Context, timeout: float = 10.0) -> None:
