@@ -39,13 +39,10 @@ def paused() -> Iterator[None]:
 @contextlib.contextmanager
 def bulk_load() -> Iterator[None]:
     """Collections paused while the block runs; what it made (and all before) frozen after."""
-    enabled = gc.isenabled()
-    gc.disable()
     try:
-        yield
+        with paused():
+            yield
     finally:
-        if enabled:
-            gc.enable()
         gc.freeze()
 
 

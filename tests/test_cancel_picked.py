@@ -15,21 +15,9 @@ from pathlib import Path
 import pytest
 
 from bastion.daemon.start import build_daemon
-from launch.api import AlreadyFinished, Client, UnknownJob, new_jobspec
+from launch.api import AlreadyFinished, Client, UnknownJob
 from launch.cli.submit import cancel_each
-
-
-def _submit(client: Client, name: str, **runner: object) -> None:
-    client.submit(
-        new_jobspec(
-            name=name,
-            command="true",
-            user_id="tester",
-            project_id="default",
-            resources={"cpu": 1},
-            runner={"kind": "fake", **runner},
-        )
-    )
+from tests.test_job_index import submit
 
 
 @pytest.fixture
@@ -44,15 +32,15 @@ def one_finished_one_waiting(tmp_path: Path) -> Client:
     settings = {"default_runner": "fake", "runners": {"fake": {"state_dir": str(work / "f")}}}
     daemon = build_daemon(str(root), work_dir=str(work), gpus=[], settings=settings)
     try:
-        _submit(client, "g-0")
+        submit(client, "g-0", resources={"cpu": 1})
         deadline = time.monotonic() + 30
         while not (root / "jobs" / "complete" / "g-0").exists():
             assert time.monotonic() < deadline, "g-0 did not finish"
             daemon.cycle(time.time())
             daemon.settle()
             time.sleep(0.02)
-        _submit(client, "long", fake_provision_seconds=600)  # holds the one cpu
-        _submit(client, "g-1")
+        submit(client, "long", seconds=600, resources={"cpu": 1})  # holds the one cpu
+        submit(client, "g-1", resources={"cpu": 1})
         for _ in range(3):
             daemon.cycle(time.time())
             daemon.settle()
