@@ -6,14 +6,15 @@ on a temporary local root; the specs are written straight into ``ROOT/jobs/activ
 (a) burst: N local jobs appear at once. Time of the admitting cycle, time until every job's
     attempt is observed RUNNING, and the decision loop's seconds per phase (CycleReport.phases)
     of the admitting cycle and summed over the cycles until all run.
-(b) steady state with the N local jobs running (``sleep 600``): store ops and seconds per cycle.
+(b) steady state with the N local jobs running (``sleep 600``): store ops and seconds per cycle,
+    and the CPU their wrappers take over ``--idle_seconds`` while the jobs run.
 (c) with --docker: the same with --containers running containers (DOCKER_HOST, --image), the
     submit-to-RUNNING latency of single container jobs (p50) and the runner's start() cost per
     container (in the burst, in parallel, and one at a time).
 
 Everything it started is killed (processes) or removed (containers) at the end.
 
-    .venv/bin/python benchmarks/bench_runners.py [--jobs 1000] [--cycles 5]
+    .venv/bin/python benchmarks/bench_runners.py [--jobs 1000] [--cycles 5] [--idle_seconds 10]
     eval "$(bash scripts/docker_setup.sh)"; .venv/bin/python benchmarks/bench_runners.py \\
         --jobs 1000 --docker --image "$BASTION_TEST_IMAGE"
 """
@@ -38,6 +39,7 @@ import psutil
 from bastion.daemon import CycleReport, Daemon
 from bastion.daemon.start import build_daemon
 from bastion.jobstate import Status
+from bastion.runners.launcher import LAUNCHER_ARG
 from launch.api import new_jobspec
 
 QUOTA = """\
@@ -148,6 +150,29 @@ def steady(
             print(f"[{label}]     engine API calls: {per_cycle[i]}")
 
 
+def wrappers_idle(seconds: float, label: str) -> None:
+    """The CPU the running jobs' wrappers take while their jobs run: each wakes to look at
+    its stop file; nothing else should cost while a job runs for days."""
+    wrappers = [
+        p
+        for launcher in psutil.Process().children()
+        if LAUNCHER_ARG in launcher.cmdline()
+        for p in launcher.children()
+    ]
+    before = {p: sum(p.cpu_times()[:2]) for p in wrappers}
+    switches = {p: p.num_ctx_switches().voluntary for p in wrappers}
+    time.sleep(seconds)
+    used = woke = 0.0
+    for p in wrappers:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            used += sum(p.cpu_times()[:2]) - before[p]
+            woke += p.num_ctx_switches().voluntary - switches[p]
+    print(
+        f"[{label}] {len(wrappers)} wrappers over {seconds:g}s: {used / seconds:.1%} of a core "
+        f"in all, {woke / max(1, len(wrappers)) / seconds:.1f} wake-ups a second each"
+    )
+
+
 def count_engine_calls(api) -> collections.Counter[str]:
     """Wrap the docker APIClient's methods the runner uses, counting calls by name."""
     calls: collections.Counter[str] = collections.Counter()
@@ -218,6 +243,7 @@ def bench_local(args: argparse.Namespace) -> None:
         try:
             burst(daemon, names, args.timeout, "a: local burst")
             steady(daemon, args.cycles, f"b: {args.jobs} local running")
+            wrappers_idle(args.idle_seconds, f"b: {args.jobs} local running")
         finally:
             stop_all(daemon, root)
 
@@ -307,6 +333,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--cycles", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--idle_seconds", type=float, default=10, help="wrappers' CPU window")
     parser.add_argument("--docker", action="store_true")
     parser.add_argument("--no_local", action="store_true")
     parser.add_argument("--image", default=os.environ.get("BASTION_TEST_IMAGE"))

@@ -502,6 +502,12 @@ def row_burst(rig: Rig, count: int, poll: float) -> dict[str, float]:
         decided = time.monotonic() - t0
         wait_until(lambda: len(started) == count, 300, "burst started")
     print_cycles(reports)
+    if os.environ.get("BENCH_CYCLES"):  # how the starts spread after the first write
+        at = sorted(t - t0 for t in started.values())
+        print(
+            "    starts, s after the first write, by tenths:",
+            " ".join(f"{at[min(len(at) - 1, len(at) * q // 10)]:.1f}" for q in range(11)),
+        )
     return {"burst_s": max(started.values()) - t0, "burst_decided_s": decided}
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -43,6 +44,11 @@ JOB_GROUP_FILE = "job_pgid"  # the job's process group, for the runner's last re
 RESTORE_TRIES = 4
 DEFAULT_GRACE = 30.0
 GROUP_KILL_WAIT = 5.0  # after the deadline's SIGKILL, for a group that still lists members
+# While the job runs, how often the wrapper looks for the stop file that a daemon which cannot
+# signal it writes: each look wakes the process (1,000 wrappers looking 5 times a second took a
+# fifth of a core). Once stopping, how often it looks at the stop's deadline.
+LOOK_SECONDS = 1.0
+STOPPING_LOOK_SECONDS = 0.2
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 
 
@@ -161,20 +167,20 @@ class Supervisor:
     def _wait(self) -> int:
         assert self.child is not None
         killed = False  # the job's group got SIGKILL at the deadline
-        while True:
-            try:
-                code = self.child.wait(timeout=0.2)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            if self.stop_asked_at is None and os.path.exists(self._stop_file):
-                # Asked without a signal: by a daemon in another PID namespace, which cannot
-                # signal what it cannot see (bastion/runners/local.py).
-                self.on_signal(signal.SIGTERM, None)
-            killed = self._kill_at_deadline(killed, time.time())
+        with ExitWatch(self.child) as watch:
+            while (code := watch.wait(self._look_seconds)) is None:
+                if self.stop_asked_at is None and os.path.exists(self._stop_file):
+                    # Asked without a signal: by a daemon in another PID namespace, which
+                    # cannot signal what it cannot see (bastion/runners/local.py).
+                    self.on_signal(signal.SIGTERM, None)
+                killed = self._kill_at_deadline(killed, time.time())
         if self.stop_asked_at is not None:
             self._until_the_group_ends(killed)
         return 128 - code if code < 0 else code
+
+    @property
+    def _look_seconds(self) -> float:
+        return LOOK_SECONDS if self.stop_asked_at is None else STOPPING_LOOK_SECONDS
 
     def _kill_at_deadline(self, killed: bool, now: float) -> bool:
         """SIGKILL the job's group once the stop's deadline has passed; whether it was."""
@@ -200,6 +206,47 @@ class Supervisor:
                 if now >= given_up_at:
                     return
             time.sleep(0.1)
+
+
+class ExitWatch:
+    """Sleeps until the job's shell exits or a timeout passes, woken by the exit itself.
+
+    Why: ``Popen.wait(timeout)`` polls (sleeps of 0.5 ms doubling to 50 ms): 45 wake-ups a
+    second for a job that runs for days. Measured on 1,000 running local jobs: their wrappers
+    took 1.4 cores of this 2-core host. A pidfd (Linux 5.3) becomes readable when the process
+    ends, so the wrapper wakes only for its own look at the stop file (``LOOK_SECONDS``).
+    Where there is none (not Linux, an old kernel), Popen's polling remains."""
+
+    def __init__(self, child: subprocess.Popen[bytes]) -> None:
+        self.child = child
+        self._fd: int | None = None
+        self._poll: select.poll | None = None
+        try:
+            self._fd = os.pidfd_open(child.pid)  # (a zombie has one too: it is our child)
+        except (AttributeError, OSError):  # not Linux, or a kernel before 5.3
+            return
+        self._poll = select.poll()
+        self._poll.register(self._fd, select.POLLIN)
+
+    def __enter__(self) -> ExitWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def wait(self, timeout: float) -> int | None:
+        """The shell's status once it has ended (reaped), or None after ``timeout`` s. A
+        signal handled meanwhile does not cut the wait short (PEP 475)."""
+        if self._poll is None:
+            try:
+                return self.child.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                return None
+        if not self._poll.poll(max(1, round(timeout * 1000))):
+            return None
+        return self.child.wait()
 
 
 def _group_alive(pgid: int) -> bool:
