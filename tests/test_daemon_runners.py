@@ -565,3 +565,81 @@ def test_a_cycle_does_not_wait_for_the_starts_the_last_one_handed_off(rig: Rig) 
     finally:
         gate.set()
     daemon.settle()
+
+
+# -- where attempts are watched ----------------------------------------------------------------
+
+
+def _polls_by_thread(rig: Rig, daemon: Daemon) -> list[str]:
+    """The threads the fake runner's polls are made in from now on."""
+    runner = rig.fake(daemon)
+    threads: list[str] = []
+    poll = runner.poll
+
+    def recorded(handle):
+        threads.append(threading.current_thread().name)
+        return poll(handle)
+
+    runner.poll = recorded  # type: ignore[method-assign]
+    return threads
+
+
+def _running(rig: Rig, daemon: Daemon, names: list[str]) -> None:
+    for name in names:
+        rig.submit(name, "echo hi; sleep 60")
+    rig.drive(daemon, lambda: all(_phase(rig, n) == "RUNNING" for n in names), what="running")
+
+
+def _phase(rig: Rig, name: str) -> str | None:
+    state = rig.state(name)
+    return ((state or {}).get("runner") or {}).get("phase")
+
+
+def test_attempts_of_a_runner_with_cheap_polls_are_watched_in_the_loops_thread(rig: Rig) -> None:
+    daemon = rig.daemon()
+    assert rig.fake(daemon).cheap_polls
+    names = [f"cheap-{i}" for i in range(5)]
+    _running(rig, daemon, names)
+    threads = _polls_by_thread(rig, daemon)
+    rig.step(daemon)
+    assert threads == [threading.current_thread().name] * len(names)
+
+
+def test_attempts_of_a_runner_that_makes_requests_are_watched_in_the_io_pool(rig: Rig) -> None:
+    daemon = rig.daemon()
+    rig.fake(daemon).cheap_polls = False  # as a cloud runner: each poll is a request
+    names = [f"remote-{i}" for i in range(5)]
+    _running(rig, daemon, names)
+    threads = _polls_by_thread(rig, daemon)
+    rig.step(daemon)
+    assert len(threads) == len(names)
+    assert all(t.startswith("bastion-io") for t in threads), threads
+
+
+def test_a_log_not_known_yet_is_learned_in_the_pool_before_cheap_polls(
+    rig: Rig, tmp_path: Path
+) -> None:
+    """A daemon on a new work directory (a new VM) adopts running attempts: each log's base
+    is the size of the log in the bucket, a request; the loop's thread never makes it."""
+    first = rig.daemon()
+    names = [f"adopted-{i}" for i in range(4)]
+    _running(rig, first, names)
+    rig.step(first)  # their output in the bucket's logs
+    rig.daemons.remove(first)
+    first.close()
+    rig.work_dir = str(tmp_path / "new-work")  # nothing of the first daemon's mirrors
+    second = rig.daemon()
+    logs = second.ctx.logs
+    learned: list[tuple[str, str]] = []
+    base = logs.base
+
+    def recorded(log_name: str) -> int:
+        if not logs.knows(log_name):
+            learned.append((log_name, threading.current_thread().name))
+        return base(log_name)
+
+    logs.base = recorded  # type: ignore[method-assign]
+    rig.drive(second, lambda: all(logs.knows(n) for n in names), what="logs known")
+    assert sorted(name for name, _ in learned) == sorted(names)
+    assert all(thread.startswith("bastion-io") for _, thread in learned), learned
+    assert all(_phase(rig, name) == "RUNNING" for name in names)

@@ -85,6 +85,10 @@ class LogSync:
     def _mirror(self, log_name: str) -> str:
         return self._attached.get(log_name) or os.path.join(self.directory, log_name)
 
+    def knows(self, log_name: str) -> bool:
+        """Whether the log's base is known here (else learning it may read the bucket)."""
+        return log_name in self._bases
+
     def _known(self, log_name: str) -> None:
         """Learn the log's base without touching the disk for a new log: its ``.base`` file
         and mirror are made by ``_persist``, in the upload's pool thread (a burst of a

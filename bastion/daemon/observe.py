@@ -14,9 +14,7 @@ from bastion.daemon.context import OUTPUT_CHUNK, Context, Job
 from bastion.jobstate import Status
 from bastion.lifecycle import CLEANUP, RUN
 from bastion.retry import error_text
-from bastion.runners.base import (
-    Observation,
-)
+from bastion.runners.base import Observation
 
 log = logging.getLogger("bastion.daemon")
 
@@ -39,8 +37,7 @@ def observe(ctx: Context, now: float) -> None:
         if (record := lifecycle.attempt_record(job.state, purpose)) is not None
         and not record.unstarted
     ]
-    results = ctx.pool.map(pools.quietly(functools.partial(watch, ctx)), work)
-    for (job, purpose), result in zip(work, results, strict=True):
+    for (job, purpose), result in watched(ctx, work):
         if isinstance(result, Exception):
             log.error(
                 "%s: could not watch its %s attempt: %s", job.name, purpose, error_text(result)
@@ -62,6 +59,37 @@ def observe(ctx: Context, now: float) -> None:
     for job in ctx.attending():
         if job.state.stop and not job.inflight:
             events.apply(ctx, job, lifecycle.Tick(), now)
+
+
+def watched(
+    ctx: Context, work: list[tuple[Job, str]]
+) -> list[tuple[tuple[Job, str], Observation | Exception]]:
+    """Each item's observation (or the error that kept it from being seen), in ``work``'s
+    order. Attempts of runners whose polls are cheap are watched in this thread while the
+    others' are in the I/O pool; a log whose base is not known yet is learned in the pool
+    first (that may read the bucket)."""
+    watch_one = pools.quietly(functools.partial(watch, ctx))
+    cheap = [_cheap_polls(ctx, item) for item in work]
+    here = [item for item, c in zip(work, cheap, strict=True) if c]
+    unknown = {
+        name
+        for job, purpose in here
+        if not ctx.logs.knows(name := job_log_name(job.name, cleanup=purpose == CLEANUP))
+    }
+    if unknown:  # (one that fails is tried again by its watch, which reports it)
+        list(ctx.pool.map(pools.quietly(ctx.logs.base), unknown))
+    pooled = ctx.pool.map(watch_one, [i for i, c in zip(work, cheap, strict=True) if not c])
+    mine = iter([watch_one(item) for item in here])  # while the pool watches the others
+    theirs = iter(list(pooled))
+    return [(item, next(mine if c else theirs)) for item, c in zip(work, cheap, strict=True)]
+
+
+def _cheap_polls(ctx: Context, item: tuple[Job, str]) -> bool:
+    record = lifecycle.attempt_record(item[0].state, item[1])
+    try:
+        return record is not None and ctx.runners.get(record.kind).cheap_polls
+    except Exception:  # no such runner here: its watch says so, from the pool
+        return False
 
 
 def watch(ctx: Context, item: tuple[Job, str]) -> Observation:

@@ -90,6 +90,7 @@ class FakeRunner(base.Runner):
 
     kind = "fake"
     accepted_options = _KNOWN_OPTIONS
+    cheap_polls = True  # its state directory
 
     def __init__(self, root: str, state_dir: str, clock: Callable[[], float] = time.time) -> None:
         self.prefix = base.name_prefix(root)

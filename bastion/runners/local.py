@@ -149,6 +149,7 @@ def from_settings(settings: Mapping[str, Any]) -> LocalRunner:
 class LocalRunner(Runner):
     accepted_options = _OPTIONS
     kind = "local"
+    cheap_polls = True  # files and /proc
 
     def __init__(
         self,
