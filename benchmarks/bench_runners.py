@@ -14,6 +14,11 @@ on a temporary local root; the specs are written straight into ``ROOT/jobs/activ
 
 Everything it started is killed (processes) or removed (containers) at the end.
 
+Figures on the 2-core VM, 1,000 local jobs, 3 runs (2026-11-27): (a) all RUNNING after 9.2-15.2 s
+(23.1-38.8 s before the wrappers waited on a pidfd and local polls left the I/O pool); (b) a
+steady cycle 0.096-0.099 s (0.44-1.07 s), the wrappers 0-16% of a core in all, 1 wake-up a
+second each (136.7%, 45.6 wake-ups).
+
     .venv/bin/python benchmarks/bench_runners.py [--jobs 1000] [--cycles 5] [--idle_seconds 10]
     eval "$(bash scripts/docker_setup.sh)"; .venv/bin/python benchmarks/bench_runners.py \\
         --jobs 1000 --docker --image "$BASTION_TEST_IMAGE"
