@@ -643,3 +643,33 @@ def test_a_log_not_known_yet_is_learned_in_the_pool_before_cheap_polls(
     assert sorted(name for name, _ in learned) == sorted(names)
     assert all(thread.startswith("bastion-io") for _, thread in learned), learned
     assert all(_phase(rig, name) == "RUNNING" for name in names)
+
+
+def test_an_attempt_whose_log_the_bucket_would_not_size_is_watched_in_the_pool(
+    rig: Rig, tmp_path: Path
+) -> None:
+    """Learning a log's base failed (the bucket refused): its watch asks again, with the
+    request's retries, in the pool; the loop's thread waits on no request."""
+    first = rig.daemon()
+    names = [f"unsized-{i}" for i in range(3)]
+    _running(rig, first, names)
+    rig.daemons.remove(first)
+    first.close()
+    rig.work_dir = str(tmp_path / "new-work")
+    second = rig.daemon()
+    logs = second.ctx.logs
+    base = logs.base
+    refused: list[str] = []
+
+    def refusing(log_name: str) -> int:
+        if not logs.knows(log_name) and log_name not in refused:
+            refused.append(log_name)  # the first try of each: the bucket says no
+            raise OSError("503 Service Unavailable")
+        return base(log_name)
+
+    logs.base = refusing  # type: ignore[method-assign]
+    threads = _polls_by_thread(rig, second)
+    rig.step(second)
+    assert sorted(refused) == sorted(names)
+    assert len(threads) == len(names)
+    assert all(t.startswith("bastion-io") for t in threads), threads

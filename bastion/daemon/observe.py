@@ -66,22 +66,21 @@ def watched(
 ) -> list[tuple[tuple[Job, str], Observation | Exception]]:
     """Each item's observation (or the error that kept it from being seen), in ``work``'s
     order. Attempts of runners whose polls are cheap are watched in this thread while the
-    others' are in the I/O pool; a log whose base is not known yet is learned in the pool
-    first (that may read the bucket)."""
+    others' are in the I/O pool. Watching reads the bucket for a log whose base is not known
+    yet (a daemon on a new work directory adopting running attempts): those bases are learned
+    in the pool first, and a log still unknown after that (the bucket failed) is watched in
+    the pool, so that the loop's thread never waits out a request's retries."""
     watch_one = pools.quietly(functools.partial(watch, ctx))
+    logs = [job_log_name(job.name, cleanup=purpose == CLEANUP) for job, purpose in work]
     cheap = [_cheap_polls(ctx, item) for item in work]
-    here = [item for item, c in zip(work, cheap, strict=True) if c]
-    unknown = {
-        name
-        for job, purpose in here
-        if not ctx.logs.knows(name := job_log_name(job.name, cleanup=purpose == CLEANUP))
-    }
-    if unknown:  # (one that fails is tried again by its watch, which reports it)
+    unknown = {log for log, c in zip(logs, cheap, strict=True) if c and not ctx.logs.knows(log)}
+    if unknown:
         list(ctx.pool.map(pools.quietly(ctx.logs.base), unknown))
-    pooled = ctx.pool.map(watch_one, [i for i, c in zip(work, cheap, strict=True) if not c])
-    mine = iter([watch_one(item) for item in here])  # while the pool watches the others
+    here = [c and ctx.logs.knows(log) for log, c in zip(logs, cheap, strict=True)]
+    pooled = ctx.pool.map(watch_one, [i for i, h in zip(work, here, strict=True) if not h])
+    mine = iter([watch_one(i) for i, h in zip(work, here, strict=True) if h])  # meanwhile
     theirs = iter(list(pooled))
-    return [(item, next(mine if c else theirs)) for item, c in zip(work, cheap, strict=True)]
+    return [(item, next(mine if h else theirs)) for item, h in zip(work, here, strict=True)]
 
 
 def _cheap_polls(ctx: Context, item: tuple[Job, str]) -> bool:
