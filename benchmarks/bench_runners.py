@@ -10,7 +10,8 @@ on a temporary local root; the specs are written straight into ``ROOT/jobs/activ
     and the CPU their wrappers take over ``--idle_seconds`` while the jobs run.
 (c) with --docker: the same with --containers running containers (DOCKER_HOST, --image), the
     submit-to-RUNNING latency of single container jobs (p50) and the runner's start() cost per
-    container (in the burst, in parallel, and one at a time).
+    container (in the burst, in parallel, and one at a time), and the CPU the containers'
+    outputs watchers take over ``--idle_seconds``.
 
 Everything it started is killed (processes) or removed (containers) at the end.
 
@@ -164,17 +165,31 @@ def wrappers_idle(seconds: float, label: str) -> None:
         if LAUNCHER_ARG in launcher.cmdline()
         for p in launcher.children()
     ]
-    before = {p: sum(p.cpu_times()[:2]) for p in wrappers}
-    switches = {p: p.num_ctx_switches().voluntary for p in wrappers}
+    idle(wrappers, seconds, f"[{label}] {len(wrappers)} wrappers")
+
+
+def watchers_idle(seconds: float, label: str) -> None:
+    """The same for the Docker runner's outputs watchers (one per running container)."""
+    watchers = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if "bastion.outputs.watch" in " ".join(p.info["cmdline"] or ())
+    ]
+    idle(watchers, seconds, f"[{label}] {len(watchers)} outputs watchers")
+
+
+def idle(processes: list[psutil.Process], seconds: float, what: str) -> None:
+    before = {p: sum(p.cpu_times()[:2]) for p in processes}
+    switches = {p: p.num_ctx_switches().voluntary for p in processes}
     time.sleep(seconds)
     used = woke = 0.0
-    for p in wrappers:
+    for p in processes:
         with contextlib.suppress(psutil.NoSuchProcess):
             used += sum(p.cpu_times()[:2]) - before[p]
             woke += p.num_ctx_switches().voluntary - switches[p]
     print(
-        f"[{label}] {len(wrappers)} wrappers over {seconds:g}s: {used / seconds:.1%} of a core "
-        f"in all, {woke / max(1, len(wrappers)) / seconds:.1f} wake-ups a second each"
+        f"{what} over {seconds:g}s: {used / seconds:.1%} of a core in all, "
+        f"{woke / max(1, len(processes)) / seconds:.1f} wake-ups a second each"
     )
 
 
@@ -299,6 +314,7 @@ def bench_docker(args: argparse.Namespace) -> None:
                 )
             calls = count_engine_calls(runner._api())
             steady(daemon, args.cycles, f"c: {args.containers} containers running", calls)
+            watchers_idle(args.idle_seconds, f"c: {args.containers} containers running")
             latencies = []
             starts.clear()
             for i in range(args.singles):

@@ -15,7 +15,7 @@ docker_runner, root = docker_runner, root
 RESUMABLE = (
     'f="$BASTION_OUTPUT_DIR/ckpt.txt"; step=$(cat "$f" 2>/dev/null || echo 0); '
     'echo "start at $step"; '
-    "trap 'sleep 1; echo $step > \"$BASTION_OUTPUT_DIR/last-words\"; exit 143' USR1; "
+    'trap \'sleep 1; cat "$f" > "$BASTION_OUTPUT_DIR/last-words"; exit 143\' USR1; '
     'while true; do step=$((step+1)); echo $step > "$f.tmp"; mv "$f.tmp" "$f"; sleep 0.1; done'
 )
 
@@ -81,3 +81,70 @@ def test_a_job_killed_at_its_deadline_keeps_what_it_wrote_before(docker_runner, 
         assert time.time() < end
         time.sleep(0.1)
     assert "early" in store.outputs.list("train")
+
+
+# -- the watcher's wait for its container ---------------------------------------------------
+
+
+def _container(docker_engine, command: str, start: bool = True):
+    import docker
+
+    client = docker.DockerClient(base_url=docker_engine.docker_host)
+    made = client.containers.create(docker_engine.base_image, command, network_mode="host")
+    if start:
+        made.start()
+    return client, made
+
+
+def test_the_watcher_is_woken_by_its_containers_end_not_by_a_look_each_second(docker_engine):
+    """The engine's wait answers when the container stops: the watcher sleeps until then (or
+    until its next sync), where it looked every second before."""
+    from bastion.outputs.watch import container_ended, engine
+
+    client, container = _container(docker_engine, "sleep 2")
+    try:
+        api = engine(docker_engine.docker_host)
+        t0 = time.monotonic()
+        assert container_ended(api, container.name, 60.0) is False  # (it stopped: look again)
+        took = time.monotonic() - t0
+        assert 1.0 < took < 30.0, f"returned after {took:.1f} s for a container that ran 2 s"
+        assert container_ended(api, container.name, 60.0) is True
+    finally:
+        container.remove(force=True)
+        client.close()
+
+
+def test_the_watcher_waits_out_its_sync_period_while_the_container_runs(docker_engine):
+    from bastion.outputs.watch import container_ended, engine
+
+    client, container = _container(docker_engine, "sleep 60")
+    try:
+        t0 = time.monotonic()
+        assert container_ended(engine(docker_engine.docker_host), container.name, 1.0) is False
+        assert time.monotonic() - t0 >= 0.9  # blocked on the engine for the period
+    finally:
+        container.remove(force=True)
+        client.close()
+
+
+def test_a_created_container_lives_and_a_removed_one_has_ended(docker_engine):
+    """Created but not started yet is not ended (the engine's wait would say it is)."""
+    from bastion.outputs.watch import container_ended, engine
+
+    client, container = _container(docker_engine, "true", start=False)
+    api = engine(docker_engine.docker_host)
+    try:
+        assert container_ended(api, container.name, 0.2) is False
+    finally:
+        container.remove(force=True)
+        client.close()
+    assert container_ended(api, container.name, 0.2) is True
+
+
+def test_an_engine_that_cannot_be_reached_is_asked_again_not_taken_for_an_end(tmp_path):
+    import docker
+
+    from bastion.outputs.watch import container_ended
+
+    api = docker.APIClient(base_url=f"unix://{tmp_path}/no-engine.sock", version="1.41")
+    assert container_ended(api, "anything", 5.0) is None
