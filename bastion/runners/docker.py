@@ -41,7 +41,6 @@ the same GPU), as a device request; inside, they are the container's only GPUs, 
 
 from __future__ import annotations
 
-import calendar
 import contextlib
 import dataclasses
 import os
@@ -50,8 +49,6 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 import docker
@@ -70,6 +67,7 @@ from bastion.runners.base import (
     StartRefused,
 )
 from bastion.runners.base import root_tag as make_root_tag
+from bastion.runners.docker_logs import OutputReader, parse_stamp
 from bastion.runners.docker_outputs import DockerOutputs
 from bastion.runners.fence import fenced
 from bastion.runners.gpus import GpuLedger, ledger_of
@@ -79,11 +77,6 @@ from bastion.runners.local import default_attempts_dir
 OPTIONS = frozenset({"image", "network", "env", "mounts", "shm_size", "user", "workdir"})
 _LIVE = frozenset({"created", "running", "restarting", "paused"})
 _RUNNING = frozenset({"running", "restarting", "paused"})
-# Log lines of stdout and stderr are stamped by two goroutines, each just before it takes the
-# log file's lock, so the log can hold a line stamped a little earlier than the one before it.
-# Reading ``since`` this much before the newest line read keeps such a line (what is re-read is
-# skipped by the byte counts we kept); it also bounds what each read fetches again.
-_OVERLAP_NS = 20_000_000
 _CLIENT_TIMEOUT = 30
 
 
@@ -102,15 +95,6 @@ def from_settings(settings: Mapping[str, Any]) -> DockerRunner:
         work_dir=str(settings.get("work_dir") or ""),
         ledger=ledger_of(settings),
     )
-
-
-@dataclass
-class _Cursor:
-    """Where the last read of a container's output ended (see ``read_output``)."""
-
-    pos: int = 0  # byte offset in the output reached
-    since_ns: int = 0  # the next read asks for lines stamped at or after this (0: all)
-    window: list[tuple[int, int]] = field(default_factory=list)  # (stamp, bytes read) >= since
 
 
 def engine_unreachable(docker_host: str | None, error: BaseException) -> str:
@@ -159,7 +143,7 @@ class DockerRunner(Runner):
         self.ledger = ledger or GpuLedger()
         self.ledger.join(self.kind, self._holding)
         self._termed: set[str] = set()  # container ids sent SIGTERM by this instance
-        self._cursors: dict[str, _Cursor] = {}
+        self.output = OutputReader(lambda ref, since_ns: self._log_lines(ref, since_ns))
         self.outputs = DockerOutputs(root, work_dir, docker_host)  # restore, watcher, removal
 
     # -- the contract ----------------------------------------------------------------------
@@ -266,7 +250,7 @@ class DockerRunner(Runner):
                 return False  # its watcher's final sync is under way: asked again next cycle
             self.ledger.free(str(handle.get("name") or ""))
             self._termed.discard(ref)
-            self._cursors.pop(ref, None)
+            self.output.forget(ref)
             if handle.get("name"):  # the extracted tar bundle, if it had one
                 shutil.rmtree(os.path.join(self.code_dir, str(handle["name"])), ignore_errors=True)
             return True
@@ -280,54 +264,9 @@ class DockerRunner(Runner):
         ]
 
     def read_output(self, handle: Handle, offset: int, limit: int) -> bytes:
-        """Bytes ``offset`` to ``offset + limit`` of the container's stdout and stderr.
-
-        The engine can only start a log at a time (``since``), not at a byte. So we remember,
-        per container, the byte offset reached, the stamp to ask from next time (a little
-        before the newest line read) and how many bytes of the lines stamped since then we
-        returned already; the next read asks for those lines only and skips those bytes, so a
-        job's steady output costs O(new bytes). Lines may share a stamp (a long line comes in
-        16 KiB pieces stamped alike), hence counts of bytes rather than "after this stamp".
-        Without a cursor for this offset (a restarted daemon) we read from the start."""
-        if limit <= 0:
-            return b""
-        ref = _ref(handle)
-        cursor = self._cursors.get(ref)
-        if cursor is None or cursor.pos != offset:
-            cursor = _Cursor()
-        skip = offset - cursor.pos + sum(n for _, n in cursor.window)
-        since = cursor.since_ns
-        out = bytearray()
-        window: list[tuple[int, int]] = []  # (stamp, bytes passed) of every line from `since`
-        newest, keep = since, 4096
-        try:
-            for stamp, line in self._log_lines(ref, since):
-                if stamp < since:
-                    continue  # the engine's `since` is a float: it may send a little more
-                if skip >= len(line):
-                    skip -= len(line)
-                    window.append((stamp, len(line)))
-                else:
-                    piece = line[skip : skip + limit - len(out)]
-                    out += piece
-                    window.append((stamp, skip + len(piece)))
-                    skip = 0
-                newest = max(newest, stamp)
-                if len(window) > keep:  # reading from the start: keep only the recent lines
-                    window = [w for w in window if w[0] >= newest - _OVERLAP_NS]
-                    keep = max(4096, 2 * len(window))
-                if len(out) >= limit:
-                    break
-        except NotFound:
-            return b""
-        if skip:  # the output is shorter than `offset`: nothing to return, nothing to keep
-            self._cursors.pop(ref, None)
-            return b""
-        since = max(since, newest - _OVERLAP_NS)
-        self._cursors[ref] = _Cursor(
-            offset + len(out), since, [w for w in window if w[0] >= since and w[1]]
-        )
-        return bytes(out)
+        """Bytes ``offset`` to ``offset + limit`` of the container's stdout and stderr (see
+        docker_logs.OutputReader: the engine starts a log only at a time, not at a byte)."""
+        return self.output.read(_ref(handle), offset, limit)
 
     def close(self) -> None:
         if self._client is not None:
@@ -514,7 +453,7 @@ class DockerRunner(Runner):
         try:
             for frame in stream:
                 stamp, _, line = frame.partition(b" ")
-                yield _parse_stamp(stamp), line
+                yield parse_stamp(stamp), line
         finally:
             stream.close()
 
@@ -599,14 +538,3 @@ def _parse_gpus(label: str) -> list[int]:
 def _one_line(error: object) -> str:
     text = getattr(error, "explanation", None) or str(error)
     return " ".join(str(text).split())
-
-
-@lru_cache(maxsize=256)
-def _second(prefix: bytes) -> int:
-    return calendar.timegm(time.strptime(prefix.decode(), "%Y-%m-%dT%H:%M:%S"))
-
-
-def _parse_stamp(stamp: bytes) -> int:
-    """``2024-05-20T11:14:27.123456789Z`` (always UTC, nanoseconds) as ns since the epoch."""
-    fraction = stamp[20:].rstrip(b"Z")
-    return _second(stamp[:19]) * 1_000_000_000 + int(fraction.ljust(9, b"0")[:9] or 0)
