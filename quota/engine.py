@@ -92,6 +92,7 @@ from quota.capacity import Capacity, add, fmt_ratio, fmt_units
 from quota.config import QuotaConfig
 from quota.lend import Lending
 from quota.model import Decision, Decisions, JobRequest, Phase, Plan, Verdict
+from quota.queue_memo import QueueMemo
 from quota.queues import build_queues
 from quota.reclaim import Reclaim
 from quota.waiting import LazyWaits, finish_waits
@@ -101,7 +102,11 @@ __all__ = ["run"]
 
 
 def run(
-    config: QuotaConfig, jobs: Sequence[JobRequest], usage: Mapping[str, float], now: float
+    config: QuotaConfig,
+    jobs: Sequence[JobRequest],
+    usage: Mapping[str, float],
+    now: float,
+    memo: QueueMemo | None = None,
 ) -> Plan:
     """One pass, with the cyclic garbage collector paused while it runs.
 
@@ -116,7 +121,7 @@ def run(
     if paused:
         gc.disable()
     try:
-        return _Pass(config, jobs, usage, now).run()
+        return _Pass(config, jobs, usage, now, memo).run()
     finally:
         if paused:
             gc.enable()
@@ -132,8 +137,10 @@ class _Pass:
         jobs: Sequence[JobRequest],
         usage: Mapping[str, float],
         now: float,
+        memo: QueueMemo | None = None,
     ) -> None:
         self.config, self.jobs, self.user_usage, self.now = config, jobs, usage, now
+        self.memo = memo
         self.knobs = config.scheduling
         self.pool = config.pool
         self.quotas = config.quotas
@@ -213,7 +220,7 @@ class _Pass:
 
     def _queue(self, pending: list[JobRequest]) -> dict[str, list[JobRequest]]:
         """Step 2: the valid pending jobs in queue order per project; invalid ones REJECT."""
-        found = build_queues(self.config, pending, self.user_usage, self.now)
+        found = build_queues(self.config, pending, self.user_usage, self.now, self.memo)
         for j, why in found.rejects:
             self.decide(j, Verdict.REJECT, why)
         self.head, self.head_project = found.head, found.head_project

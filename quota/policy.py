@@ -12,12 +12,14 @@ from quota.config import QuotaConfig
 from quota.engine import run
 from quota.explain import explain_plan
 from quota.model import Decision, JobRequest, Phase, Plan, Verdict
+from quota.queue_memo import QueueMemo
 
 __all__ = [
     "Decision",
     "JobRequest",
     "Phase",
     "Plan",
+    "QueueMemo",
     "Verdict",
     "explain",
     "replan_by",
@@ -26,10 +28,16 @@ __all__ = [
 
 
 def schedule(
-    config: QuotaConfig, jobs: Sequence[JobRequest], usage: Mapping[str, float], now: float
+    config: QuotaConfig,
+    jobs: Sequence[JobRequest],
+    usage: Mapping[str, float],
+    now: float,
+    memo: QueueMemo | None = None,
 ) -> Plan:
-    """Decide START/KEEP/PREEMPT/WAIT/REJECT for every job; deterministic in its inputs."""
-    return run(config, jobs, usage, now)
+    """Decide START/KEEP/PREEMPT/WAIT/REJECT for every job; deterministic in its inputs.
+    ``memo`` (a caller that plans again and again, as the daemon does): the queues of its
+    last pass, kept for the next; the plan is the same with or without it."""
+    return run(config, jobs, usage, now, memo)
 
 
 def replan_by(
@@ -61,21 +69,23 @@ def replan_by(
     delays = plan is None
     if plan is not None:
         soonest = min([soonest, *(t for t in plan.delays_end if t > now)])
-    for j in jobs:
-        if j.phase is Phase.PENDING:
-            if not (ages or delays):
-                continue
-            t = j.submit_time + knobs.reserve_after_seconds if ages else soonest
-            if delays:  # its reclaim delay ends (it may preempt from then on)
+    waiting = Phase.PENDING
+    for j in [j for j in jobs if j.phase is not waiting]:  # (a few: most jobs wait)
+        if j.start_time is not None:
+            t = j.start_time + knobs.min_runtime_seconds
+            if now < t < soonest:
+                soonest = t
+    if delays:  # a waiting job's reclaim delay ends (it may preempt from then on)
+        for j in jobs:
+            if j.phase is waiting:
                 since = j.submit_time if j.pending_since is None else j.pending_since
                 if now < since + delay < soonest:
                     soonest = since + delay
-        elif j.start_time is not None:
-            t = j.start_time + knobs.min_runtime_seconds
-        else:
-            continue
-        if now < t < soonest:
-            soonest = t
+    if ages:  # a waiting job reaches reserve_after_seconds (the soonest found in C)
+        reserve = knobs.reserve_after_seconds
+        ages_at = [j.submit_time + reserve for j in jobs if j.phase is waiting]
+        first = min(filter(float(now).__lt__, ages_at), default=soonest)  # (after now)
+        soonest = min(soonest, first)
     return soonest
 
 

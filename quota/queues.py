@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from quota.capacity import fmt_units
 from quota.config import QuotaConfig
 from quota.model import JobRequest
+from quota.queue_memo import QueueMemo, group_ranks
 from quota.within import within
 
 
@@ -41,17 +42,23 @@ def build_queues(
     pending: Sequence[JobRequest],
     user_usage: Mapping[str, float],
     now: float,
+    memo: QueueMemo | None = None,
 ) -> Queues:
     """Valid pending jobs per project (priority, then user's decayed usage, then age), the
-    invalid ones with their reason, and the aged head."""
+    invalid ones with their reason, and the aged head. ``memo``: the queues of the caller's
+    last pass, reused where they still hold (the same result, sooner; see QueueMemo)."""
     out = Queues()
     queues = out.by_project
     pool, quotas = config.pool, config.quotas
     cutoff = now - config.scheduling.reserve_after_seconds
     best: tuple[float, bool, float, str] | None = None
     # A run of jobs that share one resources mapping (the daemon interns them: a sweep's
-    # jobs come together) is checked once; each (user, project) is memoised by the config.
+    # jobs come together) is checked once, and so is a run of one user's jobs in one project
+    # at one priority (membership; the order's groups, for the memo).
     last: tuple[Mapping[str, int] | None, bool, bool] = (None, False, False)
+    last_user = last_project = last_priority = None
+    member = True
+    groups: set[tuple[str, int, str]] = set()  # (project, priority, user) of the valid jobs
     is_member = config.is_member
     for j in pending:
         res = j.resources
@@ -65,10 +72,15 @@ def build_queues(
                     break
                 some = some or n > 0
             last = (res, valid, some)
-        if not (valid and is_member(j.user_id, j.project_id)):
+        p, u = j.project_id, j.user_id
+        if u is not last_user or p is not last_project or j.priority is not last_priority:
+            last_user, last_project, last_priority = u, p, j.priority
+            member = is_member(u, p)
+            if member and memo is not None:
+                groups.add((p, j.priority, u))
+        if not (valid and member):
             out.rejects.append((j, invalid_reason(config, j) or "invalid"))
             continue
-        p = j.project_id
         queues.setdefault(p, []).append(j)
         if not some:
             out.zero_need.add(p)
@@ -82,8 +94,14 @@ def build_queues(
             out.head_project = p
     out.head = best[-1] if best else None
     key = queue_key(user_usage)
-    for q in queues.values():
-        q.sort(key=key)
+    if memo is None:
+        for q in queues.values():
+            q.sort(key=key)
+    else:
+        ranks = group_ranks(groups, user_usage)
+        for p, q in queues.items():
+            queues[p] = memo.ordered(p, q, ranks.get(p, ()), key)
+        memo.keep_only(queues)
     out.by_project = dict(sorted(queues.items()))
     return out
 

@@ -30,6 +30,7 @@ from bastion.runners.instances import Runners
 from bastion.status.publisher import PagePublisher
 from bastion.usage.ledger import LedgerWriter
 from quota.model import JobRequest
+from quota.queue_memo import QueueMemo
 
 log = logging.getLogger("bastion.daemon")
 DEFAULT_GRACE_SECONDS = 30.0
@@ -254,6 +255,7 @@ class Context:
         self.inputs_changed = True
         self.planned_config: Any = None
         self.replan_at = 0.0
+        self.queue_memo = QueueMemo()  # each project's queue of the last pass, for the next
 
     def attend(self, job: Job) -> None:
         """``job`` may need a step's work (it changed): every step that skips quiet jobs
