@@ -6,6 +6,7 @@ the daemon closes; never left paused, even when the recovery fails. Paused, not 
 from __future__ import annotations
 
 import gc
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,6 +47,54 @@ def test_a_recovery_runs_with_the_collector_paused_and_freezes_what_it_loaded(
     assert len(rig.daemon.jobs) == JOBS
     rig.daemon.close()
     assert gc.get_freeze_count() == 0  # collectable again
+
+
+def _submit(root: str, names: list[str]) -> None:
+    client = Client(store=Store(root), expect_daemon=False)
+    for name in names:
+        spec = new_jobspec(
+            name=name,
+            command="sleep 600",
+            user_id="u",
+            project_id="default",
+            resources={"cpu": 1},
+            runner={"kind": "fake"},
+        )
+        client.submit(spec)
+
+
+class _Node:
+    """A reference cycle: freed by a collection only."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_jobs_taken_in_while_running_are_frozen_after_garbage_before_them_is_collected(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rig.settle_in()  # (its JOBS were taken in after the recovery of an empty root)
+    monkeypatch.setattr(heap, "FREEZE_AFTER_JOBS", JOBS + 5)
+    _submit(rig.root, [f"late{i}" for i in range(4)])  # JOBS + 4: nothing frozen yet
+    frozen = gc.get_freeze_count()
+    rig.cycle()
+    assert len(rig.daemon.jobs) == JOBS + 4
+    assert gc.get_freeze_count() <= frozen  # (frozen objects freed by their counts go)
+    gc.disable()  # (only the daemon's settle may collect from here on)
+    try:
+        garbage = weakref.ref(_Node())
+        assert garbage() is not None
+        _submit(rig.root, ["late4", "late5"])  # JOBS + 6 since the last freeze
+        rig.cycle()
+        assert len(rig.daemon.jobs) == JOBS + 6
+        assert gc.get_freeze_count() > frozen  # the new jobs' objects too
+        assert garbage() is None  # collected, not frozen with them
+        frozen = gc.get_freeze_count()
+        _submit(rig.root, ["late6"])  # the count starts again from the freeze
+        rig.cycle()
+        assert gc.get_freeze_count() <= frozen
+    finally:
+        gc.enable()
 
 
 def test_a_failed_recovery_leaves_the_collector_running(

@@ -233,6 +233,7 @@ class Context:
         self.finished_status: dict[str, str | None] = {}
         self.specwatch = SpecWatch(store)  # which specs each cycle reads (markers, listing)
         self.intake_backlog = 0  # marked specs left for the next cycle (ingest.read_specs)
+        self.born_since_freeze = 0  # jobs taken in since the last heap.settle
         self.queue_checked_at = float("-inf")  # the last whole-queue check (recovery.upkeep)
         self.snapshots = SnapshotBook()  # ROOT/history/snapshot/: bastion/daemon/snapshot.py
         self.daemon_log_synced_at = -DAEMON_LOG_SYNC_SECONDS  # the first sync is at once

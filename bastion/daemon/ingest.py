@@ -113,6 +113,7 @@ def absorb_spec(
     spec, problem = (None, problem) if problem else parse_spec(ctx, name, raw)
     if job is None:  # born: what the table knows of a job before its first event
         job = ctx.jobs[name] = Job(name=name, state=JobState(submit_time=now))
+        ctx.born_since_freeze += 1
         ctx.attend(job)
     elif job.token != token:
         ctx.attend(job)  # re-read: its key in the snapshot moved, whatever the spec says

@@ -207,6 +207,7 @@ class Daemon:
             with heap.bulk_load():  # most of what it holds, made at once: frozen after
                 recovery.recover(self.ctx, look.specs, now)  # raises if a state is unreadable
             self.ctx.recovered = True
+            self.ctx.born_since_freeze = 0  # (what it took in is frozen)
             done("recover")
         self.ctx.cycles += 1
         for runner in self.ctx.runners.made():
@@ -245,6 +246,10 @@ class Daemon:
         done("daemon_log")
         self.ctx.settle_attention()
         done("attention")
+        if self.ctx.born_since_freeze >= heap.FREEZE_AFTER_JOBS:  # (see heap.settle)
+            heap.settle()
+            self.ctx.born_since_freeze = 0
+            done("freeze")
         report.seconds = time.time() - now
         ops = self.ctx.store.ops.items()
         report.ops = {k: moved for k, v in ops if (moved := v - ops_before.get(k, 0))}

@@ -10,7 +10,7 @@ import time
 from itertools import filterfalse
 from typing import Any
 
-from bastion import lifecycle
+from bastion import heap, lifecycle
 from bastion.daemon import events, gates
 from bastion.daemon.context import (
     DECISION_RECORD_BYTES,
@@ -29,6 +29,7 @@ from bastion.retry import error_text
 from bastion.runners.base import (
     attempt_name,
 )
+from quota.config import QuotaConfig
 from quota.model import JobRequest, Phase, Plan
 from quota.policy import Decision, Verdict, replan_by, schedule
 from quota.reclaim import first_to_go
@@ -37,10 +38,19 @@ log = logging.getLogger("bastion.daemon")
 
 
 def run_pass(ctx: Context, now: float) -> bool:
-    """One policy pass and its decisions applied; False when it was not needed."""
+    """One policy pass and its decisions applied; False when it was not needed. The
+    collector is paused for it, as the pass itself pauses it (quota.engine.run): what it
+    makes per job (the requests' list, the waits by text) lives until it ends, and the
+    collections it set off found nothing (at 100,000 jobs taken in without a restart, up to
+    0.15 s of a pass)."""
     config = ctx.quota.config
     if not ctx.inputs_changed and config is ctx.planned_config and now < ctx.replan_at:
         return False  # no job changed and no time threshold passed: the last plan stands
+    with heap.paused():
+        return _run_pass(ctx, config, now)
+
+
+def _run_pass(ctx: Context, config: QuotaConfig | None, now: float) -> bool:
     ctx.inputs_changed = False
     ctx.planned_config = config
     period = replan_period(len(ctx.jobs))
