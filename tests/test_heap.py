@@ -49,20 +49,6 @@ def test_a_recovery_runs_with_the_collector_paused_and_freezes_what_it_loaded(
     assert gc.get_freeze_count() == 0  # collectable again
 
 
-def _submit(root: str, names: list[str]) -> None:
-    client = Client(store=Store(root), expect_daemon=False)
-    for name in names:
-        spec = new_jobspec(
-            name=name,
-            command="sleep 600",
-            user_id="u",
-            project_id="default",
-            resources={"cpu": 1},
-            runner={"kind": "fake"},
-        )
-        client.submit(spec)
-
-
 class _Node:
     """A reference cycle: freed by a collection only."""
 
@@ -75,7 +61,7 @@ def test_jobs_taken_in_while_running_are_frozen_after_garbage_before_them_is_col
 ) -> None:
     rig.settle_in()  # (its JOBS were taken in after the recovery of an empty root)
     monkeypatch.setattr(heap, "FREEZE_AFTER_JOBS", JOBS + 5)
-    _submit(rig.root, [f"late{i}" for i in range(4)])  # JOBS + 4: nothing frozen yet
+    rig.submit([f"late{i}" for i in range(4)])  # JOBS + 4: nothing frozen yet
     frozen = gc.get_freeze_count()
     rig.cycle()
     assert len(rig.daemon.jobs) == JOBS + 4
@@ -84,13 +70,13 @@ def test_jobs_taken_in_while_running_are_frozen_after_garbage_before_them_is_col
     try:
         garbage = weakref.ref(_Node())
         assert garbage() is not None
-        _submit(rig.root, ["late4", "late5"])  # JOBS + 6 since the last freeze
+        rig.submit(["late4", "late5"])  # JOBS + 6 since the last freeze
         rig.cycle()
         assert len(rig.daemon.jobs) == JOBS + 6
         assert gc.get_freeze_count() > frozen  # the new jobs' objects too
         assert garbage() is None  # collected, not frozen with them
         frozen = gc.get_freeze_count()
-        _submit(rig.root, ["late6"])  # the count starts again from the freeze
+        rig.submit(["late6"])  # the count starts again from the freeze
         rig.cycle()
         assert gc.get_freeze_count() <= frozen
     finally:

@@ -36,13 +36,19 @@ class Rig:
         self.root = str(tmp_path / "root")
         self.tmp_path = tmp_path
         Store(self.root).quota.write_default(QUOTA)
+        self.submit([f"q{i:03d}" for i in range(JOBS)])
+        self.now = time.time()
+        self.daemon = self.build()
+
+    def submit(self, names: list[str]) -> None:
+        """Jobs ``sleep 600`` on the fake runner, one cpu each, as a user submits them."""
         client = Client(store=Store(self.root), expect_daemon=False)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the test drives the cycles itself
-            for i in range(JOBS):
+            for name in names:
                 client.submit(
                     new_jobspec(
-                        name=f"q{i:03d}",
+                        name=name,
                         command="sleep 600",
                         user_id="u",
                         project_id="default",
@@ -50,8 +56,6 @@ class Rig:
                         runner={"kind": "fake"},
                     )
                 )
-        self.now = time.time()
-        self.daemon = self.build()
 
     def build(self) -> Daemon:
         return build_daemon(
