@@ -93,17 +93,27 @@ def build_queues(
             best = arrival(j)
             out.head_project = p
     out.head = best[-1] if best else None
+    _order(queues, groups, user_usage, memo)
+    out.by_project = dict(sorted(queues.items()))
+    return out
+
+
+def _order(
+    queues: dict[str, list[JobRequest]],
+    groups: set[tuple[str, int, str]],
+    user_usage: Mapping[str, float],
+    memo: QueueMemo | None,
+) -> None:
+    """Each project's queue put in queue order (``queue_key``), through ``memo`` if given."""
     key = queue_key(user_usage)
     if memo is None:
         for q in queues.values():
             q.sort(key=key)
-    else:
-        ranks = group_ranks(groups, user_usage)
-        for p, q in queues.items():
-            queues[p] = memo.ordered(p, q, ranks.get(p, ()), key)
-        memo.keep_only(queues)
-    out.by_project = dict(sorted(queues.items()))
-    return out
+        return
+    ranks = group_ranks(groups, user_usage)
+    for p, q in queues.items():
+        queues[p] = memo.ordered(p, q, ranks.get(p, ()), key)
+    memo.keep_only(queues)
 
 
 def queue_key(user_usage: Mapping[str, float]) -> Callable[[JobRequest], tuple]:

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from bastion import heap
+from bastion.bucket.specwatch import Look
 from bastion.bucket.store import Store
 from bastion.daemon import (
     archive,
@@ -203,11 +204,7 @@ class Daemon:
         look = self.ctx.specwatch.look(now, full=not self.ctx.recovered)
         done("list")
         if not self.ctx.recovered:
-            assert look.specs is not None  # the first look lists every spec
-            with heap.bulk_load():  # most of what it holds, made at once: frozen after
-                recovery.recover(self.ctx, look.specs, now)  # raises if a state is unreadable
-            self.ctx.recovered = True
-            self.ctx.born_since_freeze = 0  # (what it took in is frozen)
+            self._recover(look, now)
             done("recover")
         self.ctx.cycles += 1
         for runner in self.ctx.runners.made():
@@ -246,14 +243,30 @@ class Daemon:
         done("daemon_log")
         self.ctx.settle_attention()
         done("attention")
-        if self.ctx.born_since_freeze >= heap.FREEZE_AFTER_JOBS:  # (see heap.settle)
-            heap.settle()
-            self.ctx.born_since_freeze = 0
+        if self._freeze_taken_in():
             done("freeze")
         report.seconds = time.time() - now
         ops = self.ctx.store.ops.items()
         report.ops = {k: moved for k, v in ops if (moved := v - ops_before.get(k, 0))}
         return report
+
+    def _recover(self, look: Look, now: float) -> None:
+        """The first cycle's recovery from the first look, which lists every spec; raises if
+        a state is unreadable."""
+        assert look.specs is not None
+        with heap.bulk_load():  # most of what it holds, made at once: frozen after
+            recovery.recover(self.ctx, look.specs, now)
+        self.ctx.recovered = True
+        self.ctx.born_since_freeze = 0  # (what it took in is frozen)
+
+    def _freeze_taken_in(self) -> bool:
+        """Once FREEZE_AFTER_JOBS jobs were taken in since the last freeze, what they made is
+        frozen (heap.settle); True when it was."""
+        if self.ctx.born_since_freeze < heap.FREEZE_AFTER_JOBS:
+            return False
+        heap.settle()
+        self.ctx.born_since_freeze = 0
+        return True
 
     def daemon_log_path(self) -> str:
         return self.ctx.logs.path(self.ctx.daemon_log)
