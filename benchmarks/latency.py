@@ -15,9 +15,10 @@ class LatencyBucket:
     Every request (a call on the store's ``Objects``) waits ``latency`` first and is counted.
     A listing counts a request per 800 names and waits once per 16 of them, as GcsObjects
     lists name ranges 16 at a time; a ``delete_many`` counts one per 100 paths and waits once
-    (GCS batch requests, sent concurrently). The quota file's lookup goes through its own
-    ``Objects`` and is neither delayed nor counted (one request per cycle, which the store
-    counters show).
+    (GCS batch requests, sent concurrently); a ``read_many_with_token`` counts one per path
+    and waits once per ``GcsObjects.READS_IN_FLIGHT`` of them (the GETs it keeps in flight).
+    The quota file's lookup goes through its own ``Objects`` and is neither delayed nor
+    counted (one request per cycle, which the store counters show).
     No HTTP client runs, so gcsfs's CPU (request building, JSON parsing on its event-loop
     thread) is missing from the daemon's figures; the emulator runs include it.
 
@@ -52,6 +53,18 @@ class LatencyBucket:
             return result
 
         return request
+
+    def read_many_with_token(self, paths: list[str], *args: Any) -> Any:
+        """GcsObjects.read_many_with_token: its GETs go READS_IN_FLIGHT at a time, so the
+        whole call waits once per wave of them; each is counted."""
+        from bastion.bucket.gcs import GcsObjects  # (here: the CLI's model imports no more)
+
+        waves = -(-len(paths) // GcsObjects.READS_IN_FLIGHT)
+        time.sleep(self.latency * waves)
+        result = self.inner.read_many_with_token(paths, *args)
+        with self._lock:
+            self.routes["read_with_token"] += len(paths)
+        return result
 
     def reset(self) -> None:
         with self._lock:

@@ -141,3 +141,32 @@ def test_delete_many_deletes_present_and_absent_objects(proxy: FaultProxy, direc
     _put(objects, directory, ["a", "b", "keep"])
     assert objects.delete_many([f"{directory}/a", f"{directory}/b", f"{directory}/absent"]) == []
     assert sorted(objects.list(directory)) == ["keep"]
+
+
+def test_reading_many_is_one_get_each_from_one_call_and_keeps_a_failure_in_its_place(
+    proxy: FaultProxy, directory: str
+) -> None:
+    """A burst's specs in one call (``read_many_with_token``): one GET per object, sent from
+    gcsfs's event loop, each answered as ``read_with_token`` answers it (bytes and the
+    listing's token, None when absent, the empty object through its fallback, a too-large one
+    refused); a GET the bucket refuses is that object's exception, the others are read."""
+    objects = _objects(proxy.endpoint)
+    names = [f"spec-{i:03d}" for i in range(150)]  # more than READS_IN_FLIGHT
+    _put(objects, directory, [*names, "refused"])
+    objects.write(f"{directory}/empty", b"")
+    objects.write(f"{directory}/big", b"x" * 100)
+    listed = objects.list(directory)
+    asked = [*names, "absent", "empty", "big", "refused"]
+    proxy.reset_counts()
+    proxy.fail_next(r"GET \S*refused", kind="403")
+    reads = objects.read_many_with_token([f"{directory}/{n}" for n in asked], limit=10)
+    assert reads[: len(names)] == [(n.encode(), listed[n].token) for n in names]
+    absent, empty, big, refused = reads[len(names) :]
+    assert absent is None
+    assert empty == (b"", listed["empty"].token)
+    assert isinstance(big, UnacceptableObject) and "the limit is 10 bytes" in str(big)
+    assert isinstance(refused, Exception) and not isinstance(refused, UnacceptableObject)
+    assert proxy.stats()["faults"].get("403") == 1
+    # one download per object, and one more for the empty one's generic fallback (with the
+    # metadata requests that fallback and the big one's size make)
+    assert proxy.stats()["routes"]["GET media"] == len(asked) + 1, proxy.stats()

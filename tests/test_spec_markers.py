@@ -19,6 +19,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -224,16 +225,16 @@ def test_a_marker_whose_spec_read_fails_is_kept_for_the_next_cycle(rig: Rig) -> 
     """A failed read keeps its marker: the spec is read next cycle, not left to the full
     listing."""
     rig.submit("later")
-    real = rig.daemon.store.specs.read_with_token
+    real = rig.daemon.store.specs.read_many_with_token
     calls = []
 
-    def failing_once(name: str) -> tuple[bytes, str] | None:
-        calls.append(name)
-        if len(calls) == 1:
-            raise OSError("simulated 503")
-        return real(name)
+    def failing_once(names: list[str], pool: Any) -> list[Any]:
+        calls.append(names)
+        if len(calls) == 1:  # (a failed read is its exception, in its place)
+            return [OSError("simulated 503") for _ in names]
+        return real(names, pool)
 
-    rig.daemon.store.specs.read_with_token = failing_once  # type: ignore[method-assign]
+    rig.daemon.store.specs.read_many_with_token = failing_once  # type: ignore[method-assign]
     rig.step()
     assert "later" not in rig.daemon.jobs
     assert len(rig.inbox()) == 1  # kept
@@ -283,13 +284,13 @@ def test_a_marker_whose_delete_fails_is_not_taken_in_again_and_is_deleted_next_c
     rig = Rig(FlakyFileSystem.install(str(bucket), plan), tmp_path)
     try:
         reads: list[str] = []
-        real = rig.daemon.store.specs.read_with_token
+        real = rig.daemon.store.specs.read_many_with_token
 
-        def counted(name: str) -> tuple[bytes, str] | None:
-            reads.append(name)
-            return real(name)
+        def counted(names: list[str], pool: Any) -> list[Any]:
+            reads.extend(names)
+            return real(names, pool)
 
-        rig.daemon.store.specs.read_with_token = counted  # type: ignore[method-assign]
+        rig.daemon.store.specs.read_many_with_token = counted  # type: ignore[method-assign]
         rig.submit("sticky")
         rig.step()
         assert rig.status("sticky") in (Status.PENDING, Status.ACTIVE)

@@ -7,6 +7,7 @@ the ``flaky://`` filesystem of tests/flakyfs.py with no failures.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import json
 import os
@@ -18,6 +19,7 @@ from typing import TypeVar
 import pytest
 
 from bastion.bucket.logs import job_log_name
+from bastion.bucket.objects import UnacceptableObject
 from bastion.bucket.store import PreconditionFailed, Store
 from tests.flakyfs import FailurePlan, FlakyFileSystem
 
@@ -362,3 +364,42 @@ def test_url_token_and_read_url_for_a_file_in_another_directory(
     assert store.ops["info"] == 8 and store.ops["read"] == 2
     with pytest.raises(FileNotFoundError):  # QuotaSource tells "absent" by url_token first
         store.quota.read(str(quota.with_name("missing.toml")))
+
+
+@pytest.fixture(params=["local", "generic"])
+def store_failing_one_spec(request: pytest.FixtureRequest, root: Path) -> Iterator[Store]:
+    """As ``any_store``, where reading the spec ``broken`` always fails: on the generic path
+    every request for it (a 503), on a local root by being a directory, not a file."""
+    (root / "jobs" / "active").mkdir(parents=True)
+    if request.param == "local":
+        (root / "jobs" / "active" / "broken").mkdir()
+        yield Store(str(root))
+        return
+    plan = FailurePlan(where="/jobs/active/broken", first_calls=1000)
+    url = FlakyFileSystem.install(str(root), plan)
+    yield Store(url)
+    FlakyFileSystem.uninstall(str(root))
+
+
+@pytest.mark.parametrize("pooled", [False, True])
+def test_reading_many_specs_gives_each_what_its_own_read_gives_and_a_failure_in_its_place(
+    store_failing_one_spec: Store, pooled: bool
+) -> None:
+    """``read_many_with_token`` (a burst's specs in one call) answers each name as
+    ``read_with_token`` does, in order: bytes and the listing's token, None when absent, a
+    too-large spec refused; a read that fails is its exception in its place, the others read."""
+    store = store_failing_one_spec
+    store.specs.submit("a", b'{"a": 1}')
+    store.specs.submit("b", b"")
+    store.specs.submit("big", b"x" * ((1 << 20) + 1))
+    names = ["b", "missing", "broken", "a", "big"]
+    reads_before = store.ops["read"]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        reads = store.specs.read_many_with_token(names, pool if pooled else None)
+    assert store.ops["read"] - reads_before == len(names)  # a read counted per name
+    listed = store.specs.list()
+    assert reads[0] == (b"", listed["b"].token)
+    assert reads[1] is None
+    assert isinstance(reads[2], Exception) and "broken" in str(reads[2]), reads[2]
+    assert reads[3] == (b'{"a": 1}', listed["a"].token) == store.specs.read_with_token("a")
+    assert isinstance(reads[4], UnacceptableObject) and "limit" in str(reads[4])

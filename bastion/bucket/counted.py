@@ -13,13 +13,15 @@ import contextlib
 import os
 import shutil
 import threading
+from collections.abc import Sequence
+from concurrent.futures import Executor
 from typing import Any, BinaryIO
 
 import fsspec
 from fsspec import AbstractFileSystem
 
 from bastion.bucket.local import LocalObjects
-from bastion.bucket.objects import ObjectInfo, Objects
+from bastion.bucket.objects import ObjectInfo, Objects, TokenRead
 
 REQUEST_TIMEOUT_SECONDS = 60.0  # one bucket request; gcsfs retries transient failures itself
 
@@ -95,6 +97,18 @@ class CountedObjects:
         """The bytes and their listing token (see Objects.read_with_token)."""
         self.count("read")
         return self.objects.read_with_token(self.path(*parts), limit=limit)
+
+    def read_many_with_token(
+        self,
+        paths: Sequence[tuple[str, ...]],
+        limit: int | None = None,
+        pool: Executor | None = None,
+    ) -> list[TokenRead]:
+        """``read_with_token`` of each path, in order, a failed one's exception in its place
+        (Objects.read_many_with_token): one call, a read counted per path."""
+        with self._lock:
+            self.ops["read"] += len(paths)
+        return self.objects.read_many_with_token([self.path(*p) for p in paths], limit, pool)
 
     def read_range(self, start: int, *parts: str) -> bytes:
         self.count("read")

@@ -8,6 +8,8 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Sequence
+from concurrent.futures import Executor
 from typing import Any
 
 from fsspec import AbstractFileSystem
@@ -17,6 +19,7 @@ from bastion.bucket.objects import (
     ObjectInfo,
     Objects,
     PreconditionFailed,
+    TokenRead,
     hidden_name,
     in_range,
 )
@@ -32,6 +35,7 @@ class GcsObjects(Objects):
     PAGE = 1000  # GCS returns at most 1,000 names per page
     SPLIT_EVERY = 800  # names per range: room to grow by a quarter before it takes two pages
     RANGES_IN_FLIGHT = 16
+    READS_IN_FLIGHT = 64  # GETs of one read_many_with_token under way at once
     _FIELDS = "items(name,size,generation),prefixes,nextPageToken"  # a tenth of the bytes
 
     def __init__(self, fs: AbstractFileSystem) -> None:
@@ -134,13 +138,50 @@ class GcsObjects(Objects):
         it carries (the listing's token). Without the header (an emulator that omits it), or
         for an empty object (a range request on it is refused), the generic info-then-read."""
         try:
-            headers, data = sync(self.fs.loop, self._download, path, limit)
-        except FileNotFoundError:
-            return None
+            got: tuple[Any, bytes] | BaseException = sync(self.fs.loop, self._download, path, limit)
         except Exception as e:
-            if getattr(e, "code", None) != 416:
-                raise
+            got = e
+        return self._downloaded(path, got, limit)
+
+    def read_many_with_token(
+        self, paths: Sequence[str], limit: int | None = None, pool: Executor | None = None
+    ) -> list[TokenRead]:
+        """Every GET sent from one call into gcsfs's event loop, ``READS_IN_FLIGHT`` at a time
+        (the pool unused): one thread hop for the lot instead of one per request. On the
+        emulator, 1,000 spec reads took 0.33-0.37 ms of CPU each this way, 0.55-0.67 ms from
+        48 threads (see the commit that added it)."""
+        downloads = sync(self.fs.loop, self._downloads, list(paths), limit)
+        results: list[TokenRead] = []
+        for path, got in zip(paths, downloads, strict=True):
+            try:
+                results.append(self._downloaded(path, got, limit))
+            except Exception as e:
+                results.append(e)
+        return results
+
+    async def _downloads(
+        self, paths: list[str], limit: int | None
+    ) -> list[tuple[Any, bytes] | BaseException]:
+        gate = asyncio.Semaphore(self.READS_IN_FLIGHT)
+
+        async def one(path: str) -> tuple[Any, bytes]:
+            async with gate:
+                return await self._download(path, limit)
+
+        return await asyncio.gather(*(one(p) for p in paths), return_exceptions=True)
+
+    def _downloaded(
+        self, path: str, got: tuple[Any, bytes] | BaseException, limit: int | None
+    ) -> tuple[bytes, str] | None:
+        """What a download gave, as ``read_with_token`` answers (in the calling thread: the
+        generic read it may fall back on is a blocking call)."""
+        if isinstance(got, FileNotFoundError):
+            return None
+        if isinstance(got, BaseException):
+            if not isinstance(got, Exception) or getattr(got, "code", None) != 416:
+                raise got
             return super().read_with_token(path, limit)
+        headers, data = got
         generation = headers.get("x-goog-generation") if headers else None
         if not generation:
             return super().read_with_token(path, limit)

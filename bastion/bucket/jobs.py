@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 from typing import Any, TypeVar
 
 from bastion.bucket.counted import CountedObjects
-from bastion.bucket.objects import ObjectInfo, UnacceptableObject
+from bastion.bucket.objects import ObjectInfo, TokenRead, UnacceptableObject
 from bastion.jobspec import MAX_SPEC_BYTES
 
 JOBS = "jobs"
@@ -54,6 +55,13 @@ def marked_job(marker: str) -> str | None:
     return name or None
 
 
+def _as_spec_error(error: UnacceptableObject) -> UnacceptableObject:
+    """A spec that is no regular file says what a spec must be."""
+    if error.rule == UnacceptableObject.REGULAR:
+        return UnacceptableObject(error.path, error.what, "specs must be regular files")
+    return error
+
+
 class Specs:
     """``jobs/active/``: what users asked to run."""
 
@@ -79,13 +87,20 @@ class Specs:
         local root): for a spec named by a submission marker, whose token no listing gave."""
         return self._read_with(self._bucket.read_with_token, name)
 
+    def read_many_with_token(
+        self, names: Sequence[str], pool: Executor | None = None
+    ) -> list[TokenRead]:
+        """``read_with_token`` of each name, in order, in one call (a burst's specs: GCS sends
+        them all from one call); a failed read's exception in its place."""
+        paths = [(JOBS, ACTIVE, name) for name in names]
+        reads = self._bucket.read_many_with_token(paths, MAX_SPEC_BYTES, pool)
+        return [_as_spec_error(r) if isinstance(r, UnacceptableObject) else r for r in reads]
+
     def _read_with(self, reader: Callable[..., T], name: str) -> T:
         try:
             return reader(JOBS, ACTIVE, name, limit=MAX_SPEC_BYTES)
         except UnacceptableObject as e:
-            if e.rule == UnacceptableObject.REGULAR:
-                raise UnacceptableObject(e.path, e.what, "specs must be regular files") from None
-            raise
+            raise _as_spec_error(e) from None
 
     def submit(self, name: str, data: bytes) -> bool:
         """Create a spec; False when a job of that name is already active."""

@@ -18,13 +18,15 @@ import stat
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Executor
 from typing import Any
 
 from bastion.bucket.objects import (
     ObjectInfo,
     Objects,
     PreconditionFailed,
+    TokenRead,
     UnacceptableObject,
     in_range,
     object_kind,
@@ -253,6 +255,14 @@ class LocalObjects(Objects):
             return None
         data, st = found
         return data, _stat_token(st)
+
+    def read_many_with_token(
+        self, paths: Sequence[str], limit: int | None = None, pool: Executor | None = None
+    ) -> list[TokenRead]:
+        """In the calling thread, the pool unused: a local read costs tens of microseconds of
+        CPU, and 48 threads taking turns at the GIL cost more than the reads (a cycle's 1,000
+        spec reads: see the commit that added this)."""
+        return super().read_many_with_token(paths, limit, None)
 
     def _read_opened(
         self, path: str, start: int | None, limit: int | None

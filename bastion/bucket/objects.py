@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import stat
+from collections.abc import Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
@@ -23,6 +25,10 @@ from fsspec.implementations.local import LocalFileSystem
 from bastion.registry import Registry
 from bastion.retry import read_back
 from bundlers.base import format_size
+
+# What ``read_many_with_token`` gives for one path: its bytes and token, None when absent, or
+# the error that path's read raised (in its place: the other paths are read all the same).
+TokenRead: TypeAlias = tuple[bytes, str] | Exception | None
 
 
 class PreconditionFailed(Exception):
@@ -190,6 +196,25 @@ class Objects:
             return None
         data = self.read(path, limit=limit)
         return None if data is None else (data, info.token)
+
+    def read_many_with_token(
+        self, paths: Sequence[str], limit: int | None = None, pool: Executor | None = None
+    ) -> list[TokenRead]:
+        """``read_with_token`` of every path, in order; a path whose read fails has its
+        exception in its place. For a cycle that reads a burst's specs: one call for all.
+
+        Generic: one read per path, in ``pool`` when given (one thread per request in
+        flight), else one after another. GCS overrides it to send every request from one
+        call into gcsfs's event loop, without a thread hop per request; a local directory
+        reads in the calling thread (a read is a few system calls: threads only contend)."""
+
+        def one(path: str) -> TokenRead:
+            try:
+                return self.read_with_token(path, limit)
+            except Exception as e:
+                return e
+
+        return list(pool.map(one, paths)) if pool is not None else [one(p) for p in paths]
 
     def _within(self, path: str, data: bytes, limit: int | None) -> bytes:
         """``data`` if within ``limit``; else UnacceptableObject with the object's whole size."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 from bastion import lifecycle
@@ -36,14 +35,12 @@ def read_specs(ctx: Context, look: Look, now: float) -> None:
     if listed is not None:
         jobs = ctx.jobs
         changed = [n for n, i in listed.items() if n not in jobs or jobs[n].token != i.token]
-        read: Callable[[str], Any] = ctx.store.specs.read
     else:
         changed = intake_order(ctx, look)
-        read = ctx.store.specs.read_with_token
     changed, later = changed[:INTAKE_PER_CYCLE], changed[INTAKE_PER_CYCLE:]
     # the loop runs the next cycle without waiting its poll (markers beyond a ranged look too)
     ctx.intake_backlog = len(later) + look.more_markers
-    results = dict(zip(changed, ctx.pool.map(pools.quietly(read), changed), strict=True))
+    results = dict(zip(changed, read_all(ctx, changed, listed is not None), strict=True))
     unread = set(later)  # their markers stay, to be taken in next cycle
     for name in changed:
         result = results[name]
@@ -77,6 +74,15 @@ def read_specs(ctx: Context, look: Look, now: float) -> None:
                 ctx.attend(job)
                 ctx.inputs_changed = True
     ctx.specwatch.taken_in(look, unread)  # its markers are deleted at the cycle's end
+
+
+def read_all(ctx: Context, names: list[str], listed: bool) -> list[Any]:
+    """Each spec's bytes (with the token of the bytes read, for those no listing gave), a
+    failed read's exception in its place. A burst's marked specs are read in one call
+    (Objects.read_many_with_token: on GCS one hop into gcsfs's event loop for all of them)."""
+    if listed:
+        return list(ctx.pool.map(pools.quietly(ctx.store.specs.read), names))
+    return ctx.store.specs.read_many_with_token(names, ctx.pool)
 
 
 def intake_order(ctx: Context, look: Look) -> list[str]:
