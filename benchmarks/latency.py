@@ -16,7 +16,8 @@ class LatencyBucket:
     A listing counts a request per 800 names and waits once per 16 of them, as GcsObjects
     lists name ranges 16 at a time; a ``delete_many`` counts one per 100 paths and waits once
     (GCS batch requests, sent concurrently); a ``read_many_with_token`` counts one per path
-    and waits once per ``GcsObjects.READS_IN_FLIGHT`` of them (the GETs it keeps in flight).
+    and waits once per ``GcsObjects.READS_IN_FLIGHT`` of them (the GETs it keeps in flight),
+    and a ``write_many_if`` likewise per ``WRITES_IN_FLIGHT``.
     The quota file's lookup goes through its own ``Objects`` and is neither delayed nor
     counted (one request per cycle, which the store counters show).
     No HTTP client runs, so gcsfs's CPU (request building, JSON parsing on its event-loop
@@ -64,6 +65,16 @@ class LatencyBucket:
         result = self.inner.read_many_with_token(paths, *args)
         with self._lock:
             self.routes["read_with_token"] += len(paths)
+        return result
+
+    def write_many_if(self, writes: list[Any], *args: Any) -> Any:
+        """GcsObjects.write_many_if: WRITES_IN_FLIGHT uploads at a time, as the reads."""
+        from bastion.bucket.gcs import GcsObjects
+
+        time.sleep(self.latency * -(-len(writes) // GcsObjects.WRITES_IN_FLIGHT))
+        result = self.inner.write_many_if(writes, *args)
+        with self._lock:
+            self.routes["write_if"] += len(writes)
         return result
 
     def reset(self) -> None:

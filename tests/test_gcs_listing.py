@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from bastion.bucket.gcs import GcsObjects
-from bastion.bucket.objects import Objects, UnacceptableObject
+from bastion.bucket.objects import Objects, PreconditionFailed, UnacceptableObject
 from bastion.bucket.store import Store
 from tests.conftest import BUCKET, fresh_gcs_root
 from tests.faultproxy import FaultProxy
@@ -170,3 +170,37 @@ def test_reading_many_is_one_get_each_from_one_call_and_keeps_a_failure_in_its_p
     # one download per object, and one more for the empty one's generic fallback (with the
     # metadata requests that fallback and the big one's size make)
     assert proxy.stats()["routes"]["GET media"] == len(asked) + 1, proxy.stats()
+
+
+def test_writing_many_is_one_conditional_upload_each_and_keeps_a_loss_in_its_place(
+    proxy: FaultProxy, directory: str
+) -> None:
+    """A burst's states in one call (``write_many_if``): one upload per object under its
+    generation precondition, from gcsfs's event loop; each answers as ``write_if`` does (the
+    generation the listing then shows), a lost precondition is PreconditionFailed in its
+    place, and a refused upload is its error, while the others are written."""
+    objects = _objects(proxy.endpoint)
+    names = [f"state-{i:03d}" for i in range(100)]  # more than WRITES_IN_FLIGHT
+    old = objects.write_if(f"{directory}/old", b"v1", None)
+    objects.write_if(f"{directory}/taken", b"theirs", None)
+    writes = [(f"{directory}/{n}", n.encode(), None) for n in names]
+    writes += [
+        (f"{directory}/old", b"v2", old),
+        (f"{directory}/taken", b"mine", None),
+        (f"{directory}/refused", b"x", None),
+    ]
+    proxy.reset_counts()
+    proxy.fail_next(r"POST \S*upload\S*", kind="403")  # the first upload to come in
+    answers = objects.write_many_if(writes)
+    listed = objects.list(directory)
+    by_name = {w[0].rsplit("/", 1)[1]: (w[1], a) for w, a in zip(writes, answers, strict=True)}
+    lost = [n for n, (_, a) in by_name.items() if isinstance(a, PreconditionFailed)]
+    failed = [a for _, a in by_name.values() if isinstance(a, Exception)]
+    # "taken" lost its precondition; one of the first uploads in flight was refused ("taken"
+    # goes out only once one of them is answered)
+    assert lost == ["taken"] and len(failed) == 2
+    assert proxy.stats()["faults"].get("403") == 1
+    for name, (data, answer) in by_name.items():
+        if isinstance(answer, str):
+            assert answer == listed[name].token and objects.read(f"{directory}/{name}") == data
+    assert objects.read(f"{directory}/taken") == b"theirs"

@@ -403,3 +403,26 @@ def test_reading_many_specs_gives_each_what_its_own_read_gives_and_a_failure_in_
     assert isinstance(reads[2], Exception) and "broken" in str(reads[2]), reads[2]
     assert reads[3] == (b'{"a": 1}', listed["a"].token) == store.specs.read_with_token("a")
     assert isinstance(reads[4], UnacceptableObject) and "limit" in str(reads[4])
+
+
+@pytest.mark.parametrize("pooled", [False, True])
+def test_writing_many_states_is_compare_and_swap_for_each_and_a_loss_stays_in_its_place(
+    any_store: Store, pooled: bool
+) -> None:
+    """``write_many`` (a burst's states in one call) writes each state as ``write`` does: only
+    at its expected token (None: absent), giving the new token the listing shows; a write
+    whose precondition fails is PreconditionFailed in its place, and the others are written."""
+    first = any_store.states.write("old", b"v1")
+    any_store.states.write("taken", b"someone else's")
+    writes_before = any_store.ops["write"]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = any_store.states.write_many(
+            [("new", b"n1", None), ("old", b"v2", first), ("taken", b"mine", None)],
+            pool if pooled else None,
+        )
+    assert any_store.ops["write"] - writes_before == 3  # a write counted per state
+    listed = any_store.states.list()
+    assert answers[0] == listed["new"].token and any_store.states.read("new") == b"n1"
+    assert answers[1] == listed["old"].token and any_store.states.read("old") == b"v2"
+    assert isinstance(answers[2], PreconditionFailed)
+    assert any_store.states.read("taken") == b"someone else's"

@@ -21,7 +21,7 @@ import fsspec
 from fsspec import AbstractFileSystem
 
 from bastion.bucket.local import LocalObjects
-from bastion.bucket.objects import ObjectInfo, Objects, TokenRead
+from bastion.bucket.objects import ObjectInfo, Objects, TokenRead, TokenWrite
 
 REQUEST_TIMEOUT_SECONDS = 60.0  # one bucket request; gcsfs retries transient failures itself
 
@@ -123,6 +123,18 @@ class CountedObjects:
         """Compare-and-swap on the object's token; returns the new token."""
         self.count("write")
         return self.objects.write_if(self.path(*parts), data, expected)
+
+    def write_many_if(
+        self,
+        writes: Sequence[tuple[tuple[str, ...], bytes, str | None]],
+        pool: Executor | None = None,
+    ) -> list[TokenWrite]:
+        """``write_if`` of each (path, bytes, expected), in order, a failed one's exception in
+        its place (Objects.write_many_if): one call, a write counted per object."""
+        with self._lock:
+            self.ops["write"] += len(writes)
+        full = [(self.path(*parts), data, expected) for parts, data, expected in writes]
+        return self.objects.write_many_if(full, pool)
 
     def create(self, data: bytes, *parts: str) -> bool:
         """Write only if absent; False when the object already exists."""

@@ -16,10 +16,12 @@ from fsspec import AbstractFileSystem
 from fsspec.asyn import sync
 
 from bastion.bucket.objects import (
+    ConditionalWrite,
     ObjectInfo,
     Objects,
     PreconditionFailed,
     TokenRead,
+    TokenWrite,
     hidden_name,
     in_range,
 )
@@ -36,6 +38,7 @@ class GcsObjects(Objects):
     SPLIT_EVERY = 800  # names per range: room to grow by a quarter before it takes two pages
     RANGES_IN_FLIGHT = 16
     READS_IN_FLIGHT = 64  # GETs of one read_many_with_token under way at once
+    WRITES_IN_FLIGHT = 64  # uploads of one write_many_if under way at once
     _FIELDS = "items(name,size,generation),prefixes,nextPageToken"  # a tenth of the bytes
 
     def __init__(self, fs: AbstractFileSystem) -> None:
@@ -286,6 +289,41 @@ class GcsObjects(Objects):
         ]
 
     def write_if(self, path: str, data: bytes, expected: str | None) -> str:
+        try:
+            sent: dict[str, Any] | BaseException = sync(
+                self.fs.loop, self._upload_if, path, data, expected
+            )
+        except Exception as e:
+            sent = e
+        return self._uploaded(path, data, sent)
+
+    def write_many_if(
+        self, writes: Sequence[ConditionalWrite], pool: Executor | None = None
+    ) -> list[TokenWrite]:
+        """Every upload from one call into gcsfs's event loop, ``WRITES_IN_FLIGHT`` at a time
+        (the pool unused); a lost precondition is looked into afterwards, in this thread."""
+        sent_all = sync(self.fs.loop, self._uploads_if, list(writes))
+        results: list[TokenWrite] = []
+        for (path, data, _), sent in zip(writes, sent_all, strict=True):
+            try:
+                results.append(self._uploaded(path, data, sent))
+            except Exception as e:
+                results.append(e)
+        return results
+
+    async def _uploads_if(
+        self, writes: list[ConditionalWrite]
+    ) -> list[dict[str, Any] | BaseException]:
+        gate = asyncio.Semaphore(self.WRITES_IN_FLIGHT)
+
+        async def one(path: str, data: bytes, expected: str | None) -> dict[str, Any]:
+            async with gate:
+                return await self._upload_if(path, data, expected)
+
+        return await asyncio.gather(*(one(*w) for w in writes), return_exceptions=True)
+
+    async def _upload_if(self, path: str, data: bytes, expected: str | None) -> dict[str, Any]:
+        """One multipart upload under ``ifGenerationMatch`` (0: the object must be absent)."""
         bucket, key, _ = self.fs.split_path(path)
         body = (
             b"--==0==\nContent-Type: application/json; charset=UTF-8\n\n"
@@ -294,26 +332,31 @@ class GcsObjects(Objects):
             + data
             + b"\n--==0==--"
         )
-        try:
-            result = self.fs.call(
-                "POST",
-                f"{self.fs._location}/upload/storage/v1/b/{bucket}/o",
-                uploadType="multipart",
-                ifGenerationMatch=expected or "0",
-                headers={"Content-Type": 'multipart/related; boundary="==0=="'},
-                data=body,
-                json_out=True,
-            )
-        except Exception as e:
-            if getattr(e, "code", None) == 412 or isinstance(e, FileExistsError):
+        return await self.fs._call(
+            "POST",
+            f"{self.fs._location}/upload/storage/v1/b/{bucket}/o",
+            uploadType="multipart",
+            ifGenerationMatch=expected or "0",
+            headers={"Content-Type": 'multipart/related; boundary="==0=="'},
+            data=body,
+            json_out=True,
+        )
+
+    def _uploaded(self, path: str, data: bytes, sent: dict[str, Any] | BaseException) -> str:
+        """The new generation, as ``write_if`` answers (in the calling thread: a lost
+        precondition is read back, a blocking call)."""
+        if isinstance(sent, BaseException):
+            if isinstance(sent, Exception) and (
+                getattr(sent, "code", None) == 412 or isinstance(sent, FileExistsError)
+            ):
                 # our own first try may have succeeded, then been retried
                 if read_back(lambda: self.read(path), lambda now: now == data).ours:
                     current = self.info(path)
                     return current.token if current else ""
-                raise PreconditionFailed(f"{path} changed since it was read") from e
-            raise
+                raise PreconditionFailed(f"{path} changed since it was read") from sent
+            raise sent
         self.fs.invalidate_cache(path)
-        return str(result["generation"])
+        return str(sent["generation"])
 
     def append(self, path: str, data: bytes, size: int | None = None) -> None:
         """Upload the bytes as a part, compose [object, part] into the object: O(new bytes).

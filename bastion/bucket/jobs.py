@@ -16,7 +16,7 @@ from concurrent.futures import Executor
 from typing import Any, TypeVar
 
 from bastion.bucket.counted import CountedObjects
-from bastion.bucket.objects import ObjectInfo, TokenRead, UnacceptableObject
+from bastion.bucket.objects import ObjectInfo, TokenRead, TokenWrite, UnacceptableObject
 from bastion.jobspec import MAX_SPEC_BYTES
 
 JOBS = "jobs"
@@ -131,6 +131,15 @@ class States:
         Raises PreconditionFailed when someone else wrote it since: a stale daemon must not
         overwrite what the current one decided."""
         return self._bucket.write_if(data, expected, JOBS, STATES, name)
+
+    def write_many(
+        self, writes: Sequence[tuple[str, bytes, str | None]], pool: Executor | None = None
+    ) -> list[TokenWrite]:
+        """``write`` of each (name, bytes, expected), in order, in one call (a burst's states:
+        GCS sends them all from one call); a failed write's exception in its place."""
+        return self._bucket.write_many_if(
+            [((JOBS, STATES, name), data, expected) for name, data, expected in writes], pool
+        )
 
     def read_with_token(self, name: str) -> tuple[bytes, str] | None:
         info = self._bucket.info(JOBS, STATES, name)

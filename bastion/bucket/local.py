@@ -23,10 +23,12 @@ from concurrent.futures import Executor
 from typing import Any
 
 from bastion.bucket.objects import (
+    ConditionalWrite,
     ObjectInfo,
     Objects,
     PreconditionFailed,
     TokenRead,
+    TokenWrite,
     UnacceptableObject,
     in_range,
     object_kind,
@@ -323,6 +325,12 @@ class LocalObjects(Objects):
             finally:
                 os.unlink(tmp, dir_fd=fd)
         return True
+
+    def write_many_if(
+        self, writes: Sequence[ConditionalWrite], pool: Executor | None = None
+    ) -> list[TokenWrite]:
+        """In the calling thread, the pool unused, as ``read_many_with_token``."""
+        return super().write_many_if(writes, None)
 
     def write_if(self, path: str, data: bytes, expected: str | None) -> str:
         """Compare and swap under the directory's lock file. The new bytes are written to a

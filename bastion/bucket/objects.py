@@ -29,6 +29,10 @@ from bundlers.base import format_size
 # What ``read_many_with_token`` gives for one path: its bytes and token, None when absent, or
 # the error that path's read raised (in its place: the other paths are read all the same).
 TokenRead: TypeAlias = tuple[bytes, str] | Exception | None
+# What ``write_many_if`` gives for one object: its new token, or the error its write raised.
+TokenWrite: TypeAlias = str | Exception
+# One conditional write: (path, bytes, the token it must still have; None: absent).
+ConditionalWrite: TypeAlias = tuple[str, bytes, str | None]
 
 
 class PreconditionFailed(Exception):
@@ -249,6 +253,25 @@ class Objects:
         except Exception:  # written; the next conditional write re-reads to learn the token
             return ""
         return after.token if after else ""
+
+    def write_many_if(
+        self, writes: Sequence[ConditionalWrite], pool: Executor | None = None
+    ) -> list[TokenWrite]:
+        """``write_if`` of each (path, bytes, expected), in order; a write that fails has its
+        exception in its place (PreconditionFailed among them), the others are written. For a
+        cycle that writes a burst's states: one call for all.
+
+        Generic: one write per object, in ``pool`` when given, else one after another. GCS
+        sends every upload from one call into gcsfs's event loop; a local directory writes in
+        the calling thread."""
+
+        def one(write: ConditionalWrite) -> TokenWrite:
+            try:
+                return self.write_if(*write)
+            except Exception as e:
+                return e
+
+        return list(pool.map(one, writes)) if pool is not None else [one(w) for w in writes]
 
     def append(self, path: str, data: bytes, size: int | None = None) -> None:
         """Add ``data`` at the end. ``size``: the object's current size when the caller knows

@@ -60,7 +60,14 @@ def write_back(ctx: Context) -> None:
     work.extend((None, [name]) for name in orphans)  # logs of jobs no longer here
     accounting.record_attempts(ctx)  # ahead of the states that say an attempt began or ended
 
-    results = ctx.pool.map(pools.quietly(functools.partial(write_back_job, ctx)), work)
+    # States alone (most of a burst: new jobs have no logs yet) go in one call; jobs with
+    # logs to upload first, in the pool meanwhile
+    alone = [job for job, logs in work if job is not None and not logs]
+    work = [item for item in work if item[0] is None or item[1]]
+    in_pool = ctx.pool.map(pools.quietly(functools.partial(write_back_job, ctx)), work)
+    written_alone = write_states(ctx, alone)
+    results = [*in_pool, *written_alone]
+    work += [(job, []) for job in alone]
     changed = False
     for (job, _), result in zip(work, results, strict=True):
         if job is None:
@@ -132,39 +139,85 @@ def read_back_state(ctx: Context, job: Job) -> ReadBack[tuple[bytes, str]]:
 
 def write_state(ctx: Context, job: Job) -> bool:
     """Write the job's state if its bytes changed (False: unchanged, nothing sent)."""
+    raw = _to_write(job)
+    if raw is None:
+        return False
+    try:
+        token = ctx.store.states.write(job.name, raw, job.state_token)
+    except PreconditionFailed as e:
+        token = _after_conflict(ctx, job, raw, e)
+    _written(job, raw, token)
+    return True
+
+
+def write_states(ctx: Context, jobs: list[Job]) -> list[bool | Exception]:
+    """``write_state`` of each job, the writes sent in one call (States.write_many: on GCS
+    one hop into gcsfs's event loop for a burst's thousand states); a job whose write failed
+    has its exception in its place. A lost precondition is resolved as ``write_state``
+    resolves it, in the pool (every write of a burst conflicts when another writer came)."""
+    try:
+        ctx.may_act()
+    except NotHolding as e:
+        return [e] * len(jobs)
+    raws = [_to_write(job) for job in jobs]
+    sent = [i for i, raw in enumerate(raws) if raw is not None]
+    writes = [(jobs[i].name, raws[i] or b"", jobs[i].state_token) for i in sent]
+    answers = dict(zip(sent, ctx.store.states.write_many(writes, ctx.pool), strict=True))
+    conflicts = [i for i in sent if isinstance(answers[i], PreconditionFailed)]
+
+    def resolve(i: int) -> str:
+        lost = answers[i]
+        assert isinstance(lost, PreconditionFailed)
+        return _after_conflict(ctx, jobs[i], raws[i] or b"", lost)
+
+    answers.update(zip(conflicts, ctx.pool.map(pools.quietly(resolve), conflicts), strict=True))
+    results: list[bool | Exception] = []
+    for i, job in enumerate(jobs):
+        answer = answers.get(i)
+        if isinstance(answer, str):
+            _written(job, raws[i] or b"", answer)
+        results.append(answer is not None if not isinstance(answer, Exception) else answer)
+    return results
+
+
+def _to_write(job: Job) -> bytes | None:
+    """The state's bytes when they differ from what was written (noted as tried: a write
+    whose answer is lost is recognised as ours), else None."""
     raw = job.state.dumps()
     if raw == job.written:
         job.state.mark_written()
-        return False
+        return None
     job.attempted += (raw,)
-    try:
-        job.state_token = ctx.store.states.write(job.name, raw, job.state_token)
-    except PreconditionFailed:
-        # Our own earlier write may have landed with its answer lost, or its new token
-        # may be unknown: then the object holds bytes we wrote or tried, and we carry
-        # on from its token. Otherwise another daemon (or someone else) wrote it.
-        back = read_back_state(ctx, job)
-        current = back.found
-        if not back.ours:
-            if ctx.lease is None or not ctx.lease.valid():
-                raise
-            # We hold the lease, so no daemon wrote this: a foreign write. Our state
-            # stands; the forged bytes are reported and replaced, never acted on.
-            log.error(
-                "%s: its state was overwritten by someone else (not a daemon); "
-                "restoring the daemon's own state",
-                job.name,
-            )
-            job.state_token = ctx.store.states.write(job.name, raw, current[1] if current else None)
-            job.written = raw
-            job.attempted = ()
-            job.state.mark_written()
-            return True
-        assert current is not None  # ours: our own bytes are there
-        job.state_token = current[1]
-        if current[0] != raw:
-            job.state_token = ctx.store.states.write(job.name, raw, job.state_token)
+    return raw
+
+
+def _written(job: Job, raw: bytes, token: str) -> None:
+    job.state_token = token
     job.written = raw
     job.attempted = ()
     job.state.mark_written()
-    return True
+
+
+def _after_conflict(ctx: Context, job: Job, raw: bytes, error: PreconditionFailed) -> str:
+    """A conditional write of ``raw`` lost its precondition: the token once our bytes are
+    in place. Our own earlier write may have landed with its answer lost, or its new token
+    may be unknown: then the object holds bytes we wrote or tried, and we carry on from its
+    token. Otherwise another daemon (or someone else) wrote it: ``error`` again."""
+    back = read_back_state(ctx, job)
+    current = back.found
+    if not back.ours:
+        if ctx.lease is None or not ctx.lease.valid():
+            raise error
+        # We hold the lease, so no daemon wrote this: a foreign write. Our state
+        # stands; the forged bytes are reported and replaced, never acted on.
+        log.error(
+            "%s: its state was overwritten by someone else (not a daemon); "
+            "restoring the daemon's own state",
+            job.name,
+        )
+        return ctx.store.states.write(job.name, raw, current[1] if current else None)
+    assert current is not None  # ours: our own bytes are there
+    job.state_token = current[1]
+    if current[0] == raw:
+        return current[1]
+    return ctx.store.states.write(job.name, raw, job.state_token)
