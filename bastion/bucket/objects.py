@@ -7,7 +7,9 @@ This module holds the interface every backend implements (``Objects``, also the 
 fsspec backend), what they share (``ObjectInfo``, the errors) and the registry that picks one
 per protocol (``objects_for``), like fsspec's own. One module per backend: ``local.py`` (a
 directory), ``gcs.py``, ``s3.py``. None of them knows Bastion's paths; ``bastion.bucket.store``
-does.
+does. What a cycle does to many objects at once (``read_many_with_token``, ``write_many_if``,
+``delete_many``) is derived here from the single-object primitives; a backend that can send
+many requests from one call overrides it.
 """
 
 from __future__ import annotations
