@@ -106,6 +106,8 @@ class CountedObjects:
     ) -> list[TokenRead]:
         """``read_with_token`` of each path, in order, a failed one's exception in its place
         (Objects.read_many_with_token): one call, a read counted per path."""
+        if not paths:  # (a quiet cycle: no call at all, not even a hop into an event loop)
+            return []
         with self._lock:
             self.ops["read"] += len(paths)
         return self.objects.read_many_with_token([self.path(*p) for p in paths], limit, pool)
@@ -131,6 +133,8 @@ class CountedObjects:
     ) -> list[TokenWrite]:
         """``write_if`` of each (path, bytes, expected), in order, a failed one's exception in
         its place (Objects.write_many_if): one call, a write counted per object."""
+        if not writes:
+            return []
         with self._lock:
             self.ops["write"] += len(writes)
         full = [(self.path(*parts), data, expected) for parts, data, expected in writes]
