@@ -355,3 +355,59 @@ def test_read_spec_fetches_at_most_the_limit_and_says_the_size(store):
     with pytest.raises(UnacceptableObject, match="jobs/active/big is 3 MiB; the limit is 1 MiB"):
         store.specs.read("big")
     assert store.specs.read("empty") == b""
+
+
+# -- a cycle's reads and writes in one call ----------------------------------------------------
+
+
+def test_reading_many_is_one_get_each_and_a_refused_get_is_sent_again_alone(store, root, dropper):
+    """A burst's specs in one call: one GetObject per object, each answered as
+    ``read_with_token`` answers it (the listing's token, None when absent, a too-large one
+    refused); a GET the front end refused (AccessDenied, once) is sent again alone, through
+    ``read_with_token``, and read."""
+    via = Store(root, endpoint_url=dropper.endpoint)
+    folder = path(via, "jobs", "active")
+    names = [f"spec-{i:02d}" for i in range(20)]
+    for name in names:
+        via.objects.write(f"{folder}/{name}", name.encode())
+    via.objects.write(f"{folder}/big", b"x" * 100)
+    via.objects.write(f"{folder}/denied", b"secret")
+    listed = via.objects.list(folder)
+    dropper.exchanges.clear()
+    dropper.arm("GET", "/denied ", reply=(403, "AccessDenied"))
+    asked = [*names, "absent", "big", "denied"]
+    reads = via.objects.read_many_with_token([f"{folder}/{n}" for n in asked], limit=10)
+    assert reads[: len(names)] == [(n.encode(), listed[n].token) for n in names]
+    absent, big, denied = reads[len(names) :]
+    assert absent is None
+    assert isinstance(big, UnacceptableObject) and "is 100 bytes" in str(big)
+    assert denied == (b"secret", listed["denied"].token)
+    # one GET each; the denied one twice (refused in the batch, then answered alone)
+    statuses = dropper.statuses("GET")
+    assert len(statuses) == len(asked) + 1 and statuses.count("403") == 1, statuses
+
+
+def test_writing_many_is_compare_and_swap_each_and_a_lost_answer_is_still_ours(
+    store, root, dropper
+):
+    """A burst's states in one call: a conditional PutObject each, at its ETag (or absent);
+    a put whose answer was lost after the server applied it is sent again alone, meets our own
+    bytes and is ours; a put someone else beat is PreconditionFailed in its place."""
+    via = Store(root, endpoint_url=dropper.endpoint)
+    folder = path(via, "jobs", "states")
+    old = via.objects.write_if(f"{folder}/old", b"v1", None)
+    via.objects.write_if(f"{folder}/taken", b"theirs", None)
+    writes = [(f"{folder}/n{i:02d}", b"new", None) for i in range(10)]
+    writes += [(f"{folder}/old", b"v2", old), (f"{folder}/taken", b"mine", None)]
+    dropper.arm("PUT", "if-match")  # the one put under If-Match: "old"
+    answers = via.objects.write_many_if(writes)
+    assert [status for _, status in dropper.dropped] == ["HTTP/1.1 200 OK"]
+    listed = store.objects.list(path(store, "jobs", "states"))
+    for (p, data, _), answer in zip(writes[:-1], answers[:-1], strict=True):
+        name = p.rsplit("/", 1)[1]
+        assert (
+            answer == listed[name].token
+            and store.objects.read(path(store, "jobs", "states", name)) == data
+        )
+    assert isinstance(answers[-1], PreconditionFailed)
+    assert store.objects.read(path(store, "jobs", "states", "taken")) == b"theirs"

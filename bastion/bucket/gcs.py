@@ -9,9 +9,9 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Executor
-from typing import Any, TypeVar
+from typing import Any
 
 from fsspec import AbstractFileSystem
 from fsspec.asyn import sync
@@ -24,12 +24,12 @@ from bastion.bucket.objects import (
     TokenRead,
     TokenWrite,
     hidden_name,
+    in_flight,
     in_range,
 )
 from bastion.retry import read_back
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 class GcsObjects(Objects):
@@ -168,7 +168,7 @@ class GcsObjects(Objects):
         self, paths: list[str], limit: int | None
     ) -> list[tuple[Any, bytes] | BaseException]:
         calls = [functools.partial(self._download, path, limit) for path in paths]
-        return await _bounded(calls, self.READS_IN_FLIGHT)
+        return await in_flight(calls, self.READS_IN_FLIGHT)
 
     def _downloaded(
         self, path: str, got: tuple[Any, bytes] | BaseException, limit: int | None
@@ -251,7 +251,7 @@ class GcsObjects(Objects):
         """Batches of 100, 16 in flight (100,000 markers: 1,000 batches, not 1,000 at once)."""
         chunks = [paths[i : i + self.BATCH] for i in range(0, len(paths), self.BATCH)]
         calls = [functools.partial(self.fs._rm_files, chunk) for chunk in chunks]
-        results = await _bounded(calls, self.RANGES_IN_FLIGHT)
+        results = await in_flight(calls, self.RANGES_IN_FLIGHT)
         failed = []
         for chunk, result in zip(chunks, results, strict=True):
             if isinstance(result, BaseException):  # the batch request itself failed
@@ -268,7 +268,7 @@ class GcsObjects(Objects):
 
     async def _delete_each(self, paths: list[str]) -> list[str]:
         calls = [functools.partial(self.fs._rm_file, path) for path in paths]
-        results = await _bounded(calls, self.DELETES_IN_FLIGHT)
+        results = await in_flight(calls, self.DELETES_IN_FLIGHT)
         return [
             path
             for path, result in zip(paths, results, strict=True)
@@ -302,7 +302,7 @@ class GcsObjects(Objects):
         self, writes: list[ConditionalWrite]
     ) -> list[dict[str, Any] | BaseException]:
         calls = [functools.partial(self._upload_if, *write) for write in writes]
-        return await _bounded(calls, self.WRITES_IN_FLIGHT)
+        return await in_flight(calls, self.WRITES_IN_FLIGHT)
 
     async def _upload_if(self, path: str, data: bytes, expected: str | None) -> dict[str, Any]:
         """One multipart upload under ``ifGenerationMatch`` (0: the object must be absent)."""
@@ -405,20 +405,6 @@ class GcsObjects(Objects):
                 error = OSError(f"POST {url}: HTTP {response.status}: {content[:300]!r}")
                 error.code = response.status  # type: ignore[attr-defined]
                 raise error
-
-
-async def _bounded(
-    calls: Sequence[Callable[[], Awaitable[T]]], in_flight: int
-) -> list[T | BaseException]:
-    """Every call awaited, at most ``in_flight`` under way at once, in order; a failed one's
-    exception in its place (a burst's thousand requests, not a thousand at once)."""
-    gate = asyncio.Semaphore(in_flight)
-
-    async def one(call: Callable[[], Awaitable[T]]) -> T:
-        async with gate:
-            return await call()
-
-    return await asyncio.gather(*(one(call) for call in calls), return_exceptions=True)
 
 
 def _absent(error: BaseException) -> bool:

@@ -14,12 +14,13 @@ many requests from one call overrides it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import stat
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
@@ -30,6 +31,7 @@ from bundlers.base import format_size
 
 # What ``read_many_with_token`` gives for one path: its bytes and token, None when absent, or
 # the error that path's read raised (in its place: the other paths are read all the same).
+T = TypeVar("T")
 TokenRead: TypeAlias = tuple[bytes, str] | Exception | None
 # What ``write_many_if`` gives for one object: its new token, or the error its write raised.
 TokenWrite: TypeAlias = str | Exception
@@ -307,6 +309,21 @@ class Objects:
             except Exception:
                 failed.append(path)
         return failed
+
+
+async def in_flight(
+    calls: Sequence[Callable[[], Awaitable[T]]], most: int
+) -> list[T | BaseException]:
+    """For a backend's event loop: every call awaited, at most ``most`` under way at once,
+    the answers in order, a failed one's exception in its place (a burst's thousand
+    requests, not a thousand at once)."""
+    gate = asyncio.Semaphore(most)
+
+    async def one(call: Callable[[], Awaitable[T]]) -> T:
+        async with gate:
+            return await call()
+
+    return await asyncio.gather(*(one(call) for call in calls), return_exceptions=True)
 
 
 class UnknownBucket(ValueError):

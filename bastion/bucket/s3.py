@@ -42,18 +42,29 @@ Endpoint and credentials come from the standard AWS chain, so ``AWS_ENDPOINT_URL
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor
 from typing import Any, TypeVar
 
 from botocore.exceptions import BotoCoreError
 from fsspec import AbstractFileSystem
 from fsspec.asyn import sync
 
-from bastion.bucket.objects import ObjectInfo, Objects, PreconditionFailed, in_range
+from bastion.bucket.objects import (
+    ConditionalWrite,
+    ObjectInfo,
+    Objects,
+    PreconditionFailed,
+    TokenRead,
+    TokenWrite,
+    in_flight,
+    in_range,
+)
 from bastion.retry import read_back
 
 log = logging.getLogger(__name__)
@@ -66,6 +77,8 @@ CLIENT_CONFIG: dict[str, Any] = {
     "connect_timeout": CONNECT_TIMEOUT_SECONDS,
     "read_timeout": READ_TIMEOUT_SECONDS,
     "retries": {"mode": "standard", "total_max_attempts": MAX_ATTEMPTS},
+    # botocore's default is 10: a cycle's batched reads and writes keep more in flight
+    "max_pool_connections": 64,
 }
 
 MIN_PART = 5 << 20  # S3's smallest part (all but the last); below it, append rewrites
@@ -121,12 +134,19 @@ def _just_before(name: str) -> str:
     return name[:-1] + (chr(last - 1) + "\U0010ffff" if last > 1 else "")
 
 
+def _condition(expected: str | None) -> dict[str, str]:
+    """A conditional PutObject's header: If-Match on the token, If-None-Match: * for None."""
+    return {"IfMatch": f'"{expected}"'} if expected else {"IfNoneMatch": "*"}
+
+
 def _etag(value: Any) -> str:
     return str(value).strip('"')
 
 
 class S3Objects(Objects):
     """S3 (and S3-compatible servers) through s3fs and its aiobotocore client."""
+
+    REQUESTS_IN_FLIGHT = 64  # of one read_many_with_token or write_many_if (the client's pool)
 
     def __init__(self, fs: AbstractFileSystem) -> None:
         super().__init__(fs)
@@ -239,21 +259,10 @@ class S3Objects(Objects):
 
     def read_with_token(self, path: str, limit: int | None = None) -> tuple[bytes, str] | None:
         """One GetObject (at most ``limit + 1`` bytes): the bytes and the ETag they carry."""
-        bucket, key = self._split(path)
-        extra = {} if limit is None else {"Range": f"bytes=0-{limit}"}
-
-        async def get() -> tuple[dict[str, Any], bytes]:
-            out = await self.fs._call_s3(  # type: ignore[attr-defined]
-                "get_object", Bucket=bucket, Key=key, **extra, **self.fs.req_kw
-            )
-            body = out["Body"]
-            try:
-                return out, await body.read()
-            finally:
-                body.close()
-
         try:
-            out, data = self._request(lambda: sync(self.fs.loop, get), f"read {path}")
+            out, data = self._request(
+                lambda: sync(self.fs.loop, self._get, path, limit), f"read {path}"
+            )
         except FileNotFoundError:
             return None
         except OSError as e:
@@ -261,6 +270,42 @@ class S3Objects(Objects):
                 raise
             return super().read_with_token(path, limit)
         return self._within(path, data, limit), _etag(out["ETag"])
+
+    def read_many_with_token(
+        self, paths: Sequence[str], limit: int | None = None, pool: Executor | None = None
+    ) -> list[TokenRead]:
+        """Every GetObject sent from one call into s3fs's event loop, ``REQUESTS_IN_FLIGHT``
+        at a time (the pool unused). A GET that fails is sent again on its own, through
+        ``read_with_token``: its retries, its fallback for an empty object, its errors."""
+        calls = [functools.partial(self._get, path, limit) for path in paths]
+        got_all = sync(self.fs.loop, in_flight, calls, self.REQUESTS_IN_FLIGHT)
+        results: list[TokenRead] = []
+        for path, got in zip(paths, got_all, strict=True):
+            try:
+                if isinstance(got, FileNotFoundError):
+                    results.append(None)
+                elif isinstance(got, BaseException):
+                    if not isinstance(got, Exception):
+                        raise got
+                    results.append(self.read_with_token(path, limit))
+                else:
+                    out, data = got
+                    results.append((self._within(path, data, limit), _etag(out["ETag"])))
+            except Exception as e:
+                results.append(e)
+        return results
+
+    async def _get(self, path: str, limit: int | None) -> tuple[dict[str, Any], bytes]:
+        bucket, key = self._split(path)
+        extra = {} if limit is None else {"Range": f"bytes=0-{limit}"}
+        out = await self.fs._call_s3(  # type: ignore[attr-defined]
+            "get_object", Bucket=bucket, Key=key, **extra, **self.fs.req_kw
+        )
+        body = out["Body"]
+        try:
+            return out, await body.read()
+        finally:
+            body.close()
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -331,10 +376,39 @@ class S3Objects(Objects):
             raise
         return True
 
+    def write_many_if(
+        self, writes: Sequence[ConditionalWrite], pool: Executor | None = None
+    ) -> list[TokenWrite]:
+        """Every conditional PutObject sent from one call into s3fs's event loop,
+        ``REQUESTS_IN_FLIGHT`` at a time (the pool unused). A put that fails, its
+        precondition included, is sent again on its own, through ``write_if``: its retries,
+        and its read-back of a lost precondition (the first put may have landed)."""
+        calls = [functools.partial(self._put_if, *write) for write in writes]
+        sent_all = sync(self.fs.loop, in_flight, calls, self.REQUESTS_IN_FLIGHT)
+        results: list[TokenWrite] = []
+        for (path, data, expected), sent in zip(writes, sent_all, strict=True):
+            self.fs.invalidate_cache(path)
+            try:
+                if isinstance(sent, BaseException):
+                    if not isinstance(sent, Exception):
+                        raise sent
+                    results.append(self.write_if(path, data, expected))
+                else:
+                    results.append(_etag(sent["ETag"]))
+            except Exception as e:
+                results.append(e)
+        return results
+
+    async def _put_if(self, path: str, data: bytes, expected: str | None) -> dict[str, Any]:
+        bucket, key = self._split(path)
+        return await self.fs._call_s3(  # type: ignore[attr-defined]
+            "put_object", Bucket=bucket, Key=key, Body=data, **_condition(expected)
+        )
+
     def write_if(self, path: str, data: bytes, expected: str | None) -> str:
         """PutObject with If-Match on ``expected`` (If-None-Match: * for None); new token."""
         bucket, key = self._split(path)
-        condition = {"IfMatch": f'"{expected}"'} if expected else {"IfNoneMatch": "*"}
+        condition = _condition(expected)
         try:
             out = self._call("put_object", Bucket=bucket, Key=key, Body=data, **condition)
         except OSError as e:
