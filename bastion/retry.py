@@ -18,9 +18,10 @@ Bastion's, so both may import it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -37,6 +38,15 @@ def quietly(call: Callable[[T], R]) -> Callable[[T], R | Exception]:
             return e
 
     return wrapped
+
+
+def each(
+    call: Callable[..., R], args: Iterable[tuple[Any, ...]], pool: Executor | None = None
+) -> list[R | Exception]:
+    """``call(*a)`` for each ``a``, in order (in ``pool`` when given): one that raises gives
+    its exception in its place, and the others still run (a batch of bucket requests)."""
+    run = quietly(lambda a: call(*a))
+    return list(pool.map(run, args)) if pool is not None else [run(a) for a in args]
 
 
 def error_text(error: BaseException) -> str:

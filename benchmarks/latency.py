@@ -56,25 +56,24 @@ class LatencyBucket:
         return request
 
     def read_many_with_token(self, paths: list[str], *args: Any) -> Any:
-        """GcsObjects.read_many_with_token: its GETs go READS_IN_FLIGHT at a time, so the
-        whole call waits once per wave of them; each is counted."""
-        from bastion.bucket.gcs import GcsObjects  # (here: the CLI's model imports no more)
-
-        waves = -(-len(paths) // GcsObjects.READS_IN_FLIGHT)
-        time.sleep(self.latency * waves)
-        result = self.inner.read_many_with_token(paths, *args)
-        with self._lock:
-            self.routes["read_with_token"] += len(paths)
-        return result
+        """GcsObjects.read_many_with_token: its GETs go READS_IN_FLIGHT at a time."""
+        return self._batch(
+            "READS_IN_FLIGHT", "read_with_token", self.inner.read_many_with_token, paths, *args
+        )
 
     def write_many_if(self, writes: list[Any], *args: Any) -> Any:
-        """GcsObjects.write_many_if: WRITES_IN_FLIGHT uploads at a time, as the reads."""
-        from bastion.bucket.gcs import GcsObjects
+        """GcsObjects.write_many_if: its uploads go WRITES_IN_FLIGHT at a time."""
+        return self._batch("WRITES_IN_FLIGHT", "write_if", self.inner.write_many_if, writes, *args)
 
-        time.sleep(self.latency * -(-len(writes) // GcsObjects.WRITES_IN_FLIGHT))
-        result = self.inner.write_many_if(writes, *args)
+    def _batch(self, in_flight: str, route: str, call: Any, items: list[Any], *args: Any) -> Any:
+        """One call of many requests: a wait per wave of what GcsObjects keeps in flight
+        (its attribute ``in_flight``), a request counted per item."""
+        from bastion.bucket.gcs import GcsObjects  # (here: the CLI's model imports no more)
+
+        time.sleep(self.latency * -(-len(items) // getattr(GcsObjects, in_flight)))
+        result = call(items, *args)
         with self._lock:
-            self.routes["write_if"] += len(writes)
+            self.routes[route] += len(items)
         return result
 
     def reset(self) -> None:

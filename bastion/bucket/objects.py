@@ -26,7 +26,7 @@ from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
 from bastion.registry import Registry
-from bastion.retry import read_back
+from bastion.retry import each, read_back
 from bundlers.base import format_size
 
 # What ``read_many_with_token`` gives for one path: its bytes and token, None when absent, or
@@ -216,13 +216,7 @@ class Objects:
         call into gcsfs's event loop, without a thread hop per request; a local directory
         reads in the calling thread (a read is a few system calls: threads only contend)."""
 
-        def one(path: str) -> TokenRead:
-            try:
-                return self.read_with_token(path, limit)
-            except Exception as e:
-                return e
-
-        return list(pool.map(one, paths)) if pool is not None else [one(p) for p in paths]
+        return each(self.read_with_token, ((path, limit) for path in paths), pool)
 
     def _within(self, path: str, data: bytes, limit: int | None) -> bytes:
         """``data`` if within ``limit``; else UnacceptableObject with the object's whole size."""
@@ -269,13 +263,7 @@ class Objects:
         sends every upload from one call into gcsfs's event loop; a local directory writes in
         the calling thread."""
 
-        def one(write: ConditionalWrite) -> TokenWrite:
-            try:
-                return self.write_if(*write)
-            except Exception as e:
-                return e
-
-        return list(pool.map(one, writes)) if pool is not None else [one(w) for w in writes]
+        return each(self.write_if, writes, pool)
 
     def append(self, path: str, data: bytes, size: int | None = None) -> None:
         """Add ``data`` at the end. ``size``: the object's current size when the caller knows

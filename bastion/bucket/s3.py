@@ -65,7 +65,7 @@ from bastion.bucket.objects import (
     in_flight,
     in_range,
 )
-from bastion.retry import read_back
+from bastion.retry import each, read_back
 
 log = logging.getLogger(__name__)
 
@@ -279,21 +279,20 @@ class S3Objects(Objects):
         ``read_with_token``: its retries, its fallback for an empty object, its errors."""
         calls = [functools.partial(self._get, path, limit) for path in paths]
         got_all = sync(self.fs.loop, in_flight, calls, self.REQUESTS_IN_FLIGHT)
-        results: list[TokenRead] = []
-        for path, got in zip(paths, got_all, strict=True):
-            try:
-                if isinstance(got, FileNotFoundError):
-                    results.append(None)
-                elif isinstance(got, BaseException):
-                    if not isinstance(got, Exception):
-                        raise got
-                    results.append(self.read_with_token(path, limit))
-                else:
-                    out, data = got
-                    results.append((self._within(path, data, limit), _etag(out["ETag"])))
-            except Exception as e:
-                results.append(e)
-        return results
+        return each(self._got, ((p, g, limit) for p, g in zip(paths, got_all, strict=True)))
+
+    def _got(
+        self, path: str, got: tuple[dict[str, Any], bytes] | BaseException, limit: int | None
+    ) -> tuple[bytes, str] | None:
+        """A batched GET's answer, as ``read_with_token`` answers (a failed one: sent again)."""
+        if isinstance(got, FileNotFoundError):
+            return None
+        if isinstance(got, BaseException):
+            if not isinstance(got, Exception):
+                raise got
+            return self.read_with_token(path, limit)
+        out, data = got
+        return self._within(path, data, limit), _etag(out["ETag"])
 
     async def _get(self, path: str, limit: int | None) -> tuple[dict[str, Any], bytes]:
         bucket, key = self._split(path)
@@ -385,19 +384,18 @@ class S3Objects(Objects):
         and its read-back of a lost precondition (the first put may have landed)."""
         calls = [functools.partial(self._put_if, *write) for write in writes]
         sent_all = sync(self.fs.loop, in_flight, calls, self.REQUESTS_IN_FLIGHT)
-        results: list[TokenWrite] = []
-        for (path, data, expected), sent in zip(writes, sent_all, strict=True):
-            self.fs.invalidate_cache(path)
-            try:
-                if isinstance(sent, BaseException):
-                    if not isinstance(sent, Exception):
-                        raise sent
-                    results.append(self.write_if(path, data, expected))
-                else:
-                    results.append(_etag(sent["ETag"]))
-            except Exception as e:
-                results.append(e)
-        return results
+        return each(self._put, ((*w, s) for w, s in zip(writes, sent_all, strict=True)))
+
+    def _put(
+        self, path: str, data: bytes, expected: str | None, sent: dict[str, Any] | BaseException
+    ) -> str:
+        """A batched put's answer, as ``write_if`` answers (a failed one: sent again)."""
+        self.fs.invalidate_cache(path)
+        if isinstance(sent, BaseException):
+            if not isinstance(sent, Exception):
+                raise sent
+            return self.write_if(path, data, expected)
+        return _etag(sent["ETag"])
 
     async def _put_if(self, path: str, data: bytes, expected: str | None) -> dict[str, Any]:
         bucket, key = self._split(path)

@@ -19,7 +19,7 @@ from bastion.daemon.context import (
     NotHolding,
 )
 from bastion.jobstate import Status
-from bastion.retry import ReadBack, error_text, read_back
+from bastion.retry import ReadBack, each, error_text, read_back
 
 log = logging.getLogger("bastion.daemon")
 
@@ -67,9 +67,8 @@ def write_back(ctx: Context) -> None:
     in_pool = ctx.pool.map(pools.quietly(functools.partial(write_back_job, ctx)), work)
     written_alone = write_states(ctx, alone)
     results = [*in_pool, *written_alone]
-    work += [(job, []) for job in alone]
     changed = False
-    for (job, _), result in zip(work, results, strict=True):
+    for job, result in zip([job for job, _ in work] + alone, results, strict=True):
         if job is None:
             continue
         changed = changed or result is not False
@@ -161,22 +160,20 @@ def write_states(ctx: Context, jobs: list[Job]) -> list[bool | Exception]:
         return [e] * len(jobs)
     raws = [_to_write(job) for job in jobs]
     sent = [i for i, raw in enumerate(raws) if raw is not None]
-    writes = [(jobs[i].name, raws[i] or b"", jobs[i].state_token) for i in sent]
-    answers = dict(zip(sent, ctx.store.states.write_many(writes, ctx.pool), strict=True))
-    conflicts = [i for i in sent if isinstance(answers[i], PreconditionFailed)]
-
-    def resolve(i: int) -> str:
-        lost = answers[i]
-        assert isinstance(lost, PreconditionFailed)
-        return _after_conflict(ctx, jobs[i], raws[i] or b"", lost)
-
-    answers.update(zip(conflicts, ctx.pool.map(pools.quietly(resolve), conflicts), strict=True))
+    answers: list[str | Exception | None] = [None] * len(jobs)  # None: unchanged, not sent
+    writes = [(jobs[i].name, raws[i], jobs[i].state_token) for i in sent]
+    for i, answer in zip(sent, ctx.store.states.write_many(writes, ctx.pool), strict=True):
+        answers[i] = answer
+    lost = [i for i in sent if isinstance(answers[i], PreconditionFailed)]
+    conflicts = [(jobs[i], raws[i], answers[i]) for i in lost]
+    resolved = each(functools.partial(_after_conflict, ctx), conflicts, ctx.pool)
+    for i, answer in zip(lost, resolved, strict=True):
+        answers[i] = answer
     results: list[bool | Exception] = []
-    for i, job in enumerate(jobs):
-        answer = answers.get(i)
+    for job, raw, answer in zip(jobs, raws, answers, strict=True):
         if isinstance(answer, str):
-            _written(job, raws[i] or b"", answer)
-        results.append(answer is not None if not isinstance(answer, Exception) else answer)
+            _written(job, raw, answer)
+        results.append(answer if isinstance(answer, Exception) else answer is not None)
     return results
 
 
