@@ -17,7 +17,7 @@ class LatencyBucket:
     lists name ranges 16 at a time; a ``delete_many`` counts one per 100 paths and waits once
     (GCS batch requests, sent concurrently); a ``read_many_with_token`` counts one per path
     and waits once per ``GcsObjects.READS_IN_FLIGHT`` of them (the GETs it keeps in flight),
-    and a ``write_many_if`` likewise per ``WRITES_IN_FLIGHT``.
+    and a ``write_many_if`` (or ``create_many``) likewise per ``WRITES_IN_FLIGHT``.
     The quota file's lookup goes through its own ``Objects`` and is neither delayed nor
     counted (one request per cycle, which the store counters show).
     No HTTP client runs, so gcsfs's CPU (request building, JSON parsing on its event-loop
@@ -64,6 +64,10 @@ class LatencyBucket:
     def write_many_if(self, writes: list[Any], *args: Any) -> Any:
         """GcsObjects.write_many_if: its uploads go WRITES_IN_FLIGHT at a time."""
         return self._batch("WRITES_IN_FLIGHT", "write_if", self.inner.write_many_if, writes, *args)
+
+    def create_many(self, items: list[Any], *args: Any) -> Any:
+        """GcsObjects.create_many: a ``write_many_if`` of objects that must be absent."""
+        return self._batch("WRITES_IN_FLIGHT", "create", self.inner.create_many, items, *args)
 
     def _batch(self, in_flight: str, route: str, call: Any, items: list[Any], *args: Any) -> Any:
         """One call of many requests: a wait per wave of what GcsObjects keeps in flight

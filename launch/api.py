@@ -190,26 +190,33 @@ class Client:
         return self.submit_group(expand.expand(template, found))
 
     def submit_group(self, specs: list[JobSpec]) -> list[JobSpec]:
-        """Write the specs of a group (in parallel), after checking them all: each valid, no
-        name active already, every dependency there and no cycle. JobExists names the ones a
-        writer took meanwhile (the others are submitted)."""
+        """Write the specs of a group (``submitting.write_group``: a thousand per call), after
+        checking them all: each valid, no name active already, every dependency there and no
+        cycle. JobExists names the ones a writer took meanwhile, GroupPartlyWritten the ones
+        the bucket failed (the others are submitted either way)."""
         for spec in specs:
             spec.validate()
         submitting.check_dependencies(self.store, specs)
         submitting.check_names_free(self.store, specs)
 
-        def write(spec: JobSpec) -> bool:
-            if not self.store.specs.submit(spec.name, spec.dumps()):
-                return False
-            self._mark(spec.name)
-            return True
-
-        refused = submitting.write_all(specs, write)
-        if refused:
-            names = ", ".join(s.name for s in refused[:5])
-            raise JobExists(
-                f"{len(refused)} member(s) were taken meanwhile, not submitted: {names}"
+        wrote = submitting.write_group(self.store, specs)
+        if wrote.unmarked:
+            self._warn_unmarked(wrote.unmarked)
+        if wrote.failed:
+            names = ", ".join(s.name for s in wrote.failed[:5])
+            raise submitting.GroupPartlyWritten(
+                f"{len(specs) - len(wrote.failed) - len(wrote.refused)} of {len(specs)} members "
+                f"submitted; {len(wrote.failed)} could not be written ({brief(wrote.error)}): "
+                f"{names}{' ...' if len(wrote.failed) > 5 else ''}. The others run; these names "
+                "are free: submit them again once the bucket answers"
             )
+        if wrote.refused:
+            names = ", ".join(s.name for s in wrote.refused[:5])
+            raise JobExists(
+                f"{len(wrote.refused)} member(s) were taken meanwhile, not submitted: {names}"
+            )
+        if not self.expect_daemon:
+            return specs
         status = self.daemon_status()
         if status.stopped:
             warnings.warn(NoDaemonWarning(f"the group waits: {status.message}"), stacklevel=2)
@@ -252,6 +259,15 @@ class Client:
         self.store.specs.replace(name, spec.validate().dumps())
         self._mark(name)
         return spec
+
+    def _warn_unmarked(self, names: list[str]) -> None:
+        """A group's members whose markers failed: submitted, found by the full listing."""
+        warnings.warn(
+            f"{len(names)} member(s) are submitted but their submission markers could not be "
+            f"written ({', '.join(names[:3])}{' ...' if len(names) > 3 else ''}): the daemon "
+            f"finds them by its full listing, within {FULL_LISTING_SECONDS:g}s on a large queue",
+            stacklevel=3,
+        )
 
     def _mark(self, name: str) -> None:
         """The submission marker that makes the daemon read this spec next cycle instead of

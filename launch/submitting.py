@@ -1,20 +1,29 @@
 """Submitting more than one spec, and what must hold before anything is written: every job a
 spec waits for (``after``) exists and no wait goes round in a cycle; no member's name is
-taken. A group's specs are written in parallel (a 1,000-member sweep in a few seconds on a
-bucket; ``benchmarks/bench_submit_group.py``)."""
+taken. A group's specs are written a thousand at a time, each thousand in one call (GCS and S3
+keep 64 requests in flight from one event loop; a local root writes in the calling thread),
+and then their submission markers likewise (``benchmarks/bench_submit_group.py``)."""
 
 from __future__ import annotations
 
-import concurrent.futures
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
+from bastion.bucket.specwatch import MARKERS_PER_LOOK
 from bastion.bucket.store import Store
 from bastion.dependencies import find_cycle
 from bastion.jobspec import JobSpec, SpecError, utcnow
 from launch import expand
 from launch.jobinfo import JobInfo
 
-WRITERS = 16  # parallel spec writes of one group
+# Members written per call: their markers follow each call, so the daemon takes the first
+# thousand in (a look lists that many markers) while the rest are written
+CHUNK = MARKERS_PER_LOOK
+
+
+class GroupPartlyWritten(OSError):
+    """Some members' specs could not be written (the bucket failed them, after its retries);
+    the others are submitted and run. The message names how many of each, and the error."""
 
 
 class SubmitRefused(SpecError):
@@ -91,11 +100,38 @@ def check_names_free(store: Store, specs: Sequence[JobSpec]) -> None:
         )
 
 
-def write_all(specs: Sequence[JobSpec], write: Callable[[JobSpec], bool]) -> list[JobSpec]:
-    """Write every spec in parallel; the ones ``write`` refused (a name taken meanwhile)."""
-    with concurrent.futures.ThreadPoolExecutor(min(WRITERS, max(1, len(specs)))) as pool:
-        written = list(pool.map(write, specs))
-    return [spec for spec, ok in zip(specs, written, strict=True) if not ok]
+@dataclass
+class GroupWrite:
+    """What ``write_group`` did: the members refused (an active job took the name meanwhile),
+    the members whose spec write failed (with the first error), the names whose marker did."""
+
+    refused: list[JobSpec] = field(default_factory=list)
+    failed: list[JobSpec] = field(default_factory=list)
+    error: Exception | None = None
+    unmarked: list[str] = field(default_factory=list)
+
+
+def write_group(store: Store, specs: Sequence[JobSpec]) -> GroupWrite:
+    """Write every member's spec, then its submission marker, ``CHUNK`` members per call.
+    Every member is tried whatever the others' fate: a failure is reported, never raised."""
+    out = GroupWrite()
+    for start in range(0, len(specs), CHUNK):
+        chunk = specs[start : start + CHUNK]
+        created = store.specs.submit_many([(spec.name, spec.dumps()) for spec in chunk])
+        written = []
+        for spec, answer in zip(chunk, created, strict=True):
+            if isinstance(answer, Exception):
+                out.failed.append(spec)
+                out.error = out.error or answer
+            elif answer:
+                written.append(spec.name)
+            else:
+                out.refused.append(spec)
+        marked = store.requests.write_markers(written)
+        out.unmarked += [
+            n for n, m in zip(written, marked, strict=True) if isinstance(m, Exception)
+        ]
+    return out
 
 
 def failed_again(members: Sequence[JobInfo]) -> list[JobSpec]:

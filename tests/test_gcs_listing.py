@@ -204,3 +204,26 @@ def test_writing_many_is_one_conditional_upload_each_and_keeps_a_loss_in_its_pla
         if isinstance(answer, str):
             assert answer == listed[name].token and objects.read(f"{directory}/{name}") == data
     assert objects.read(f"{directory}/taken") == b"theirs"
+
+
+def test_creating_many_is_one_upload_each_that_the_object_be_absent(
+    proxy: FaultProxy, directory: str
+) -> None:
+    """A group's specs in one call (``create_many``): one upload each under
+    ifGenerationMatch=0, from gcsfs's event loop; a name another object holds is False in its
+    place, a refused upload is its error, and the others are created."""
+    objects = _objects(proxy.endpoint)
+    objects.write_if(f"{directory}/taken", b"theirs", None)
+    items = [(f"{directory}/m{i:03d}", f"m{i}".encode()) for i in range(80)]  # > in flight
+    items.insert(40, (f"{directory}/taken", b"mine"))
+    proxy.reset_counts()
+    proxy.fail_next(r"POST \S*upload\S*", kind="403")
+    answers = objects.create_many(items)
+    refused = [i for i, a in enumerate(answers) if isinstance(a, Exception)]
+    assert len(refused) == 1 and answers[40] is False
+    assert proxy.stats()["faults"].get("403") == 1
+    for (path, data), answer in zip(items, answers, strict=True):
+        if answer is True:
+            assert objects.read(path) == data
+    assert objects.read(items[refused[0]][0]) is None  # refused: nothing there
+    assert objects.read(f"{directory}/taken") == b"theirs"

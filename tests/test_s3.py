@@ -411,3 +411,21 @@ def test_writing_many_is_compare_and_swap_each_and_a_lost_answer_is_still_ours(
         )
     assert isinstance(answers[-1], PreconditionFailed)
     assert store.objects.read(path(store, "jobs", "states", "taken")) == b"theirs"
+
+
+def test_creating_many_creates_each_and_a_taken_name_is_false_in_its_place(store, root, dropper):
+    """A group's specs in one call (``create_many``): a PutObject each under If-None-Match: *;
+    one whose answer was lost after the server applied it is sent again alone and is ours; a
+    name another object holds is False in its place."""
+    via = Store(root, endpoint_url=dropper.endpoint)
+    folder = path(via, "jobs", "active")
+    via.objects.write_if(f"{folder}/taken", b"theirs", None)
+    items = [(f"{folder}/m{i:02d}", f"m{i}".encode()) for i in range(10)]
+    items.append((f"{folder}/taken", b"mine"))
+    dropper.arm("PUT", "/m03 ")  # applied by the server, its answer lost
+    answers = via.objects.create_many(items)
+    assert [status for _, status in dropper.dropped] == ["HTTP/1.1 200 OK"]
+    assert answers == [True] * 10 + [False]
+    for p, data in items[:-1]:
+        assert store.objects.read(p) == data
+    assert store.objects.read(f"{folder}/taken") == b"theirs"

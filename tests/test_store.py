@@ -18,6 +18,7 @@ from typing import TypeVar
 
 import pytest
 
+from bastion.bucket.jobs import marked_job
 from bastion.bucket.logs import job_log_name
 from bastion.bucket.objects import UnacceptableObject
 from bastion.bucket.store import PreconditionFailed, Store
@@ -426,3 +427,33 @@ def test_writing_many_states_is_compare_and_swap_for_each_and_a_loss_stays_in_it
     assert answers[1] == listed["old"].token and any_store.states.read("old") == b"v2"
     assert isinstance(answers[2], PreconditionFailed)
     assert any_store.states.read("taken") == b"someone else's"
+
+
+@pytest.mark.parametrize("pooled", [False, True])
+def test_submitting_many_specs_creates_each_and_a_taken_name_is_false_in_its_place(
+    any_store: Store, pooled: bool
+) -> None:
+    """``submit_many`` (a group's specs in one call) creates each spec as ``submit`` does:
+    True when written, False in its place when a job of that name is active already (its
+    spec untouched), and the others are written."""
+    any_store.specs.submit("taken", b"someone else's")
+    writes_before = any_store.ops["write"]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = any_store.specs.submit_many(
+            [("a", b"A"), ("taken", b"mine"), ("b", b"B")], pool if pooled else None
+        )
+    assert answers == [True, False, True]
+    assert any_store.ops["write"] - writes_before == 3  # a write counted per spec
+    assert [any_store.specs.read(n) for n in ("a", "taken", "b")] == [b"A", b"someone else's", b"B"]
+
+
+def test_a_group_s_markers_name_each_job_and_the_marker_listing_finds_them(
+    any_store: Store,
+) -> None:
+    """``write_markers`` writes one new marker per job name in one call, each as
+    ``write_marker`` would (the daemon's marker listing gives the job back from its name)."""
+    answers = any_store.requests.write_markers(["j1", "j2", "j1"])
+    assert answers == [True, True, True]
+    markers = any_store.requests.list_markers(10)
+    assert sorted(marked_job(m) for m in markers) == ["j1", "j1", "j2"]
+    assert all(json.loads(any_store.requests.read(m))["name"] == marked_job(m) for m in markers)

@@ -21,7 +21,7 @@ import fsspec
 from fsspec import AbstractFileSystem
 
 from bastion.bucket.local import LocalObjects
-from bastion.bucket.objects import ObjectInfo, Objects, TokenRead, TokenWrite
+from bastion.bucket.objects import Created, ObjectInfo, Objects, TokenRead, TokenWrite
 
 REQUEST_TIMEOUT_SECONDS = 60.0  # one bucket request; gcsfs retries transient failures itself
 
@@ -139,6 +139,17 @@ class CountedObjects:
             self.ops["write"] += len(writes)
         full = [(self.path(*parts), data, expected) for parts, data, expected in writes]
         return self.objects.write_many_if(full, pool)
+
+    def create_many(
+        self, items: Sequence[tuple[tuple[str, ...], bytes]], pool: Executor | None = None
+    ) -> list[Created]:
+        """``create`` of each (path, bytes), in order, a failed one's exception in its place
+        (Objects.create_many): one call, a write counted per object."""
+        if not items:
+            return []
+        with self._lock:
+            self.ops["write"] += len(items)
+        return self.objects.create_many([(self.path(*parts), data) for parts, data in items], pool)
 
     def create(self, data: bytes, *parts: str) -> bool:
         """Write only if absent; False when the object already exists."""

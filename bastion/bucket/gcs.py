@@ -18,11 +18,13 @@ from fsspec.asyn import sync
 
 from bastion.bucket.objects import (
     ConditionalWrite,
+    Created,
     ObjectInfo,
     Objects,
     PreconditionFailed,
     TokenRead,
     TokenWrite,
+    created_by_writes,
     hidden_name,
     in_flight,
     in_range,
@@ -289,6 +291,12 @@ class GcsObjects(Objects):
         return each(
             self._uploaded, ((p, d, s) for (p, d, _), s in zip(writes, sent_all, strict=True))
         )
+
+    def create_many(
+        self, items: Sequence[tuple[str, bytes]], pool: Executor | None = None
+    ) -> list[Created]:
+        """Every create as a conditional write that the object be absent, from one call."""
+        return created_by_writes(self, items)
 
     async def _uploads_if(
         self, writes: list[ConditionalWrite]

@@ -16,7 +16,13 @@ from concurrent.futures import Executor
 from typing import Any, TypeVar
 
 from bastion.bucket.counted import CountedObjects
-from bastion.bucket.objects import ObjectInfo, TokenRead, TokenWrite, UnacceptableObject
+from bastion.bucket.objects import (
+    Created,
+    ObjectInfo,
+    TokenRead,
+    TokenWrite,
+    UnacceptableObject,
+)
 from bastion.jobspec import MAX_SPEC_BYTES
 
 JOBS = "jobs"
@@ -53,6 +59,11 @@ def marked_job(marker: str) -> str | None:
     if len(stamp) != 13 or not stamp.isdigit() or len(unique) != 8 or set(unique) - _HEX:
         return None
     return name or None
+
+
+def _marker_body(name: str, now: float) -> bytes:
+    """A marker's bytes: for a human listing the bucket; the daemon reads only its name."""
+    return json.dumps({"name": name, "time": now}, sort_keys=True).encode()
 
 
 def _as_spec_error(error: UnacceptableObject) -> UnacceptableObject:
@@ -105,6 +116,15 @@ class Specs:
     def submit(self, name: str, data: bytes) -> bool:
         """Create a spec; False when a job of that name is already active."""
         return self._bucket.create(data, JOBS, ACTIVE, name)
+
+    def submit_many(
+        self, specs: Sequence[tuple[str, bytes]], pool: Executor | None = None
+    ) -> list[Created]:
+        """``submit`` of each (name, bytes), in order, in one call (a group's members: GCS and
+        S3 send them all from one call); a failed write's exception in its place."""
+        return self._bucket.create_many(
+            [((JOBS, ACTIVE, name), data) for name, data in specs], pool
+        )
 
     def replace(self, name: str, data: bytes) -> None:
         self._bucket.write(data, JOBS, ACTIVE, name)
@@ -187,10 +207,20 @@ class Requests:
 
     def write_marker(self, name: str) -> str:
         """After a spec is created or replaced: tells the daemon to read it next cycle."""
-        marker = marker_name(name)
-        body = {"name": name, "time": time.time()}  # for a human; the daemon reads the name
-        self._bucket.write(json.dumps(body, sort_keys=True).encode(), JOBS, USER_STATES, marker)
+        now = time.time()
+        marker = marker_name(name, now)
+        self._bucket.write(_marker_body(name, now), JOBS, USER_STATES, marker)
         return marker
+
+    def write_markers(self, names: Sequence[str], pool: Executor | None = None) -> list[Created]:
+        """``write_marker`` for each job name, in order, in one call (a group's members); a
+        failed write's exception in its place. Each marker's name is new (``marker_name``), so
+        each is created: False would be another marker of that same job, which is as good."""
+        now = time.time()
+        items = [
+            ((JOBS, USER_STATES, marker_name(name, now)), _marker_body(name, now)) for name in names
+        ]
+        return self._bucket.create_many(items, pool)
 
     def delete_markers(self, markers: list[str]) -> list[str]:
         """Consumed markers, in batch requests on GCS and S3 (counted once); returns those that

@@ -24,6 +24,7 @@ from typing import Any
 
 from bastion.bucket.objects import (
     ConditionalWrite,
+    Created,
     ObjectInfo,
     Objects,
     PreconditionFailed,
@@ -331,6 +332,12 @@ class LocalObjects(Objects):
     ) -> list[TokenWrite]:
         """In the calling thread, the pool unused, as ``read_many_with_token``."""
         return super().write_many_if(writes, None)
+
+    def create_many(
+        self, items: Sequence[tuple[str, bytes]], pool: Executor | None = None
+    ) -> list[Created]:
+        """In the calling thread, the pool unused, as ``read_many_with_token``."""
+        return super().create_many(items, None)
 
     def write_if(self, path: str, data: bytes, expected: str | None) -> str:
         """Compare and swap under the directory's lock file. The new bytes are written to a

@@ -37,6 +37,9 @@ TokenRead: TypeAlias = tuple[bytes, str] | Exception | None
 TokenWrite: TypeAlias = str | Exception
 # One conditional write: (path, bytes, the token it must still have; None: absent).
 ConditionalWrite: TypeAlias = tuple[str, bytes, str | None]
+# What ``create_many`` gives for one object: True created, False another object holds the
+# name, or the error its write raised.
+Created: TypeAlias = bool | Exception
 
 
 class PreconditionFailed(Exception):
@@ -265,6 +268,18 @@ class Objects:
 
         return each(self.write_if, writes, pool)
 
+    def create_many(
+        self, items: Sequence[tuple[str, bytes]], pool: Executor | None = None
+    ) -> list[Created]:
+        """``create`` of each (path, bytes), in order; a create that fails has its exception in
+        its place, the others are written. For a group's specs and their markers: one call.
+
+        Generic: one create per object, in ``pool`` when given. GCS and S3 send them as
+        ``write_many_if`` with every object to be absent (``created_by_writes``); a local
+        directory creates in the calling thread."""
+
+        return each(self.create, items, pool)
+
     def append(self, path: str, data: bytes, size: int | None = None) -> None:
         """Add ``data`` at the end. ``size``: the object's current size when the caller knows
         it (0: it does not exist yet), which saves a request per append."""
@@ -370,3 +385,15 @@ def _objects_for(fs: AbstractFileSystem, reads_only: bool) -> Objects:
         f"atomic; use one of {', '.join(f'{p}://' for p in BUCKETS.names())} or a local path, "
         "or register a backend (entry point group bastion.buckets)"
     )
+
+
+def created_by_writes(objects: Objects, items: Sequence[tuple[str, bytes]]) -> list[Created]:
+    """``create_many`` as one ``write_many_if`` whose every object must be absent: for a
+    backend that sends a batch of conditional writes from one call. A lost precondition is a
+    name another object holds (``write_if`` has read back a first try of ours that a retry
+    lost), so False, as ``create`` answers."""
+    written = objects.write_many_if([(path, data, None) for path, data in items])
+    return [
+        False if isinstance(w, PreconditionFailed) else w if isinstance(w, Exception) else True
+        for w in written
+    ]

@@ -57,11 +57,13 @@ from fsspec.asyn import sync
 
 from bastion.bucket.objects import (
     ConditionalWrite,
+    Created,
     ObjectInfo,
     Objects,
     PreconditionFailed,
     TokenRead,
     TokenWrite,
+    created_by_writes,
     in_flight,
     in_range,
 )
@@ -385,6 +387,12 @@ class S3Objects(Objects):
         calls = [functools.partial(self._put_if, *write) for write in writes]
         sent_all = sync(self.fs.loop, in_flight, calls, self.REQUESTS_IN_FLIGHT)
         return each(self._put, ((*w, s) for w, s in zip(writes, sent_all, strict=True)))
+
+    def create_many(
+        self, items: Sequence[tuple[str, bytes]], pool: Executor | None = None
+    ) -> list[Created]:
+        """Every create as a conditional write that the object be absent, from one call."""
+        return created_by_writes(self, items)
 
     def _put(
         self, path: str, data: bytes, expected: str | None, sent: dict[str, Any] | BaseException
