@@ -26,7 +26,7 @@ import pytest
 from bastion.bucket.jobs import is_marker, marked_job, marker_name
 from bastion.bucket.specwatch import FULL_LISTING_SECONDS
 from bastion.bucket.store import Store
-from bastion.daemon import Daemon
+from bastion.daemon import Daemon, ingest
 from bastion.daemon.ingest import INTAKE_PER_CYCLE
 from bastion.daemon.start import build_daemon
 from bastion.jobstate import Status
@@ -186,6 +186,29 @@ def test_plain_tool_writes_are_seen_within_the_full_listing_interval(rig: Rig) -
     record = rig.complete_record("doomed")
     assert record is not None and record["state"]["outcome"] == "CANCELLED", record
     assert "spec deleted" in record["state"]["reason"]
+
+
+def test_what_a_full_listing_finds_beyond_one_cycle_is_read_next_cycle_not_next_listing(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Plain-tool writes beyond one cycle's intake: the cycles right after the listing read
+    the rest by name (no marker names them), oldest listing first, with the client's marked
+    specs after them; they did wait for the next full listing, 30 s or more each thousand."""
+    monkeypatch.setattr(ingest, "INTAKE_PER_CYCLE", 3)
+    copied = [f"c{i}" for i in range(7)]
+    for name in copied:
+        rig.store.specs.submit(name, _spec(name))  # `gsutil cp`, no marker
+    rig.step(FULL_LISTING_SECONDS)  # the full listing: 3 taken in, 4 left
+    assert len(set(copied) & set(rig.daemon.jobs)) == 3
+    assert rig.daemon.ctx.intake_backlog == 4
+    rig.submit("marked")
+    ops = rig.step(0.1)  # no full listing: the next 3 of the listing's, by name
+    assert ops.get("read", 0) == 3 and "marked" not in rig.daemon.jobs
+    assert len(set(copied) & set(rig.daemon.jobs)) == 6
+    rig.step(0.1)
+    assert set(copied) | {"marked"} <= set(rig.daemon.jobs)
+    assert rig.daemon.ctx.intake_backlog == 0 and rig.daemon.ctx.listed_backlog == []
+    assert all(rig.status(n) in (Status.PENDING, Status.ACTIVE) for n in [*copied, "marked"])
 
 
 def test_a_cancel_for_a_job_not_seen_yet_is_applied_not_dropped(rig: Rig) -> None:

@@ -233,6 +233,9 @@ class Context:
         self.finished_status: dict[str, str | None] = {}
         self.specwatch = SpecWatch(store)  # which specs each cycle reads (markers, listing)
         self.intake_backlog = 0  # marked specs left for the next cycle (ingest.read_specs)
+        # Specs a full listing found changed, beyond one cycle's intake: no marker names them,
+        # so the next cycles read them by name (ingest.read_specs), not the next full listing
+        self.listed_backlog: list[str] = []
         self.born_since_freeze = 0  # jobs taken in since the last heap.settle
         self.queue_checked_at = float("-inf")  # the last whole-queue check (recovery.upkeep)
         self.snapshots = SnapshotBook()  # ROOT/history/snapshot/: bastion/daemon/snapshot.py

@@ -10,7 +10,7 @@ from typing import Any
 from bastion import lifecycle
 from bastion.bucket.objects import ObjectInfo
 from bastion.bucket.specwatch import MARKERS_PER_LOOK, Look
-from bastion.daemon import events, pools
+from bastion.daemon import events
 from bastion.daemon.context import Context, Job
 from bastion.jobspec import JobSpec, SpecError, name_problem, requester, spec_changes
 from bastion.jobstate import JobState, Status
@@ -27,20 +27,24 @@ INTAKE_PER_CYCLE = MARKERS_PER_LOOK
 
 
 def read_specs(ctx: Context, look: Look, now: float) -> None:
-    """Take in the specs that changed. With the full listing: those whose listing token
-    changed, and jobs whose spec is no longer listed are gone. Otherwise: the specs that
-    submission markers name (and those of cancel requests for jobs not seen yet), each
-    read with its token; one that is absent now is gone. See bastion/bucket/specwatch.py."""
+    """Take in the specs that changed, at most INTAKE_PER_CYCLE. With the full listing:
+    those whose listing token changed, and jobs whose spec is no longer listed are gone.
+    Otherwise: what the last full listing left for later (plain tools' writes, a restart's
+    backlog), then the specs that submission markers name (and those of cancel requests for
+    jobs not seen yet). Each is read with its token; one that is absent now is gone (when
+    the full listing did not run). See bastion/bucket/specwatch.py."""
     listed = look.specs
     if listed is not None:
         jobs = ctx.jobs
         changed = [n for n, i in listed.items() if n not in jobs or jobs[n].token != i.token]
-    else:
-        changed = intake_order(ctx, look)
+    else:  # what a full listing left first: it came before these markers
+        changed = list(dict.fromkeys(ctx.listed_backlog + intake_order(ctx, look)))
     changed, later = changed[:INTAKE_PER_CYCLE], changed[INTAKE_PER_CYCLE:]
     # the loop runs the next cycle without waiting its poll (markers beyond a ranged look too)
     ctx.intake_backlog = len(later) + look.more_markers
-    results = dict(zip(changed, read_all(ctx, changed, listed is not None), strict=True))
+    marked = set(look.markers.values())  # (a marked one left over is named again next look)
+    ctx.listed_backlog = [n for n in later if n not in marked]
+    results = dict(zip(changed, read_all(ctx, changed), strict=True))
     unread = set(later)  # their markers stay, to be taken in next cycle
     for name in changed:
         result = results[name]
@@ -53,12 +57,14 @@ def read_specs(ctx: Context, look: Look, now: float) -> None:
         if isinstance(result, Exception):
             log.error("%s: could not read spec: %s", name, error_text(result))
             unread.add(name)
+            if name not in marked:  # (a marked one: its marker stays)
+                ctx.listed_backlog.append(name)
             continue
         if result is None:  # deleted since it was listed or marked
             if listed is None:
                 spec_absent(ctx, name, marked=name in look.markers.values())
             continue
-        raw, token = (result, token) if listed is not None else result
+        raw, token = result  # the token of the bytes read (a listing's may be older)
         job = ctx.jobs.get(name)
         if job is not None and job.token == token:
             continue  # marked, but what we read last: nothing new
@@ -76,12 +82,11 @@ def read_specs(ctx: Context, look: Look, now: float) -> None:
     ctx.specwatch.taken_in(look, unread)  # its markers are deleted at the cycle's end
 
 
-def read_all(ctx: Context, names: list[str], listed: bool) -> list[Any]:
-    """Each spec's bytes (with the token of the bytes read, for those no listing gave), a
-    failed read's exception in its place. A burst's marked specs are read in one call
-    (Objects.read_many_with_token: on GCS one hop into gcsfs's event loop for all of them)."""
-    if listed:
-        return list(ctx.pool.map(pools.quietly(ctx.store.specs.read), names))
+def read_all(ctx: Context, names: list[str]) -> list[Any]:
+    """Each spec's bytes with the token of the bytes read, a failed read's exception in its
+    place, in one call (Objects.read_many_with_token: on GCS one hop into gcsfs's event loop
+    for all of them): a burst's marked specs, or what a full listing found changed (after a
+    restart, the specs written while no daemon ran)."""
     return ctx.store.specs.read_many_with_token(names, ctx.pool)
 
 
