@@ -30,9 +30,14 @@ Per repeat, on a fresh root, in this order:
    same latency) at the root's job count.
 8. memory per job: the daemon is rebuilt with tracemalloc on (no latency: memory does not depend
    on it) and takes the root in; Python memory it holds over the jobs it holds.
+9. with ``--rows array`` only (it adds N jobs to the root): N more jobs as arrays of at most
+   10,000 (``Client.launch(array=...)`` from another process, one after another: a sweep's
+   path, specs then markers a thousand per call), the daemon cycling: from the first write
+   until all are PENDING, the ``launch`` calls' own time, and the longest cycle.
 
     .venv/bin/python benchmarks/bench_scale.py [--jobs 10000] [--repeat 3] [--gcs]
         [--latency 0.02] [--poll 3] [--idle_seconds 60] [--burst 1000] [--probes 10]
+        [--rows intake restart idle policy burst probes cli memory array]
 
 Nothing is written directly: every state comes from the daemon's own intake (at 100,000 jobs
 allow tens of minutes on a small machine).
@@ -120,6 +125,7 @@ from bastion.bucket.store import Store  # noqa: E402
 from bastion.daemon import CycleReport, Daemon, snapshot  # noqa: E402
 from bastion.daemon.start import build_daemon  # noqa: E402
 from bastion.jobstate import Status  # noqa: E402
+from bastion.spec_scheduling import MAX_GROUP_SIZE  # noqa: E402
 from benchmarks.bench_bucket import (  # noqa: E402
     BUCKET,
     QUOTA,
@@ -360,13 +366,16 @@ def specs(prefix: str, count: int, command: str, resource: str, kind: str) -> li
     ]
 
 
-def write_all(rig: Rig, prefix: str, count: int, *how: str) -> concurrent.futures.Future[Any]:
+def write_all(
+    rig: Rig, prefix: str, count: int, *how: str, mode: str = "--write"
+) -> concurrent.futures.Future[Any]:
     """Submit ``count`` specs (``specs(prefix, count, *how)``) from 32 threads of another
     process, as users on their own machines do: writers in this process took the GIL from
     the daemon being measured (a 20,000-spec intake's second cycle took 9.7 s, 14 s of
-    writes). Done when that process is."""
+    writes). Done when that process is. ``mode="--write-array"``: as arrays instead
+    (``array_writer``)."""
     endpoint = rig.bucket.emulator.endpoint if rig.bucket.emulator else ""
-    argv = [sys.executable, __file__, "--write", rig.root, endpoint, prefix, str(count), *how]
+    argv = [sys.executable, __file__, mode, rig.root, endpoint, prefix, str(count), *how]
     process = subprocess.Popen(argv, env=dict(os.environ, PYTHONPATH=str(REPO)))
 
     def wait() -> None:
@@ -385,6 +394,30 @@ def writer(root: str, endpoint: str, prefix: str, count: str, *how: str) -> None
     users = Client(store=store, expect_daemon=False)
     with concurrent.futures.ThreadPoolExecutor(32) as pool:
         list(pool.map(users.submit, specs(prefix, int(count), *how)))
+
+
+def array_writer(root: str, endpoint: str, prefix: str, count: str, *how: str) -> None:
+    """The users' process (``--write-array``): ``count`` jobs as arrays of at most
+    MAX_GROUP_SIZE, one ``bastion launch --array`` after another (``Client.launch``)."""
+    command, resource, kind = how
+    store = Store(root, endpoint_url=endpoint, token="anon") if endpoint else Store(root)
+    users = Client(store=store, expect_daemon=False)
+    for group, size in array_sizes(prefix, int(count)):
+        users.launch(
+            group,
+            command,
+            user_id="bench",
+            project_id="default",
+            array=f"0-{size - 1}",
+            resources={resource: 1},
+            runner={"kind": kind},
+        )
+
+
+def array_sizes(prefix: str, count: int) -> list[tuple[str, int]]:
+    """The arrays ``array_writer`` submits: (group name, members)."""
+    starts = range(0, count, MAX_GROUP_SIZE)
+    return [(f"{prefix}{k}", min(MAX_GROUP_SIZE, count - s)) for k, s in enumerate(starts)]
 
 
 # -- rows ----------------------------------------------------------------------------------------
@@ -428,6 +461,34 @@ def row_intake(rig: Rig, n: int, poll: float) -> dict[str, float]:
         # LatencyBucket counts a batch request per 100 paths; the proxy counts each DELETE
         "markers_delete_requests": requests.get("delete_many", 0) + requests.get("DELETE", 0),
         "markers_deleted": sum(m for m, _ in rig.deletes),
+    }
+
+
+def row_array(rig: Rig, n: int, poll: float) -> dict[str, float]:
+    """N more jobs as arrays (``array_writer``: a sweep's path, a thousand members' specs per
+    call, then their markers) while the daemon cycles: all PENDING, from the first write."""
+    daemon = rig.live
+    names = [f"{group}-{i}" for group, size in array_sizes("arr", n) for i in range(size)]
+    with looping(daemon, poll) as reports:
+        t0 = time.monotonic()
+        writing = write_all(rig, "arr", n, "sleep 3600", "cpu", "fake", mode="--write-array")
+        written: list[float] = []
+        writing.add_done_callback(lambda _: written.append(time.monotonic() - t0))
+        visible = until_all(daemon, names, lambda s: s.status in VISIBLE, reports)
+        seconds = wait_until(
+            visible,
+            60 + n / 50,
+            "array intake after the users' writes",
+            every=0.01,
+            limit_from=lambda: written[0] if written else None,
+        )
+        writing.result()
+        cycles = list(reports)
+    print_cycles(cycles)
+    return {
+        "array_s": seconds,
+        "array_writes_s": written[0],
+        "array_longest_cycle_s": max(r.seconds for r in cycles),
     }
 
 
@@ -611,6 +672,7 @@ def one_repeat(bucket: Bucket, n: int, index: int, tmp: Path) -> dict[str, float
         "probes": lambda: row_probes(rig, args.probes, args.poll),
         "cli": lambda: row_cli(rig),
         "memory": lambda: row_memory(rig),
+        "array": lambda: row_array(rig, n, args.poll),
     }
     rows = [every["intake"]] + [every[name] for name in args.rows if name != "intake"]
     try:
@@ -631,7 +693,8 @@ def one_repeat(bucket: Bucket, n: int, index: int, tmp: Path) -> dict[str, float
     return out
 
 
-ROW_NAMES = ("intake", "restart", "idle", "policy", "burst", "probes", "cli", "memory")
+ROW_NAMES = ("intake", "restart", "idle", "policy", "burst", "probes", "cli", "memory", "array")
+DEFAULT_ROWS = ROW_NAMES[:-1]  # the array row adds N jobs: asked for alone
 ROWS = (  # (label, key, format): the issue's table
     ("first cycle after a restart: seconds", "restart_s", "{:.1f}"),
     ("  requests", "restart_requests", "{:,.0f}"),
@@ -644,6 +707,9 @@ ROWS = (  # (label, key, format): the issue's table
     ("N specs written at once: all PENDING, s", "intake_s", "{:.1f}"),
     ("  the users' writes alone took, s", "intake_writes_s", "{:.1f}"),
     ("  longest cycle meanwhile, s", "intake_longest_cycle_s", "{:.2f}"),
+    ("N more as arrays of 10,000: all PENDING, s", "array_s", "{:.1f}"),
+    ("  the `launch --array` calls alone took, s", "array_writes_s", "{:.1f}"),
+    ("  longest cycle meanwhile, s", "array_longest_cycle_s", "{:.2f}"),
     ("burst of --burst `true` jobs: all started, s", "burst_s", "{:.1f}"),
     ("  every start decided (attempt recorded), s", "burst_decided_s", "{:.1f}"),
     ("used-up markers: deleting them, s", "markers_delete_s", "{:.2f}"),
@@ -684,7 +750,7 @@ def main() -> None:
         "--rows",
         nargs="+",
         choices=ROW_NAMES,
-        default=list(ROW_NAMES),
+        default=list(DEFAULT_ROWS),
         help="rows to measure (the intake always runs: it fills the root)",
     )
     parser.add_argument("--bucket_dir", default=default_bucket_dir(), help="the model's tmpfs")
@@ -699,5 +765,7 @@ def main() -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--write":
         writer(*sys.argv[2:])
+    elif len(sys.argv) > 2 and sys.argv[1] == "--write-array":
+        array_writer(*sys.argv[2:])
     else:
         main()
