@@ -24,10 +24,11 @@ from typing import Any
 import pytest
 
 from bastion.bucket.jobs import is_marker, marked_job, marker_name
-from bastion.bucket.specwatch import FULL_LISTING_SECONDS
+from bastion.bucket.specwatch import FULL_LISTING_SECONDS, Look
 from bastion.bucket.store import Store
 from bastion.daemon import Daemon, ingest
 from bastion.daemon.ingest import INTAKE_PER_CYCLE
+from bastion.daemon.prefetch import Prefetched
 from bastion.daemon.start import build_daemon
 from bastion.jobstate import Status
 from launch.api import Client, new_jobspec
@@ -202,11 +203,12 @@ def test_what_a_full_listing_finds_beyond_one_cycle_is_read_next_cycle_not_next_
     assert len(set(copied) & set(rig.daemon.jobs)) == 3
     assert rig.daemon.ctx.intake_backlog == 4
     rig.submit("marked")
-    ops = rig.step(0.1)  # no full listing: the next 3 of the listing's, by name
-    assert ops.get("read", 0) == 3 and "marked" not in rig.daemon.jobs
+    reads = rig.step(0.1).get("read", 0)  # no full listing: the next 3 of the listing's
+    assert "marked" not in rig.daemon.jobs
     assert len(set(copied) & set(rig.daemon.jobs)) == 6
-    rig.step(0.1)
+    reads += rig.step(0.1).get("read", 0)
     assert set(copied) | {"marked"} <= set(rig.daemon.jobs)
+    assert reads == 5  # each read once ("marked" perhaps ahead, by the prefetch)
     assert rig.daemon.ctx.intake_backlog == 0 and rig.daemon.ctx.listed_backlog == []
     assert all(rig.status(n) in (Status.PENDING, Status.ACTIVE) for n in [*copied, "marked"])
 
@@ -330,8 +332,9 @@ def test_a_marker_whose_delete_fails_is_not_taken_in_again_and_is_deleted_next_c
 
 
 def test_a_burst_is_taken_in_over_bounded_cycles_oldest_first_without_waiting(tmp_path):
-    """A cycle reads at most INTAKE_PER_CYCLE marked specs, the oldest markers first; the rest
-    keep their markers, and the loop runs the next cycle at once instead of after its poll."""
+    """A cycle takes in at most INTAKE_PER_CYCLE marked specs, the oldest markers first (and
+    reads the next window ahead meanwhile); the rest keep their markers, and the loop runs the
+    next cycle at once instead of after its poll."""
     rig = Rig(str(tmp_path / "root"), tmp_path)
     try:
         count = INTAKE_PER_CYCLE * 2 + INTAKE_PER_CYCLE // 2
@@ -339,10 +342,11 @@ def test_a_burst_is_taken_in_over_bounded_cycles_oldest_first_without_waiting(tm
             rig.submit(f"b{i:05d}")
         stamp = {marked_job(m): m.split("-")[1] for m in rig.inbox() if is_marker(m)}
         taken: list[set[str]] = []
+        reads = 0
         for _ in range(3):
-            reads = rig.step().get("read", 0)
+            reads += rig.step().get("read", 0)  # its own, and the next window's ahead
             taken.append(set(rig.daemon.jobs) - set().union(*taken))
-            assert len(taken[-1]) <= INTAKE_PER_CYCLE and reads <= INTAKE_PER_CYCLE + 20
+            assert len(taken[-1]) <= INTAKE_PER_CYCLE
             if len(taken) == 1:
                 assert rig.daemon.ctx.intake_backlog == count - INTAKE_PER_CYCLE
                 started = time.monotonic()
@@ -352,6 +356,7 @@ def test_a_burst_is_taken_in_over_bounded_cycles_oldest_first_without_waiting(tm
         assert max(stamp[n] for n in taken[0]) <= min(stamp[n] for n in taken[1] | taken[2])
         assert rig.daemon.ctx.intake_backlog == 0
         assert all(rig.status(f"b{i:05d}") is not None for i in range(count))
+        assert count <= reads <= count + 20  # each spec read once, ahead or in its cycle
     finally:
         rig.close()
 
@@ -391,3 +396,45 @@ def test_while_a_burst_waits_a_look_lists_only_its_oldest_window_and_the_cancels
     assert [m for m in rig.inbox() if is_marker(m)] == []
     record = rig.complete_record("w000")
     assert record is not None and record["state"]["outcome"] == "CANCELLED", record
+
+
+def test_a_spec_updated_after_the_prefetch_read_it_ends_with_the_update(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The prefetch reads the next window while a burst waits; a spec updated after that read
+    has a newer marker, so whatever cycle takes the older bytes in, the update follows: the job
+    ends up with the new command, as if nothing had been read ahead."""
+    monkeypatch.setattr(ingest, "INTAKE_PER_CYCLE", 3)
+    rig.daemon.specwatch.markers_per_look = 3
+    names = [f"b{i}" for i in range(7)]
+    for name in names:
+        rig.submit(name, "sleep 600")
+        time.sleep(0.002)  # markers sort by their writer's clock, in ms
+    rig.step(0.1)  # takes 3 in, and starts reading the next window ahead
+    prefetched = rig.daemon.ctx.prefetch.peek()
+    assert prefetched is not None and set(prefetched.reads) == {"b3", "b4", "b5"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rig.client.update("b4", "sleep 700", user_id="u")
+    for _ in range(4):
+        rig.step(0.1)
+    assert set(names) <= set(rig.daemon.jobs)
+    assert rig.daemon.jobs["b4"].spec.command == "sleep 700"
+    assert rig.daemon.jobs["b3"].spec.command == "sleep 600"
+
+
+def test_a_prefetched_read_is_used_only_when_the_look_has_no_newer_marker_for_it() -> None:
+    """``Prefetched.usable``: a job whose every marker in the look was listed by the prefetch
+    takes the read as it is (an absent spec too); a newer marker, or a failed read, means the
+    cycle reads it again; what no look asks for is never taken."""
+    prefetched = Prefetched(
+        markers={"m1": "a", "m2": "b", "m3": "c", "m4": "d"},
+        reads={"a": (b"A", "t1"), "b": (b"B", "t2"), "c": OSError("503"), "d": None},
+    )
+    look = Look(
+        requests={},
+        markers={"m1": "a", "m2": "b", "m9": "b", "m3": "c", "m4": "d"},
+        specs=None,
+        now=0.0,
+    )
+    assert prefetched.usable(look) == {"a": (b"A", "t1"), "d": None}

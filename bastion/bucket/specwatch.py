@@ -177,6 +177,21 @@ class SpecWatch:
         markers = self.store.requests.list_markers(window)
         return self.store.requests.list_cancels() | markers, len(markers) >= window
 
+    def not_to_take(self) -> set[str]:
+        """The markers a look made now must leave out: those consumed this cycle (until
+        ``hand_off``), those being deleted, those whose delete failed (for ``peek``, whose
+        listing runs while the cycle goes on)."""
+        with self._lock:
+            return set(self._consumed) | self._deleting | self._undeleted
+
+    def peek(self, skip: set[str]) -> dict[str, str]:
+        """The oldest window of markers but ``skip`` (``not_to_take``), each with the job it
+        names: what the next look takes in while a burst waits. One ranged listing; it
+        changes nothing here (bastion/daemon/prefetch.py reads their specs ahead)."""
+        markers = self.store.requests.list_markers(self.markers_per_look + len(skip))
+        named = {m: marked_job(m) for m in markers if m not in skip}
+        return {m: name for m, name in named.items() if name and not name_problem(name)}
+
     def taken_in(self, look: Look, unread: set[str]) -> None:
         """The cycle took ``look`` in, except the specs in ``unread`` (their read failed, so
         their markers stay, to be read again next cycle): the others are consumed."""

@@ -20,6 +20,7 @@ from bastion.bucket.logsync import LogSync
 from bastion.bucket.specwatch import SpecWatch
 from bastion.bucket.store import Store
 from bastion.daemon.jobindex import JobIndex
+from bastion.daemon.prefetch import Prefetch
 from bastion.daemon.statebytes import squeeze, unsqueeze
 from bastion.jobspec import JobSpec
 from bastion.jobstate import JobState, Status
@@ -236,6 +237,7 @@ class Context:
         # Specs a full listing found changed, beyond one cycle's intake: no marker names them,
         # so the next cycles read them by name (ingest.read_specs), not the next full listing
         self.listed_backlog: list[str] = []
+        self.prefetch = Prefetch()  # a burst's next specs, read while this cycle goes on
         self.born_since_freeze = 0  # jobs taken in since the last heap.settle
         self.queue_checked_at = float("-inf")  # the last whole-queue check (recovery.upkeep)
         self.snapshots = SnapshotBook()  # ROOT/history/snapshot/: bastion/daemon/snapshot.py

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from bastion import lifecycle
-from bastion.bucket.objects import ObjectInfo
+from bastion.bucket.objects import ObjectInfo, TokenRead
 from bastion.bucket.specwatch import MARKERS_PER_LOOK, Look
 from bastion.daemon import events
 from bastion.daemon.context import Context, Job
@@ -44,7 +45,10 @@ def read_specs(ctx: Context, look: Look, now: float) -> None:
     ctx.intake_backlog = len(later) + look.more_markers
     marked = set(look.markers.values())  # (a marked one left over is named again next look)
     ctx.listed_backlog = [n for n in later if n not in marked]
-    results = dict(zip(changed, read_all(ctx, changed), strict=True))
+    markers_wait = look.more_markers or len(ctx.listed_backlog) < len(later)
+    prefetched = ctx.prefetch.take()  # (taken, and dropped after a full listing)
+    ready = prefetched.usable(look) if prefetched is not None and listed is None else {}
+    results = dict(zip(changed, read_all(ctx, changed, ready), strict=True))
     unread = set(later)  # their markers stay, to be taken in next cycle
     for name in changed:
         result = results[name]
@@ -80,14 +84,19 @@ def read_specs(ctx: Context, look: Look, now: float) -> None:
                 ctx.attend(job)
                 ctx.inputs_changed = True
     ctx.specwatch.taken_in(look, unread)  # its markers are deleted at the cycle's end
+    if listed is None and markers_wait:  # the next window's reads, while this cycle goes on
+        ctx.prefetch.start(ctx.store, ctx.specwatch, ctx.pool)
 
 
-def read_all(ctx: Context, names: list[str]) -> list[Any]:
+def read_all(ctx: Context, names: list[str], ready: Mapping[str, TokenRead]) -> list[Any]:
     """Each spec's bytes with the token of the bytes read, a failed read's exception in its
-    place, in one call (Objects.read_many_with_token: on GCS one hop into gcsfs's event loop
-    for all of them): a burst's marked specs, or what a full listing found changed (after a
+    place: from ``ready`` (what the prefetch read, bastion/daemon/prefetch.py), the rest in
+    one call (Objects.read_many_with_token: on GCS one hop into gcsfs's event loop for all
+    of them): a burst's marked specs, or what a full listing found changed (after a
     restart, the specs written while no daemon ran)."""
-    return ctx.store.specs.read_many_with_token(names, ctx.pool)
+    unready = [name for name in names if name not in ready]
+    reads = dict(zip(unready, ctx.store.specs.read_many_with_token(unready, ctx.pool), strict=True))
+    return [ready[name] if name in ready else reads[name] for name in names]
 
 
 def intake_order(ctx: Context, look: Look) -> list[str]:

@@ -133,6 +133,7 @@ class Daemon:
         daemon driven by ``cycle`` alone)."""
         if self.ctx.lease is not None:
             self.ctx.lease.close()
+        self.ctx.prefetch.close()
         self.settle()
         if self.ctx.page is not None:
             self.ctx.page.wait()  # a render in flight writes before the store goes
@@ -187,8 +188,10 @@ class Daemon:
         self.ctx.ledger.reset()  # acting again: its first pass records every attempt anew
 
     def settle(self, timeout: float = 60.0) -> None:
-        """Wait for the effects in flight and take in their results (tests, shutdown)."""
+        """Wait for the effects in flight and take in their results, and for a prefetch
+        under way (tests, shutdown)."""
         concurrent.futures.wait(list(self.ctx.futures), timeout=timeout)
+        self.ctx.prefetch.peek()
         effects.take_in_results(self.ctx)
 
     def cycle(self, now: float) -> CycleReport:
