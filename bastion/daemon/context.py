@@ -236,7 +236,7 @@ class Context:
         self.intake_backlog = 0  # marked specs left for the next cycle (ingest.read_specs)
         # Specs a full listing found changed, beyond one cycle's intake: no marker names them,
         # so the next cycles read them by name (ingest.read_specs), not the next full listing
-        self.listed_backlog: list[str] = []
+        self.listed_backlog: dict[str, str] = {}  # name -> the token the listing gave
         self.prefetch = Prefetch()  # a burst's next specs, read while this cycle goes on
         self.born_since_freeze = 0  # jobs taken in since the last heap.settle
         self.queue_checked_at = float("-inf")  # the last whole-queue check (recovery.upkeep)

@@ -34,17 +34,19 @@ def read_specs(ctx: Context, look: Look, now: float) -> None:
     backlog), then the specs that submission markers name (and those of cancel requests for
     jobs not seen yet). Each is read with its token; one that is absent now is gone (when
     the full listing did not run). See bastion/bucket/specwatch.py."""
-    listed = look.specs
+    listed, jobs = look.specs, ctx.jobs
     if listed is not None:
-        jobs = ctx.jobs
-        changed = [n for n, i in listed.items() if n not in jobs or jobs[n].token != i.token]
-    else:  # what a full listing left first: it came before these markers
-        changed = list(dict.fromkeys(ctx.listed_backlog + intake_order(ctx, look)))
+        tokens = {n: i.token for n, i in listed.items()}
+        changed = [n for n, t in tokens.items() if n not in jobs or jobs[n].token != t]
+    else:  # what a full listing left first (but what a marker brought in since)
+        tokens = ctx.listed_backlog
+        left = [n for n, t in tokens.items() if n not in jobs or jobs[n].token != t]
+        changed = list(dict.fromkeys(left + intake_order(ctx, look)))
     changed, later = changed[:INTAKE_PER_CYCLE], changed[INTAKE_PER_CYCLE:]
     # the loop runs the next cycle without waiting its poll (markers beyond a ranged look too)
     ctx.intake_backlog = len(later) + look.more_markers
     marked = set(look.markers.values())  # (a marked one left over is named again next look)
-    ctx.listed_backlog = [n for n in later if n not in marked]
+    ctx.listed_backlog = {n: tokens.get(n, "") for n in later if n not in marked}
     markers_wait = look.more_markers or len(ctx.listed_backlog) < len(later)
     prefetched = ctx.prefetch.take()  # (taken, and dropped after a full listing)
     ready = prefetched.usable(look) if prefetched is not None and listed is None else {}
@@ -62,7 +64,7 @@ def read_specs(ctx: Context, look: Look, now: float) -> None:
             log.error("%s: could not read spec: %s", name, error_text(result))
             unread.add(name)
             if name not in marked:  # (a marked one: its marker stays)
-                ctx.listed_backlog.append(name)
+                ctx.listed_backlog[name] = ""
             continue
         if result is None:  # deleted since it was listed or marked
             if listed is None:
@@ -84,8 +86,9 @@ def read_specs(ctx: Context, look: Look, now: float) -> None:
                 ctx.attend(job)
                 ctx.inputs_changed = True
     ctx.specwatch.taken_in(look, unread)  # its markers are deleted at the cycle's end
-    if listed is None and markers_wait:  # the next window's reads, while this cycle goes on
-        ctx.prefetch.start(ctx.store, ctx.specwatch, ctx.pool)
+    if markers_wait or ctx.listed_backlog:  # the next cycle's reads, while this one goes on
+        first = list(ctx.listed_backlog)
+        ctx.prefetch.start(ctx.store, ctx.specwatch, ctx.pool, first, INTAKE_PER_CYCLE)
 
 
 def read_all(ctx: Context, names: list[str], ready: Mapping[str, TokenRead]) -> list[Any]:

@@ -1,10 +1,12 @@
 """A burst's next specs, read while this cycle decides and writes (the prefetch).
 
-While a burst waits (a look filled its window of markers: more wait behind it), the loop
-starts the next cycle's reads right after this cycle's ingest, in a thread of its own: a
-ranged listing of the next window of markers (``SpecWatch.peek``, leaving out the ones this
-cycle consumed) and one ``read_many_with_token`` call for the specs they name. Their round
-trips then overlap this cycle's policy pass and state writes instead of following them.
+While a burst waits (markers beyond this cycle's intake, or specs a full listing found and
+left for the next cycles), the loop starts the next cycle's reads right after this cycle's
+ingest, in a thread of its own: what the listing left first, then a ranged listing of the
+next window of markers (``SpecWatch.peek``, leaving out the ones this cycle consumed) and the
+specs they name, as many as the next cycle takes in, in one ``read_many_with_token`` call.
+Their round trips then overlap this cycle's policy pass and state writes instead of
+following them.
 
 The next cycle lists its own look as always, and uses a prefetched read only for a job whose
 markers in that look were all seen by the prefetch: a spec written again since has a newer
@@ -56,11 +58,20 @@ class Prefetch:
         self._future: concurrent.futures.Future[Prefetched] | None = None
 
     def start(
-        self, store: Store, specwatch: SpecWatch, pool: concurrent.futures.Executor | None
+        self,
+        store: Store,
+        specwatch: SpecWatch,
+        pool: concurrent.futures.Executor | None,
+        first: list[str],
+        most: int,
     ) -> None:
+        """Read ahead ``first`` (what a full listing left for the next cycle), then the specs
+        of the next window of markers, ``most`` in all: what the next cycle will take in."""
         if self._future is None:
             skip = specwatch.not_to_take()  # (now, in the loop's thread)
-            self._future = self._thread.submit(_read_next, store, specwatch, skip, pool)
+            self._future = self._thread.submit(
+                _read_next, store, specwatch, skip, pool, first[:most], most
+            )
 
     def take(self) -> Prefetched | None:
         """The prefetch under way, once done; None when none was started or it failed (the
@@ -87,9 +98,14 @@ class Prefetch:
 
 
 def _read_next(
-    store: Store, specwatch: SpecWatch, skip: set[str], pool: concurrent.futures.Executor | None
+    store: Store,
+    specwatch: SpecWatch,
+    skip: set[str],
+    pool: concurrent.futures.Executor | None,
+    first: list[str],
+    most: int,
 ) -> Prefetched:
-    markers = specwatch.peek(skip)
-    names = list(dict.fromkeys(markers[m] for m in sorted(markers)))
+    markers = specwatch.peek(skip) if len(first) < most else {}
+    names = list(dict.fromkeys(first + [markers[m] for m in sorted(markers)]))[:most]
     reads = store.specs.read_many_with_token(names, pool)
     return Prefetched(markers, dict(zip(names, reads, strict=True)))
