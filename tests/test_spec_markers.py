@@ -438,3 +438,28 @@ def test_a_prefetched_read_is_used_only_when_the_look_has_no_newer_marker_for_it
         now=0.0,
     )
     assert prefetched.usable(look) == {"a": (b"A", "t1"), "d": None}
+
+
+def test_a_full_listing_takes_what_was_read_ahead_unless_the_spec_changed_since(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cycle that lists every spec uses the prefetch's reads whose tokens the listing
+    shows (taking those first), and reads again one rewritten since by a plain tool."""
+    monkeypatch.setattr(ingest, "INTAKE_PER_CYCLE", 3)
+    rig.daemon.specwatch.markers_per_look = 3
+    names = [f"b{i}" for i in range(7)]
+    for name in names:
+        rig.submit(name, "sleep 600")
+        time.sleep(0.002)  # markers sort by their writer's clock, in ms
+    rig.step(0.1)  # b0-b2 taken in; b3-b5 read ahead
+    assert set(rig.daemon.ctx.prefetch.peek().reads) == {"b3", "b4", "b5"}
+    rig.store.specs.replace("b4", _spec("b4", "sleep 700"))  # `gsutil cp`, no marker
+    reads = rig.step(FULL_LISTING_SECONDS).get("read", 0)  # lists every spec
+    assert {"b3", "b5"} <= set(rig.daemon.jobs)  # read ahead: taken first
+    assert len({"b4", "b6"} & set(rig.daemon.jobs)) == 1  # then the listing's order
+    # b4 or b6 now, and ahead for the next cycle b4 (not as it was) and b6 by its marker;
+    # never b3 or b5 again (5 and more, had the full listing read all it took in)
+    assert reads <= 3
+    rig.step(0.1)
+    assert set(names) <= set(rig.daemon.jobs)
+    assert rig.daemon.jobs["b4"].spec.command == "sleep 700"

@@ -35,9 +35,11 @@ def read_specs(ctx: Context, look: Look, now: float) -> None:
     jobs not seen yet). Each is read with its token; one that is absent now is gone (when
     the full listing did not run). See bastion/bucket/specwatch.py."""
     listed, jobs = look.specs, ctx.jobs
+    ready = read_ahead(ctx, look)
     if listed is not None:
         tokens = {n: i.token for n, i in listed.items()}
         changed = [n for n, t in tokens.items() if n not in jobs or jobs[n].token != t]
+        changed.sort(key=lambda n: n not in ready)  # what was read ahead first: it is read
     else:  # what a full listing left first (but what a marker brought in since)
         tokens = ctx.listed_backlog
         left = [n for n, t in tokens.items() if n not in jobs or jobs[n].token != t]
@@ -48,8 +50,6 @@ def read_specs(ctx: Context, look: Look, now: float) -> None:
     marked = set(look.markers.values())  # (a marked one left over is named again next look)
     ctx.listed_backlog = {n: tokens.get(n, "") for n in later if n not in marked}
     markers_wait = look.more_markers or len(ctx.listed_backlog) < len(later)
-    prefetched = ctx.prefetch.take()  # (taken, and dropped after a full listing)
-    ready = prefetched.usable(look) if prefetched is not None and listed is None else {}
     results = dict(zip(changed, read_all(ctx, changed, ready), strict=True))
     unread = set(later)  # their markers stay, to be taken in next cycle
     for name in changed:
@@ -89,6 +89,23 @@ def read_specs(ctx: Context, look: Look, now: float) -> None:
     if markers_wait or ctx.listed_backlog:  # the next cycle's reads, while this one goes on
         first = list(ctx.listed_backlog)
         ctx.prefetch.start(ctx.store, ctx.specwatch, ctx.pool, first, INTAKE_PER_CYCLE)
+
+
+def read_ahead(ctx: Context, look: Look) -> dict[str, TokenRead]:
+    """What the prefetch read that this cycle may take (bastion/daemon/prefetch.py); with
+    the full listing, only the reads of the very objects it lists (their tokens)."""
+    prefetched = ctx.prefetch.take()
+    if prefetched is None:
+        return {}
+    ready = prefetched.usable(look)
+    if look.specs is None:
+        return ready
+    listed = look.specs
+    return {
+        n: r
+        for n, r in ready.items()
+        if isinstance(r, tuple) and n in listed and r[1] == listed[n].token
+    }
 
 
 def read_all(ctx: Context, names: list[str], ready: Mapping[str, TokenRead]) -> list[Any]:
