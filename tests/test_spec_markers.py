@@ -404,15 +404,7 @@ def test_a_spec_updated_after_the_prefetch_read_it_ends_with_the_update(
     """The prefetch reads the next window while a burst waits; a spec updated after that read
     has a newer marker, so whatever cycle takes the older bytes in, the update follows: the job
     ends up with the new command, as if nothing had been read ahead."""
-    monkeypatch.setattr(ingest, "INTAKE_PER_CYCLE", 3)
-    rig.daemon.specwatch.markers_per_look = 3
-    names = [f"b{i}" for i in range(7)]
-    for name in names:
-        rig.submit(name, "sleep 600")
-        time.sleep(0.002)  # markers sort by their writer's clock, in ms
-    rig.step(0.1)  # takes 3 in, and starts reading the next window ahead
-    prefetched = rig.daemon.ctx.prefetch.peek()
-    assert prefetched is not None and set(prefetched.reads) == {"b3", "b4", "b5"}
+    names = _burst_read_ahead(rig, monkeypatch)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         rig.client.update("b4", "sleep 700", user_id="u")
@@ -445,14 +437,7 @@ def test_a_full_listing_takes_what_was_read_ahead_unless_the_spec_changed_since(
 ) -> None:
     """A cycle that lists every spec uses the prefetch's reads whose tokens the listing
     shows (taking those first), and reads again one rewritten since by a plain tool."""
-    monkeypatch.setattr(ingest, "INTAKE_PER_CYCLE", 3)
-    rig.daemon.specwatch.markers_per_look = 3
-    names = [f"b{i}" for i in range(7)]
-    for name in names:
-        rig.submit(name, "sleep 600")
-        time.sleep(0.002)  # markers sort by their writer's clock, in ms
-    rig.step(0.1)  # b0-b2 taken in; b3-b5 read ahead
-    assert set(rig.daemon.ctx.prefetch.peek().reads) == {"b3", "b4", "b5"}
+    names = _burst_read_ahead(rig, monkeypatch)
     rig.store.specs.replace("b4", _spec("b4", "sleep 700"))  # `gsutil cp`, no marker
     reads = rig.step(FULL_LISTING_SECONDS).get("read", 0)  # lists every spec
     assert {"b3", "b5"} <= set(rig.daemon.jobs)  # read ahead: taken first
@@ -463,3 +448,19 @@ def test_a_full_listing_takes_what_was_read_ahead_unless_the_spec_changed_since(
     rig.step(0.1)
     assert set(names) <= set(rig.daemon.jobs)
     assert rig.daemon.jobs["b4"].spec.command == "sleep 700"
+
+
+def _burst_read_ahead(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Seven jobs b0-b6 submitted in that order, cycles of 3 (the look's window too), one
+    cycle run: b0-b2 taken in, b3-b5 read ahead. The names."""
+    monkeypatch.setattr(ingest, "INTAKE_PER_CYCLE", 3)
+    rig.daemon.specwatch.markers_per_look = 3
+    names = [f"b{i}" for i in range(7)]
+    for name in names:
+        rig.submit(name, "sleep 600")
+        time.sleep(0.002)  # markers sort by their writer's clock, in ms
+    rig.step(0.1)
+    prefetched = rig.daemon.ctx.prefetch.peek()
+    assert prefetched is not None and set(prefetched.reads) == {"b3", "b4", "b5"}
+    assert set(rig.daemon.jobs) == {"b0", "b1", "b2"}
+    return names
