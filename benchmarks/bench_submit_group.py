@@ -8,9 +8,10 @@ machine's, so it measures the client's cost more than a bucket's).
     .venv/bin/python benchmarks/bench_submit_group.py [--members 1000] [--gcs | --latency 0.05]
         [--repeat 3]
 
-Measured (2-core VM, 1,000 members, median of 3; before -> after the group's specs and markers
-went a thousand per call, 64 in flight): local 0.79 -> 0.79 s; --latency 0.05: 6.90 -> 2.07 s;
---gcs: 3.63 -> 3.17 s.
+Measured (2-core VM, 1,000 members, medians of 3, the same hour; before -> after the group's
+specs and markers went a thousand per call, 64 in flight; a4fd3be): --latency 0.05: 6.61-6.71
+-> 3.17-3.24 s; --gcs: 2.28 -> 2.15 s; a local root: 0.78-1.61 -> 0.79-1.42 s over four pairs
+(this VM's disk moved more than the change did).
 """
 
 from __future__ import annotations
