@@ -94,6 +94,11 @@ idle 0.6%; policy pass 0.060-0.075 s; 2.9 KB per job; all PENDING 29.1-29.9 s; b
 20,000 jobs, intake only, over 3 (96e9556: a cycle's spec reads and new jobs' state writes in
 one call each; 8a49a87 the same hour): all PENDING 35.1-40.5 -> 29.1-30.9 s (the users' writes
 alone 15.9-17.9 and 18.7-21.0 s), longest cycle 2.30-3.09 -> 1.53-1.64 s.
+20,000 jobs, --rows intake array, over 3 interleaved (b003a6a -> 632001a: the next window's specs
+read ahead while a cycle decides and writes): all PENDING 30.0-35.1 -> 22.9-25.1 s (writes alone
+20.7-22.8 and 18.6-21.4 s), longest cycle 1.61-2.23 -> 1.39-1.51 s; as arrays 30.4-32.7 ->
+22.0-27.0 s (the launch calls 5.7-6.3 and 4.6-6.3 s). 1db2af4 (the full listing's cycle takes
+what was read ahead), 3 more: 24.3-27.4 s; arrays 26.4-32.2 s, their longest cycle 1.84-2.65 s.
 """
 
 from __future__ import annotations
