@@ -203,17 +203,16 @@ class Client:
         if wrote.unmarked:
             self._warn_unmarked(wrote.unmarked)
         if wrote.failed:
-            names = ", ".join(s.name for s in wrote.failed[:5])
             raise submitting.GroupPartlyWritten(
                 f"{len(specs) - len(wrote.failed) - len(wrote.refused)} of {len(specs)} members "
                 f"submitted; {len(wrote.failed)} could not be written ({brief(wrote.error)}): "
-                f"{names}{' ...' if len(wrote.failed) > 5 else ''}. The others run; these names "
-                "are free: submit them again once the bucket answers"
+                f"{submitting.some([s.name for s in wrote.failed])}. The others run; these "
+                "names are free: submit them again once the bucket answers"
             )
         if wrote.refused:
-            names = ", ".join(s.name for s in wrote.refused[:5])
             raise JobExists(
-                f"{len(wrote.refused)} member(s) were taken meanwhile, not submitted: {names}"
+                f"{len(wrote.refused)} member(s) were taken meanwhile, not submitted: "
+                + submitting.some([s.name for s in wrote.refused])
             )
         if not self.expect_daemon:
             return specs
@@ -264,7 +263,7 @@ class Client:
         """A group's members whose markers failed: submitted, found by the full listing."""
         warnings.warn(
             f"{len(names)} member(s) are submitted but their submission markers could not be "
-            f"written ({', '.join(names[:3])}{' ...' if len(names) > 3 else ''}): the daemon "
+            f"written ({submitting.some(names, 3)}): the daemon "
             f"finds them by its full listing, within {FULL_LISTING_SECONDS:g}s on a large queue",
             stacklevel=3,
         )

@@ -88,14 +88,19 @@ class _Lazy(dict):
         return super().get(name, default)
 
 
+def some(names: Sequence[str], most: int = 5) -> str:
+    """The first ``most`` names for a message, and how many more: "a, b and 3 more"."""
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
+
+
 def check_names_free(store: Store, specs: Sequence[JobSpec]) -> None:
     """SpecError naming the members whose names an active job holds already."""
     active = set(store.specs.list())
     taken = sorted(spec.name for spec in specs if spec.name in active)
     if taken:
-        shown = ", ".join(taken[:5]) + (f" and {len(taken) - 5} more" if len(taken) > 5 else "")
         raise SubmitRefused(
-            f"--name: {len(taken)} member name(s) are active jobs already ({shown}); pick "
+            f"--name: {len(taken)} member name(s) are active jobs already ({some(taken)}); pick "
             "another --name, or cancel them first"
         )
 

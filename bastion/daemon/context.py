@@ -232,12 +232,7 @@ class Context:
         # Archived jobs' statuses as their records say, for the jobs that wait for them
         # (bastion/daemon/gates.py): read once each, forgotten when a name is archived again.
         self.finished_status: dict[str, str | None] = {}
-        self.specwatch = SpecWatch(store)  # which specs each cycle reads (markers, listing)
-        self.intake_backlog = 0  # marked specs left for the next cycle (ingest.read_specs)
-        # Specs a full listing found changed, beyond one cycle's intake: no marker names them,
-        # so the next cycles read them by name (ingest.read_specs), not the next full listing
-        self.listed_backlog: dict[str, str] = {}  # name -> the token the listing gave
-        self.prefetch = Prefetch()  # a burst's next specs, read while this cycle goes on
+        self._init_intake(store)
         self.born_since_freeze = 0  # jobs taken in since the last heap.settle
         self.queue_checked_at = float("-inf")  # the last whole-queue check (recovery.upkeep)
         self.snapshots = SnapshotBook()  # ROOT/history/snapshot/: bastion/daemon/snapshot.py
@@ -285,6 +280,15 @@ class Context:
             else:
                 left.add(name)
         self.attention = kept
+
+    def _init_intake(self, store: Store) -> None:
+        """What ingest.read_specs reads, and what it left for the next cycles."""
+        self.specwatch = SpecWatch(store)  # which specs each cycle reads (markers, listing)
+        self.intake_backlog = 0  # specs left for the next cycle, which runs at once
+        # Specs a full listing found changed, beyond one cycle's intake: no marker names them,
+        # so the next cycles read them by name, not the next full listing
+        self.listed_backlog: dict[str, str] = {}  # name -> the token the listing gave
+        self.prefetch = Prefetch()  # a burst's next specs, read while this cycle goes on
 
     def _init_effects(self, max_workers: int) -> None:
         """The pools and the books of effects in flight, results to take in, and deletes."""

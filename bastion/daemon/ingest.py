@@ -28,22 +28,13 @@ INTAKE_PER_CYCLE = MARKERS_PER_LOOK
 
 
 def read_specs(ctx: Context, look: Look, now: float) -> None:
-    """Take in the specs that changed, at most INTAKE_PER_CYCLE. With the full listing:
-    those whose listing token changed, and jobs whose spec is no longer listed are gone.
-    Otherwise: what the last full listing left for later (plain tools' writes, a restart's
-    backlog), then the specs that submission markers name (and those of cancel requests for
-    jobs not seen yet). Each is read with its token; one that is absent now is gone (when
-    the full listing did not run). See bastion/bucket/specwatch.py."""
-    listed, jobs = look.specs, ctx.jobs
+    """Take in the specs that changed (``to_read``), at most INTAKE_PER_CYCLE, each read
+    with its token (or read ahead, bastion/daemon/prefetch.py). With the full listing, jobs
+    whose spec is no longer listed are gone; without it, a spec absent now is gone. See
+    bastion/bucket/specwatch.py."""
+    listed = look.specs
     ready = read_ahead(ctx, look)
-    if listed is not None:
-        tokens = {n: i.token for n, i in listed.items()}
-        changed = [n for n, t in tokens.items() if n not in jobs or jobs[n].token != t]
-        changed.sort(key=lambda n: n not in ready)  # what was read ahead first: it is read
-    else:  # what a full listing left first (but what a marker brought in since)
-        tokens = ctx.listed_backlog
-        left = [n for n, t in tokens.items() if n not in jobs or jobs[n].token != t]
-        changed = list(dict.fromkeys(left + intake_order(ctx, look)))
+    changed, tokens = to_read(ctx, look, ready)
     changed, later = changed[:INTAKE_PER_CYCLE], changed[INTAKE_PER_CYCLE:]
     # the loop runs the next cycle without waiting its poll (markers beyond a ranged look too)
     ctx.intake_backlog = len(later) + look.more_markers
@@ -89,6 +80,24 @@ def read_specs(ctx: Context, look: Look, now: float) -> None:
     if markers_wait or ctx.listed_backlog:  # the next cycle's reads, while this one goes on
         first = list(ctx.listed_backlog)
         ctx.prefetch.start(ctx.store, ctx.specwatch, ctx.pool, first, INTAKE_PER_CYCLE)
+
+
+def to_read(
+    ctx: Context, look: Look, ready: Mapping[str, TokenRead]
+) -> tuple[list[str], dict[str, str]]:
+    """The specs that changed, in the order they are taken in, and the tokens a listing gave
+    them. With the full listing: those whose token is not their job's (what was read ahead
+    first: it is read). Else: what the last full listing left (but what a marker brought in
+    since), then the cancel requests' unseen jobs and the marked specs (``intake_order``)."""
+    jobs = ctx.jobs
+    if look.specs is not None:
+        tokens = {n: i.token for n, i in look.specs.items()}
+        changed = [n for n, t in tokens.items() if n not in jobs or jobs[n].token != t]
+        changed.sort(key=lambda n: n not in ready)
+        return changed, tokens
+    tokens = ctx.listed_backlog
+    left = [n for n, t in tokens.items() if n not in jobs or jobs[n].token != t]
+    return list(dict.fromkeys(left + intake_order(ctx, look))), tokens
 
 
 def read_ahead(ctx: Context, look: Look) -> dict[str, TokenRead]:
