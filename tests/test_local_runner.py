@@ -54,16 +54,25 @@ def name_of(job: str, root: str = ROOT) -> str:
 
 
 class Rig:
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, shared: bool = True) -> None:
+        self.shared = shared
         self.tmp = tmp
         self.attempts_dir = str(tmp / "attempts")
         self.tag = os.urandom(8).hex()
 
     def runner(
-        self, gpus: list[int] | None = None, root: str = ROOT, leftover_grace: float = 10.0
+        self,
+        gpus: list[int] | None = None,
+        root: str = ROOT,
+        leftover_grace: float = 10.0,
+        shared: bool | None = None,
     ) -> LocalRunner:
         return LocalRunner(
-            self.attempts_dir, gpus=gpus or [], root=root, leftover_grace=leftover_grace
+            self.attempts_dir,
+            gpus=gpus or [],
+            root=root,
+            leftover_grace=leftover_grace,
+            shared=self.shared if shared is None else shared,
         )
 
     def attempt(
@@ -142,9 +151,10 @@ def hold_claim(directory: Path) -> subprocess.Popen[bytes]:
     return holder
 
 
-@pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    r = Rig(tmp_path)
+@pytest.fixture(params=[True, False], ids=["shared", "forked"])
+def rig(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Rig]:
+    """Every behaviour holds with either supervisor (``[runners.local] supervisor``)."""
+    r = Rig(tmp_path, shared=request.param)
     yield r
     r.close()
 
@@ -154,6 +164,15 @@ def gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def supervised_pid(rig: Rig, job: str, handle: dict[str, Any]) -> int:
+    """What a delete must end: the attempt's wrapper, or the job's shell when its supervisor
+    is a shared one (which runs on for other attempts)."""
+    if not handle.get("shared"):
+        return int(handle["pid"])
+    rig.command_started(job)
+    return int((rig.dir(job) / JOB_GROUP_FILE).read_text())
 
 
 def outcome(obs: Observation) -> tuple[AttemptPhase, int | None]:
@@ -371,6 +390,7 @@ def test_a_runner_setting_for_the_leftover_grace_must_be_seconds(tmp_path: Path)
         from_settings({**settings, "leftover_grace": "soon"})
 
 
+@pytest.mark.parametrize("rig", [False], ids=["forked"], indirect=True)
 def test_wrappers_are_forked_by_one_launcher_and_known_by_their_lock_after_a_restart(
     rig: Rig,
 ) -> None:
@@ -380,7 +400,7 @@ def test_wrappers_are_forked_by_one_launcher_and_known_by_their_lock_after_a_res
     wrappers = [psutil.Process(h["pid"]) for h in (first, second)]
     assert wrappers[0].ppid() == wrappers[1].ppid() != os.getpid()  # one launcher, not us
     assert LAUNCHER_ARG in wrappers[0].cmdline()  # (its argv is the launcher's)
-    restarted = rig.runner()  # a new daemon, who knows the wrapper only by what it holds
+    restarted = rig.runner()  # a new daemon: it knows the wrapper by its lock
     assert running(restarted, first)
     rig.command_started("a")  # (a stop before it would end a job that never ran: LOST)
     restarted.stop(first, time.time() + 30)
@@ -389,6 +409,7 @@ def test_wrappers_are_forked_by_one_launcher_and_known_by_their_lock_after_a_res
     assert finished(runner, second) == (AttemptPhase.SUCCEEDED, 0)
 
 
+@pytest.mark.parametrize("rig", [False], ids=["forked"], indirect=True)
 def test_a_launcher_that_died_is_replaced_and_its_wrappers_run_on(rig: Rig) -> None:
     runner = rig.runner()
     first = runner.start(rig.attempt("a", rig.wait_go("a")))
@@ -401,6 +422,86 @@ def test_a_launcher_that_died_is_replaced_and_its_wrappers_run_on(rig: Rig) -> N
     assert running(runner, first)  # its wrapper outlived the launcher, as it outlives a daemon
     rig.go("a").touch()
     assert finished(runner, first) == (AttemptPhase.SUCCEEDED, 0)
+
+
+@pytest.mark.parametrize("rig", [True], ids=["shared"], indirect=True)
+def test_one_shared_supervisor_runs_every_attempt_and_a_restarted_runner_knows_each_by_its_lock(
+    rig: Rig,
+) -> None:
+    runner = rig.runner()
+    first = runner.start(rig.attempt("a", rig.wait_go("a")))
+    second = runner.start(rig.attempt("b", rig.wait_go("b")))
+    assert first["shared"] and second["shared"] and first["pid"] == second["pid"]
+    supervisor = psutil.Process(first["pid"])
+    assert supervisor.cmdline()[-3:-1] == [LAUNCHER_ARG, supervisor.cmdline()[-2]]
+    assert supervisor.cmdline()[-1] == launcher.SHARED_ARG
+    restarted = rig.runner()  # a new daemon: it knows each attempt by its lock
+    assert running(restarted, first) and running(restarted, second)
+    rig.command_started("a")
+    restarted.stop(first, time.time() + 30)
+    assert finished(restarted, first) == (AttemptPhase.FAILED, 143)
+    assert running(runner, second) and supervisor.is_running()  # the other runs on
+    rig.go("b").touch()
+    assert finished(runner, second) == (AttemptPhase.SUCCEEDED, 0)
+
+
+@pytest.mark.parametrize("rig", [True], ids=["shared"], indirect=True)
+def test_a_shared_supervisor_outlives_its_runner_until_its_last_attempt_ends(rig: Rig) -> None:
+    runner = rig.runner()
+    handle = runner.start(rig.attempt("a", rig.wait_go("a")))
+    supervisor = psutil.Process(handle["pid"])
+    runner.close()  # the daemon ends: the attempt runs on, supervised
+    time.sleep(0.5)
+    assert supervisor.is_running() and running(rig.runner(), handle)
+    rig.go("a").touch()
+    assert finished(rig.runner(), handle) == (AttemptPhase.SUCCEEDED, 0)
+    supervisor.wait(10)  # (psutil.TimeoutExpired if it lingers once its attempts ended)
+
+
+@pytest.mark.parametrize("rig", [True], ids=["shared"], indirect=True)
+def test_a_killed_shared_supervisor_is_replaced_and_its_attempts_end_without_a_status(
+    rig: Rig,
+) -> None:
+    """Its attempts' jobs outlive it, as a job outlives a killed wrapper: each attempt ends
+    FAILED without a status (none recorded it), and what still runs of it is stopped."""
+    runner = rig.runner(leftover_grace=0.5)
+    first = runner.start(rig.attempt("a", rig.wait_go("a")))
+    rig.command_started("a")
+    supervisor = psutil.Process(first["pid"])
+    supervisor.kill()
+    supervisor.wait(10)
+    second = runner.start(rig.attempt("b", "exit 4"))
+    assert second["pid"] != first["pid"]
+    assert finished(runner, second) == (AttemptPhase.FAILED, 4)
+    obs = wait_for(lambda: (o := runner.poll(first)).finished and o, what="the first attempt")
+    assert outcome(obs) == (AttemptPhase.FAILED, None)
+    assert "killed before it could report" in obs.reason
+    wait_for(lambda: runner.delete(first), timeout=10, what="its job stopped")
+    assert not [p for p in rig.processes() if str(rig.go("a")) in " ".join(p.cmdline())]
+
+
+@pytest.mark.parametrize("rig", [True], ids=["shared"], indirect=True)
+def test_a_shared_attempt_told_to_stop_is_warned_and_killed_at_its_deadline(rig: Rig) -> None:
+    """Told through its stop file (a signal would reach every attempt of the process): the
+    job is warned, and killed once the deadline, moved earlier, has passed."""
+    runner = rig.runner()
+    handle = runner.start(rig.attempt("a", f"trap 'echo warned' TERM; {rig.wait_go('a')}"))
+    rig.command_started("a")
+    runner.stop(handle, time.time() + 60)
+    wait_for(lambda: b"warned" in runner.read_output(handle, 0, 1000), what="the warning")
+    assert running(runner, handle)
+    runner.stop(handle, time.time() + 0.5)  # a cancel moves the deadline
+    assert finished(runner, handle) == (AttemptPhase.FAILED, 128 + signal.SIGKILL)
+
+
+@pytest.mark.parametrize("rig", [True], ids=["shared"], indirect=True)
+def test_a_bad_supervisor_setting_is_named(rig: Rig) -> None:
+    from bastion.runners.local import from_settings
+
+    settings = {"root": ROOT, "attempts_dir": rig.attempts_dir, "gpus": []}
+    assert from_settings({**settings, "supervisor": "forked"}).starter._launcher.shared is False
+    with pytest.raises(RunnerError, match=r"\[runners.local\] supervisor = 'one': give 'shared'"):
+        from_settings({**settings, "supervisor": "one"})
 
 
 def test_an_environment_too_large_for_the_launcher_but_not_for_exec_is_exec_d(rig: Rig) -> None:
@@ -456,6 +557,7 @@ def test_a_launcher_that_cannot_run_here_is_given_up_and_wrappers_are_exec_d(
     assert finished(runner, second) == (AttemptPhase.SUCCEEDED, 0)
 
 
+@pytest.mark.parametrize("rig", [False], ids=["forked"], indirect=True)
 def test_a_closed_runner_ends_its_launcher(rig: Rig) -> None:
     runner = rig.runner()
     handle = runner.start(rig.attempt("a", rig.wait_go("a")))
@@ -542,9 +644,10 @@ def test_delete_of_a_running_attempt_kills_it_and_is_true_only_once_gone(rig: Ri
     pidfile = rig.tmp / "gc.pid"
     handle = runner.start(rig.attempt("d2", f"sleep 300 & echo $! > {pidfile}; wait"))
     grandchild = read_pid(pidfile)
+    supervised = supervised_pid(rig, "d2", handle)
     assert runner.delete(handle) is False  # killed, not yet verified gone
     wait_for(lambda: runner.delete(handle), what="delete to be verified")
-    assert gone(handle["pid"]) and not rig.dir("d2").exists()
+    assert gone(supervised) and not rig.dir("d2").exists()
     # SIGKILL was sent to the whole group; the kernel may take a moment to end the straggler
     wait_for(lambda: gone(grandchild), timeout=5, what="the grandchild to die")
 
@@ -683,9 +786,10 @@ def test_killed_before_handle_json_adopts_the_running_process(rig: Rig, lost: st
     assert starts(marker) == 1
     assert running(restarted, again)
     assert [o.name for o in restarted.list_owned()] == [name_of("k")]
+    supervised = supervised_pid(rig, "k", again)
     assert restarted.delete(again) is False
     wait_for(lambda: restarted.delete(again), what="delete of the adopted attempt")
-    assert gone(first["pid"])
+    assert gone(supervised)
 
 
 def test_a_claimed_attempt_that_never_ran_is_started_once(rig: Rig) -> None:

@@ -34,10 +34,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from bastion.outputs.syncer import SYNC_SECONDS, Periodic, Syncer
+
+if TYPE_CHECKING:
+    from bastion.bucket.store import Store
 
 STOP_FILE = "stop"  # {"deadline": epoch seconds}, written by the runner before its SIGTERM
 JOB_GROUP_FILE = "job_pgid"  # the job's process group, for the runner's last resort
@@ -74,10 +77,28 @@ def wrapper_argv(name: str, command: str, directory: str) -> list[str]:
 
 
 class Supervisor:
-    def __init__(self, command: str, directory: str, env: dict[str, str]) -> None:
+    """One attempt's command, supervised (steps 2 to 5 above). A wrapper runs one in its main
+    thread; the shared supervisor (bastion/runners/localshared.py) runs one per attempt in a
+    thread of its own and hands each its ``cwd``, its ``stdio`` (stdin and output
+    descriptors: the process's own are not the attempt's) and ``store_of`` (one bucket
+    client per root for all its attempts). Asked to stop without a signal (the stop file),
+    it reads the stop's deadline again while it stops: a cancel can move it earlier."""
+
+    def __init__(
+        self,
+        command: str,
+        directory: str,
+        env: dict[str, str],
+        cwd: str | None = None,
+        stdio: tuple[int, int] | None = None,
+        store_of: Callable[[str], Store] | None = None,
+    ) -> None:
         self.command = command
         self.directory = directory
         self.env = env
+        self.cwd = cwd
+        self.stdio = stdio
+        self.store_of = store_of
         self.child: subprocess.Popen[bytes] | None = None
         self.stop_asked_at: float | None = None
         self.deadline: float | None = None
@@ -110,6 +131,14 @@ class Supervisor:
         except ValueError:
             return now + DEFAULT_GRACE
 
+    def say(self, text: str) -> None:
+        """A line of the supervisor's own in the attempt's output."""
+        if self.stdio is None:
+            print(text, flush=True)
+            return
+        with contextlib.suppress(OSError):
+            os.write(self.stdio[1], f"{text}\n".encode())
+
     def _signal_job(self, sig: int) -> None:
         if self.child is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -124,11 +153,12 @@ class Supervisor:
             return None  # no outputs for this attempt (a daemon that gives none)
         from bastion.bucket.store import Store
 
+        store_of = self.store_of or Store
         error = ""
         for attempt in range(RESTORE_TRIES):
             try:
                 self.syncer = Syncer(
-                    Store(root).outputs,
+                    store_of(root).outputs,
                     self.env.get("BASTION_JOB_NAME", ""),
                     out_dir,
                     worker=0,
@@ -148,10 +178,15 @@ class Supervisor:
     def run(self) -> int:
         problem = self.restore()
         if problem:
-            print(problem, flush=True)
+            self.say(problem)
             return 1
         env = {**self.env}
-        self.child = subprocess.Popen(["bash", "-c", self.command], env=env, process_group=0)
+        stdio: dict[str, Any] = {}
+        if self.stdio is not None:
+            stdio = {"stdin": self.stdio[0], "stdout": self.stdio[1], "stderr": self.stdio[1]}
+        self.child = subprocess.Popen(
+            ["bash", "-c", self.command], env=env, process_group=0, cwd=self.cwd, **stdio
+        )
         _write(os.path.join(self.directory, JOB_GROUP_FILE), str(self.child.pid))
         if self.stop_asked_at is not None:  # asked to stop while restoring
             self._signal_job(stop_signal(self.env))
@@ -169,14 +204,22 @@ class Supervisor:
         killed = False  # the job's group got SIGKILL at the deadline
         with ExitWatch(self.child) as watch:
             while (code := watch.wait(self._look_seconds)) is None:
-                if self.stop_asked_at is None and os.path.exists(self._stop_file):
-                    # Asked without a signal: by a daemon in another PID namespace, which
-                    # cannot signal what it cannot see (bastion/runners/local.py).
-                    self.on_signal(signal.SIGTERM, None)
+                self._look_for_a_stop()
                 killed = self._kill_at_deadline(killed, time.time())
         if self.stop_asked_at is not None:
             self._until_the_group_ends(killed)
         return 128 - code if code < 0 else code
+
+    def _look_for_a_stop(self) -> None:
+        """A stop asked without a signal: by a daemon in another PID namespace, which cannot
+        signal what it cannot see, or any stop of a shared supervisor's attempt (signals
+        are the whole process's). Once stopping, the deadline is read again (moved earlier
+        by a cancel; a signal would have said so)."""
+        if self.stop_asked_at is None:
+            if os.path.exists(self._stop_file):
+                self.on_signal(signal.SIGTERM, None)
+        else:
+            self.deadline = self._deadline(self.stop_asked_at)
 
     @property
     def _look_seconds(self) -> float:
@@ -199,6 +242,7 @@ class Supervisor:
         assert self.child is not None
         given_up_at: float | None = None
         while _group_alive(self.child.pid):
+            self._look_for_a_stop()
             now = time.time()
             killed = self._kill_at_deadline(killed, now)
             if killed:
@@ -286,11 +330,18 @@ def main(argv: list[str] | None = None) -> None:
     for sig in STOP_SIGNALS:
         signal.signal(sig, supervisor.on_signal)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # (a stop that came first: now)
-    try:
-        status = supervisor.run()
-    except BaseException as e:  # never leave without a status: the daemon would wait for one
-        print(f"bastion: the attempt's wrapper failed: {type(e).__name__}: {e}", flush=True)
-        status = 1
-    _write(os.path.join(directory, "exit"), str(status))
+    status = run_to_the_end(supervisor)
     sys.stdout.flush()
     os._exit(status)
+
+
+def run_to_the_end(supervisor: Supervisor) -> int:
+    """Run the attempt and record its status in ``exit``, whatever happens: without one the
+    daemon would wait for it. The status."""
+    try:
+        status = supervisor.run()
+    except BaseException as e:
+        supervisor.say(f"bastion: the attempt's wrapper failed: {type(e).__name__}: {e}")
+        status = 1
+    _write(os.path.join(supervisor.directory, "exit"), str(status))
+    return status

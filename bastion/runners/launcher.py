@@ -35,6 +35,7 @@ from typing import Any
 from bastion.outputs.supervise import stop_signals_held
 
 LAUNCHER_ARG = "bastion-launcher"  # in the argv of the launcher and of the wrappers it forks
+SHARED_ARG = "shared"  # last in a launcher's argv: it supervises attempts (localshared.py)
 MAX_REQUEST = 128 << 10  # the wrapper's argv and environment (more: exec'd by the runner)
 ANSWER_SECONDS = 30.0  # a fork and a small write: far less, unless the launcher hangs
 _CODE = "from bastion.runners.launcher import serve; serve()"
@@ -46,13 +47,18 @@ class LauncherLost(Exception):
 
 class Launcher:
     """The daemon's end: starts the launcher on first use, again if it ended before a
-    request reached it; ``spawn`` is safe from the effects pool's threads (one at a time)."""
+    request reached it; ``spawn`` is safe from the effects pool's threads (one at a time).
+    ``shared``: the launcher supervises the attempts itself (bastion/runners/localshared.py)
+    rather than fork a wrapper for each; it is let go, never killed, once it has attempts:
+    it ends with its last one."""
 
-    def __init__(self, log_path: str) -> None:
+    def __init__(self, log_path: str, shared: bool = False) -> None:
         self.log_path = log_path
+        self.shared = shared
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
+        self._let_go: list[subprocess.Popen[bytes]] = []  # shared ones that run on: reaped
         self.answered = 0  # answers received, from every launcher this one started
 
     def spawn(self, argv: Sequence[str], env: dict[str, str], cwd: str, fds: Sequence[int]) -> int:
@@ -96,7 +102,14 @@ class Launcher:
         try:
             with open(self.log_path, "ab") as errors:
                 self._proc = subprocess.Popen(
-                    [sys.executable, "-c", _CODE, LAUNCHER_ARG, str(theirs.fileno())],
+                    [
+                        sys.executable,
+                        "-c",
+                        _CODE,
+                        LAUNCHER_ARG,
+                        str(theirs.fileno()),
+                        *([SHARED_ARG] if self.shared else []),
+                    ],
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=errors,
@@ -116,6 +129,10 @@ class Launcher:
         if self._sock is not None:
             self._sock.close()  # the launcher reads its end, and exits
             self._sock = None
+        self._let_go = [p for p in self._let_go if p.poll() is None]
+        if self._proc is not None and self.shared:  # (it ends with its last attempt)
+            self._let_go.append(self._proc)
+            self._proc = None
         if self._proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(timeout=5)
@@ -129,7 +146,7 @@ class Launcher:
 
 
 def serve() -> None:
-    """The launcher's loop (``python -c ... bastion-launcher FD``)."""
+    """The launcher's loop (``python -c ... bastion-launcher FD [shared]``)."""
     # What every wrapper imports (the bucket stack above all; the wrapper's own module is
     # imported at the top), imported once, here
     import bastion.bucket.store  # noqa: F401
@@ -138,26 +155,45 @@ def serve() -> None:
     # visit it (each visit writes to the objects' pages, and a forked child copies each page
     # it writes to)
     gc.freeze()
-    sock = socket.socket(fileno=int(sys.argv[-1]))
-    signal.signal(signal.SIGCHLD, _reap)
+    shared = _shared_supervisor() if sys.argv[-1] == SHARED_ARG else None
+    sock = socket.socket(fileno=int(sys.argv[-2] if shared else sys.argv[-1]))
+    if shared is None:
+        signal.signal(signal.SIGCHLD, _reap)  # (a shared one's threads wait for their own)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if shared is not None:
+        shared.install_signals()
     while True:
         try:
             data, fds, _flags, _addr = socket.recv_fds(sock, MAX_REQUEST, 3)
         except OSError:
+            data, fds = b"", []
+        if not data:  # the daemon ended
+            if shared is not None:
+                sock.close()
+                shared.wait_all()  # (its attempts outlive the daemon, as wrappers do)
             return
-        if not data:
-            return  # the daemon ended
+        taken = False
         try:
-            answer: dict[str, Any] = {"pid": _fork(json.loads(data), fds, sock)}
+            request = json.loads(data)
+            if shared is not None:
+                answer: dict[str, Any] = {"pid": shared.take(request, fds), "shared": True}
+                taken = True
+            else:
+                answer = {"pid": _fork(request, fds, sock)}
         except Exception as e:  # (answered: the runner raises it)
             answer = {"error": f"{type(e).__name__}: {e}"}
         finally:
-            for fd in fds:
+            for fd in [] if taken else fds:  # (an attempt taken owns its descriptors)
                 with contextlib.suppress(OSError):
                     os.close(fd)
         with contextlib.suppress(OSError):
             sock.send(json.dumps(answer).encode())
+
+
+def _shared_supervisor() -> Any:
+    from bastion.runners.localshared import SharedSupervisor
+
+    return SharedSupervisor()
 
 
 def _reap(_signum: int, _frame: Any) -> None:

@@ -72,6 +72,7 @@ from bastion.runners.localproc import (
     write_json,
 )
 from bastion.runners.localremains import Remains
+from bastion.runners.localshared import SHARED_MARK
 from bastion.runners.localstart import Starter
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ BEING_STARTED = "being started by another process"
 FINAL_SYNC_SECONDS = 30.0
 LEFTOVER_GRACE = 10.0  # seconds from SIGTERM to SIGKILL for what outlived the command
 _OPTIONS: frozenset[str] = frozenset()  # the local runner takes no per-job options
+SHARED, FORKED = "shared", "forked"  # [runners.local] supervisor
 
 
 def detect_gpus() -> list[int]:
@@ -119,7 +121,10 @@ def from_settings(settings: Mapping[str, Any]) -> LocalRunner:
     user's state directory), ``gpus`` (indices this runner hands out; default: nvidia-smi),
     ``leftover_grace`` (seconds between the SIGTERM and the SIGKILL of what an attempt left
     running after its command ended; default 10), ``launcher`` (default true: wrappers are
-    forked by one launcher process, bastion/runners/launcher.py; false: each is exec'd).
+    forked by one launcher process, bastion/runners/launcher.py; false: each is exec'd),
+    ``supervisor`` (``"shared"``, the default: the launcher supervises every attempt itself,
+    bastion/runners/localshared.py; ``"forked"``: it forks a wrapper for each; with
+    ``launcher = false`` each attempt's wrapper is exec'd either way).
     ``gpu_ledger``: the host's GPU ledger, which the daemon's ``Runners`` hands to every
     runner (bastion/runners/gpus.py)."""
     root = str(settings.get("root") or "")
@@ -127,6 +132,12 @@ def from_settings(settings: Mapping[str, Any]) -> LocalRunner:
     gpus = settings.get("gpus")
     grace = settings.get("leftover_grace", LEFTOVER_GRACE)
     launcher = settings.get("launcher", True)
+    supervisor = settings.get("supervisor", SHARED)
+    if supervisor not in (SHARED, FORKED):
+        raise RunnerError(
+            f"[runners.local] supervisor = {supervisor!r}: give {SHARED!r} (one process "
+            f"supervises every attempt) or {FORKED!r} (a wrapper process forked for each)"
+        )
     if not isinstance(launcher, bool):
         raise RunnerError(
             f"[runners.local] launcher = {launcher!r}: give true (wrappers forked by one "
@@ -143,6 +154,7 @@ def from_settings(settings: Mapping[str, Any]) -> LocalRunner:
         leftover_grace=float(grace),
         ledger=ledger_of(settings),
         launcher=launcher,
+        shared=supervisor == SHARED,
     )
 
 
@@ -159,6 +171,7 @@ class LocalRunner(Runner):
         leftover_grace: float = LEFTOVER_GRACE,
         ledger: GpuLedger | None = None,
         launcher: bool = True,
+        shared: bool = True,
     ) -> None:
         self.attempts_dir = os.path.abspath(attempts_dir)  # wrappers' argv names it: one spelling
         self.prefix = name_prefix(root) if root else ""
@@ -168,7 +181,7 @@ class LocalRunner(Runner):
         # attempt -> (pid, creation time) of its wrapper, when known to be it (forked by the
         # launcher, or recognised once): no look at its command line or files on each poll
         self._known: dict[str, tuple[int, float]] = {}
-        self.starter = Starter(self.attempts_dir, self.host, root, launcher)
+        self.starter = Starter(self.attempts_dir, self.host, root, launcher, shared)
         self.ledger = ledger or GpuLedger()  # the host's GPUs, shared with other runners
         self.remains = Remains(self.prefix, self._dir, leftover_grace)
         os.makedirs(self.attempts_dir, exist_ok=True)
@@ -332,6 +345,8 @@ class LocalRunner(Runner):
                 "pid": proc.pid if proc else pid,
                 "create_time": proc.create_time() if proc else 0.0,
             }
+        if os.path.exists(os.path.join(directory, SHARED_MARK)):
+            handle["shared"] = True
         write_json(os.path.join(directory, "handle.json"), handle)
         return handle
 
@@ -339,7 +354,10 @@ class LocalRunner(Runner):
 
     def _alive(self, handle: Handle) -> bool:
         """The wrapper lives: seen here, or holding its liveness lock from a PID namespace
-        this process cannot see into (then it is stopped through its stop file)."""
+        this process cannot see into (then it is stopped through its stop file). A shared
+        supervisor outlives the attempt: only its lock says whether the attempt runs."""
+        if handle.get("shared"):
+            return held_alive(self._dir(handle["name"]))
         return self._wrapper_pid(handle) > 0 or held_alive(self._dir(handle["name"]))
 
     def _wrapper_pid(self, handle: Handle) -> int:
@@ -376,6 +394,10 @@ class LocalRunner(Runner):
         return 0
 
     def _signal(self, handle: Handle, sig: int) -> None:
+        """A wrapper's own: a shared supervisor's signals are every attempt's (it is told
+        through the stop file)."""
+        if handle.get("shared"):
+            return
         pid = self._wrapper_pid(handle)
         if pid > 0:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -386,6 +408,9 @@ class LocalRunner(Runner):
         the job's), the job's own group."""
         directory = self._dir(handle["name"])
         job_group = read_int(os.path.join(directory, JOB_GROUP_FILE))
+        if handle.get("shared"):  # its supervisor, which others share, is never killed
+            self._kill_shared(directory, job_group)
+            return
         if self._wrapper_pid(handle) <= 0:
             if held_alive(directory):  # alive where its pids mean nothing here: its wrapper
                 with contextlib.suppress(OSError):  # kills its job at this deadline
@@ -395,6 +420,17 @@ class LocalRunner(Runner):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(job_group, signal.SIGKILL)
         self._signal(handle, signal.SIGKILL)
+
+    def _kill_shared(self, directory: str, job_group: int | None) -> None:
+        """While the attempt runs (its group is the job's): SIGKILL the job's group, and
+        tell its supervisor the deadline is now (it ends the attempt, syncs, lets go)."""
+        if not held_alive(directory):
+            return
+        with contextlib.suppress(OSError):
+            write_json(os.path.join(directory, STOP_FILE), {"deadline": time.time()})
+        if job_group:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(job_group, signal.SIGKILL)
 
     def _finish(self, handle: Handle) -> None:
         """The leader is gone: forget our child (what it left behind: :class:`Remains`)."""

@@ -34,6 +34,7 @@ from bastion.runners.localproc import (
     unpack_bundle,
     write_json,
 )
+from bastion.runners.localshared import SHARED_MARK
 
 if TYPE_CHECKING:
     from bastion.bucket.store import Store
@@ -45,13 +46,16 @@ class Starter:
     """Starts wrappers for one runner: ``host`` is recorded in each handle, ``root`` is the
     bucket bundles are fetched from, ``launcher`` whether wrappers are forked by one."""
 
-    def __init__(self, attempts_dir: str, host: str, root: str, launcher: bool) -> None:
+    def __init__(
+        self, attempts_dir: str, host: str, root: str, launcher: bool, shared: bool = False
+    ) -> None:
         self.host = host
         self.root = root
         self._store: Any = None  # made on the first bundle to fetch
         # wrappers exec'd here, by attempt: our children, reaped when polled
         self.children: dict[str, subprocess.Popen[bytes]] = {}
-        self._launcher = Launcher(os.path.join(attempts_dir, ".launcher.log")) if launcher else None
+        log_path = os.path.join(attempts_dir, ".launcher.log")
+        self._launcher = Launcher(log_path, shared) if launcher else None
 
     def spawn(self, attempt: Attempt, directory: str, gpus: list[int]) -> Handle:
         """Start the attempt's wrapper in ``directory`` (made and claimed by the caller);
@@ -76,8 +80,9 @@ class Starter:
         argv = wrapper_argv(attempt.name, attempt.command, directory)
         alive = hold_alive(directory)  # the wrapper holds it for as long as it lives
         lost: LauncherLost | None = None
+        shared = False
         try:
-            pid = self._launch(argv, env, work, (stdin, output, alive))
+            pid, shared = self._launch(argv, env, work, (stdin, output, alive))
         except LauncherLost as e:
             lost, pid = e, 0
         finally:
@@ -86,11 +91,14 @@ class Starter:
             os.close(alive)
         if lost is not None:
             pid = self._after_lost(directory, lost)
+            shared = os.path.exists(os.path.join(directory, SHARED_MARK))
         try:
             created = psutil.Process(pid).create_time()
         except psutil.NoSuchProcess:  # already gone: it cannot be confused with anything
             created = 0.0
         handle.update(pid=pid, create_time=created)
+        if shared:
+            handle["shared"] = True
         write_json(os.path.join(directory, "handle.json"), handle)
         return handle
 
@@ -98,16 +106,19 @@ class Starter:
         if self._launcher is not None:
             self._launcher.close()
 
-    def _launch(self, argv: list[str], env: dict[str, str], cwd: str, fds: tuple[int, ...]) -> int:
-        """The wrapper's pid: forked by the launcher when one runs here and exec would take
-        the wrapper's argv and environment; else exec'd here, which refuses what exec refuses
-        with its reason (E2BIG names the variable)."""
+    def _launch(
+        self, argv: list[str], env: dict[str, str], cwd: str, fds: tuple[int, ...]
+    ) -> tuple[int, bool]:
+        """The wrapper's pid, and whether it is a shared supervisor: the launcher when one
+        runs here and exec would take the wrapper's argv and environment (it forks a wrapper,
+        or supervises the attempt itself); else a wrapper exec'd here, which refuses what
+        exec refuses with its reason (E2BIG names the variable)."""
         directory = argv[-1]
         if self._launcher is not None and _exec_takes(env, argv):
             try:
-                return self._launcher.spawn(argv, env, cwd, fds)
+                return self._launcher.spawn(argv, env, cwd, fds), self._launcher.shared
             except OSError as e:
-                log.warning("the launcher could not fork a wrapper (%s); exec'ing it", e)
+                log.warning("the launcher could not start the attempt (%s); exec'ing a wrapper", e)
         try:
             with stop_signals_held():
                 proc = subprocess.Popen(
@@ -127,7 +138,7 @@ class Starter:
                 raise  # EAGAIN, ENOMEM: transient, the daemon backs off and tries again
             raise refused from None
         self.children[os.path.basename(directory)] = proc
-        return proc.pid
+        return proc.pid, False
 
     def _after_lost(self, directory: str, lost: LauncherLost) -> int:
         """The launcher got the request and ended without an answer: did it fork? A wrapper

@@ -1,0 +1,120 @@
+"""The local runner's shared supervisor: the launcher (bastion/runners/launcher.py) in its
+supervising mode runs every attempt it is handed in a thread of its own, where the forking
+mode forks a wrapper process for each.
+
+Why: a wrapper forked from a Python process copies every page its Python touches (reference
+counts are writes): 8-10 ms of CPU per attempt on a 2-core host, so a burst of 1,000 starts
+took 6-12 s however little the daemon did. A thread of a process that already runs costs
+what the wrapper's own work costs (restoring outputs, one ``bash`` forked by vfork).
+
+What the runner sees is the wrapper it knew, but shared: each attempt's ``pid`` file names
+this process, and its liveness lock is held by this process until that attempt has ended,
+synced its outputs and written its ``exit``; ``shared`` in the directory says so, for a
+daemon that finds the attempt without its handle. The runner judges a shared attempt alive
+by its lock, stops it through its stop file (read within ``LOOK_SECONDS``; a signal would
+reach every attempt), and never signals this process.
+
+This process outlives the daemon, as wrappers do: when the daemon's end of the socket
+closes, it takes no more attempts and ends with its last one. A SIGTERM, SIGINT or SIGHUP
+sent to it (a host shutting down) stops every attempt it runs, each as its runner's stop
+would (warned, killed at the grace's end, synced).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from typing import TYPE_CHECKING, Any
+
+from bastion.outputs.supervise import STOP_SIGNALS, Supervisor, run_to_the_end
+
+if TYPE_CHECKING:
+    from bastion.bucket.store import Store
+
+SHARED_MARK = "shared"  # in the attempt's directory: its supervisor is a shared one
+
+
+class SharedSupervisor:
+    """The attempts this process supervises, by directory."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._running: dict[str, Supervisor] = {}
+        self._stores: dict[str, Store] = {}
+
+    def install_signals(self) -> None:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._stop_all)
+
+    def take(self, request: dict[str, Any], fds: list[int]) -> int:
+        """Start supervising the attempt ``request`` describes (the wrapper's argv, its
+        environment and working directory; ``fds``: stdin, output, liveness lock, which its
+        thread now owns); this process's pid, written to the attempt's ``pid`` first."""
+        argv, env, cwd = list(request["argv"]), dict(request["env"]), str(request["cwd"])
+        if len(fds) != 3:
+            raise ValueError(f"expected 3 descriptors, got {len(fds)}")
+        command, directory = argv[-2], argv[-1]
+        pid = os.getpid()
+        _write(os.path.join(directory, SHARED_MARK), "")
+        _write(os.path.join(directory, "pid"), str(pid))
+        supervisor = Supervisor(
+            command, directory, env, cwd=cwd, stdio=(fds[0], fds[1]), store_of=self._store
+        )
+        with self._lock:
+            self._running[directory] = supervisor
+        thread = threading.Thread(
+            target=self._attempt,
+            args=(supervisor, fds),
+            name=f"attempt {os.path.basename(directory)}",
+        )
+        try:
+            thread.start()
+        except BaseException:  # (the runner execs a wrapper of its own: not a shared one)
+            with self._lock:
+                self._running.pop(directory, None)
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, SHARED_MARK))
+            raise
+        return pid
+
+    def wait_all(self) -> None:
+        """Until every attempt taken has ended."""
+        with self._lock:
+            while self._running:
+                self._lock.wait()
+
+    def _attempt(self, supervisor: Supervisor, fds: list[int]) -> None:
+        try:
+            run_to_the_end(supervisor)
+        finally:
+            with self._lock:
+                self._running.pop(supervisor.directory, None)
+                self._lock.notify_all()
+            for fd in fds:  # the liveness lock last: the attempt has ended once it is let go
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def _stop_all(self, signum: int, _frame: Any) -> None:
+        with self._lock:
+            running = list(self._running.values())
+        for supervisor in running:
+            supervisor.on_signal(signum, None)
+
+    def _store(self, root: str) -> Store:
+        """One bucket client per root, for every attempt (each made its own before)."""
+        from bastion.bucket.store import Store
+
+        with self._lock:
+            store = self._stores.get(root)
+            if store is None:
+                store = self._stores[root] = Store(root)
+            return store
+
+
+def _write(path: str, text: str) -> None:
+    tmp = f"{path}.{threading.get_ident()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
