@@ -2,7 +2,9 @@
 
 Started by :class:`bastion.runners.local.LocalRunner` as ``python -c <import and main()>
 bastion-job:<attempt> COMMAND DIRECTORY`` in a session of its own, so it outlives the daemon
-(a restarted daemon adopts the attempt by DIRECTORY, the last argument). In order:
+(a restarted daemon adopts the attempt by DIRECTORY, the last argument); or, by default, run
+in a thread of the local runner's shared supervisor (bastion/runners/localshared.py), which
+writes the ``pid`` file for it and tells it to stop only through the stop file. In order:
 
 1. ``DIRECTORY/pid``: its own pid, before anything else (a daemon killed right after the
    fork still finds the attempt). Its stop signals come blocked (:func:`stop_signals_held`,

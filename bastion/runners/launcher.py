@@ -15,6 +15,11 @@ knows it by the lock it holds (``localproc.is_wrapper``), not by its argv.
 One request at a time on a Unix socket pair: a JSON object ``{argv, env, cwd}`` sent with
 three descriptors (stdin, output, liveness lock), answered ``{"pid": N}`` or
 ``{"error": "..."}``. The launcher ends when the daemon does (its end of the socket closes).
+
+In its supervising mode (``shared`` last in its argv; the local runner's default) it forks
+nothing: it runs each attempt's supervisor in a thread of its own (bastion/runners/
+localshared.py), answers ``{"pid": its own, "shared": true}``, and when the daemon ends it
+lives on until its last attempt has ended.
 """
 
 from __future__ import annotations
