@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import select
 import signal
@@ -102,6 +103,7 @@ class Supervisor:
         self.stdio = stdio
         self.store_of = store_of
         self.child: subprocess.Popen[bytes] | None = None
+        self.periodic: Periodic | None = None  # the syncs while the job runs
         self.stop_asked_at: float | None = None
         self.deadline: float | None = None
         self.syncer: Syncer | None = None
@@ -192,10 +194,9 @@ class Supervisor:
         _write(os.path.join(self.directory, JOB_GROUP_FILE), str(self.child.pid))
         if self.stop_asked_at is not None:  # asked to stop while restoring
             self._signal_job(stop_signal(self.env))
-        periodic = Periodic(self.syncer, sync_seconds(self.env)).start() if self.syncer else None
         status = self._wait()
-        if periodic is not None:
-            periodic.stop()
+        if self.periodic is not None:
+            self.periodic.stop()
         if self.syncer is not None:
             self.syncer.sync(final=True)
             self.syncer.write_summary()
@@ -204,8 +205,12 @@ class Supervisor:
     def _wait(self) -> int:
         assert self.child is not None
         killed = False  # the job's group got SIGKILL at the deadline
+        period = sync_seconds(self.env)
+        sync_from = time.monotonic() + period if self.syncer is not None else math.inf
         with ExitWatch(self.child) as watch:
-            while (code := watch.wait(self._look_seconds)) is None:
+            while (code := watch.wait(self._look(sync_from))) is None:
+                if self.periodic is None and time.monotonic() >= sync_from:
+                    self.periodic = Periodic(self.syncer, period).start(first=0.0)
                 self._look_for_a_stop()
                 killed = self._kill_at_deadline(killed, time.time())
         if self.stop_asked_at is not None:
@@ -223,9 +228,16 @@ class Supervisor:
         else:
             self.deadline = self._deadline(self.stop_asked_at)
 
-    @property
-    def _look_seconds(self) -> float:
-        return LOOK_SECONDS if self.stop_asked_at is None else STOPPING_LOOK_SECONDS
+    def _look(self, sync_from: float) -> float:
+        """Seconds until the next look: at the stop file, the deadline, and once, when the
+        job has outlived a sync period, to start the periodic syncs. Started then, not with
+        the job: most jobs of a burst have ended by then, and a thread started per attempt
+        waits for the new thread to run (under a shared supervisor's busy GIL, a switch
+        interval or more)."""
+        look = LOOK_SECONDS if self.stop_asked_at is None else STOPPING_LOOK_SECONDS
+        if self.periodic is None:
+            look = min(look, max(0.0, sync_from - time.monotonic()))
+        return look
 
     def _kill_at_deadline(self, killed: bool, now: float) -> bool:
         """SIGKILL the job's group once the stop's deadline has passed; whether it was."""

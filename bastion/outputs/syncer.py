@@ -217,18 +217,26 @@ class Periodic:
         self.syncer = syncer
         self.seconds = seconds
         self._stopped = threading.Event()
+        self._first = seconds
         self._thread = threading.Thread(target=self._run, name="bastion-outputs", daemon=True)
 
-    def start(self) -> Periodic:
+    def start(self, first: float | None = None) -> Periodic:
+        """``first``: seconds before the first sync (default: the period)."""
+        self._first = self.seconds if first is None else first
         self._thread.start()
         return self
 
     def _run(self) -> None:
+        if not self._stopped.wait(self._first):
+            self._sync()
         while not self._stopped.wait(self.seconds):
-            try:
-                self.syncer.sync()
-            except Exception:  # never let the thread die: the final sync still runs
-                log.exception("outputs: sync failed")
+            self._sync()
+
+    def _sync(self) -> None:
+        try:
+            self.syncer.sync()
+        except Exception:  # never let the thread die: the final sync still runs
+            log.exception("outputs: sync failed")
 
     def stop(self) -> None:
         """No sync starts after this returns... except one already under way, which the

@@ -193,6 +193,8 @@ def serve() -> None:
                     os.close(fd)
         with contextlib.suppress(OSError):
             sock.send(json.dumps(answer).encode())
+        if taken:
+            shared.begin()
 
 
 def _shared_supervisor() -> Any:

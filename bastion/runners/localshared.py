@@ -42,6 +42,7 @@ class SharedSupervisor:
     def __init__(self) -> None:
         self._lock = threading.Condition()
         self._running: dict[str, Supervisor] = {}
+        self._taken: list[tuple[Supervisor, list[int]]] = []  # answered, not yet begun
         self._stores: dict[str, Store] = {}
 
     def install_signals(self) -> None:
@@ -49,9 +50,10 @@ class SharedSupervisor:
             signal.signal(sig, self._stop_all)
 
     def take(self, request: dict[str, Any], fds: list[int]) -> int:
-        """Start supervising the attempt ``request`` describes (the wrapper's argv, its
-        environment and working directory; ``fds``: stdin, output, liveness lock, which its
-        thread now owns); this process's pid, written to the attempt's ``pid`` first."""
+        """Take the attempt ``request`` describes (the wrapper's argv, its environment and
+        working directory; ``fds``: stdin, output, liveness lock, which it now owns); this
+        process's pid, written to the attempt's ``pid`` first. Its supervision begins with
+        :meth:`begin`, once the runner has its answer."""
         argv, env, cwd = list(request["argv"]), dict(request["env"]), str(request["cwd"])
         if len(fds) != 3:
             raise ValueError(f"expected 3 descriptors, got {len(fds)}")
@@ -64,20 +66,26 @@ class SharedSupervisor:
         )
         with self._lock:
             self._running[directory] = supervisor
-        thread = threading.Thread(
-            target=self._attempt,
-            args=(supervisor, fds),
-            name=f"attempt {os.path.basename(directory)}",
-        )
-        try:
-            thread.start()
-        except BaseException:  # (the runner execs a wrapper of its own: not a shared one)
-            with self._lock:
-                self._running.pop(directory, None)
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(directory, SHARED_MARK))
-            raise
+            self._taken.append((supervisor, fds))
         return pid
+
+    def begin(self) -> None:
+        """Supervise the attempts taken, each in a thread. After the answer: a thread's start
+        waits for the new thread to run, which under a busy GIL is a switch interval or more,
+        and the runner's next start need not wait for it. A thread that cannot start (the
+        host's limit) ends its attempt with the reason, as a wrapper that failed does."""
+        with self._lock:
+            taken, self._taken = self._taken, []
+        for supervisor, fds in taken:
+            name = f"attempt {os.path.basename(supervisor.directory)}"
+            thread = threading.Thread(target=self._attempt, args=(supervisor, fds), name=name)
+            try:
+                thread.start()
+            except RuntimeError as e:  # (can't start new thread)
+                supervisor.say(f"bastion: the attempt's supervisor could not start: {e}")
+                with contextlib.suppress(OSError):
+                    _write(os.path.join(supervisor.directory, "exit"), "1")
+                self._ended(supervisor, fds)
 
     def wait_all(self) -> None:
         """Until every attempt taken has ended."""
@@ -89,12 +97,15 @@ class SharedSupervisor:
         try:
             run_to_the_end(supervisor)
         finally:
-            with self._lock:
-                self._running.pop(supervisor.directory, None)
-                self._lock.notify_all()
-            for fd in fds:  # the liveness lock last: the attempt has ended once it is let go
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+            self._ended(supervisor, fds)
+
+    def _ended(self, supervisor: Supervisor, fds: list[int]) -> None:
+        with self._lock:
+            self._running.pop(supervisor.directory, None)
+            self._lock.notify_all()
+        for fd in fds:  # the liveness lock last: the attempt has ended once it is let go
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def _stop_all(self, signum: int, _frame: Any) -> None:
         with self._lock:
