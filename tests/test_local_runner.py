@@ -487,11 +487,32 @@ def test_a_shared_attempt_told_to_stop_is_warned_and_killed_at_its_deadline(rig:
     runner = rig.runner()
     handle = runner.start(rig.attempt("a", f"trap 'echo warned' TERM; {rig.wait_go('a')}"))
     rig.command_started("a")
+    told = time.monotonic()
     runner.stop(handle, time.time() + 60)
     wait_for(lambda: b"warned" in runner.read_output(handle, 0, 1000), what="the warning")
+    assert time.monotonic() - told < 0.9  # nudged to look now, not at its next look (1 s)
     assert running(runner, handle)
     runner.stop(handle, time.time() + 0.5)  # a cancel moves the deadline
     assert finished(runner, handle) == (AttemptPhase.FAILED, 128 + signal.SIGKILL)
+
+
+@pytest.mark.parametrize("rig", [True], ids=["shared"], indirect=True)
+def test_a_shared_supervisor_told_to_stop_stops_every_attempt_it_runs(rig: Rig) -> None:
+    """A host shutting down signals the supervisor: each job is warned as a stop warns it,
+    and each attempt ends with the job's own status, synced and recorded."""
+    runner = rig.runner()
+    command = "trap 'echo warned; exit 7' TERM; {}".format
+    handles = [runner.start(rig.attempt(j, command(rig.wait_go(j)))) for j in ("a", "b")]
+    for job in ("a", "b"):
+        rig.command_started(job)
+    os.kill(handles[0]["pid"], signal.SIGTERM)
+    for handle in handles:
+        assert finished(runner, handle) == (AttemptPhase.FAILED, 7)
+        assert b"warned\n" in runner.read_output(handle, 0, 100)  # (after bash's "Terminated")
+    psutil.Process(handles[0]["pid"]).wait(10)  # told to stop, it takes no more: it ended
+    after = runner.start(rig.attempt("c", "exit 5"))  # with another supervisor
+    assert after["pid"] != handles[0]["pid"]
+    assert finished(runner, after) == (AttemptPhase.FAILED, 5)
 
 
 @pytest.mark.parametrize("rig", [True], ids=["shared"], indirect=True)

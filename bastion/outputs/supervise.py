@@ -211,13 +211,13 @@ class Supervisor:
             while (code := watch.wait(self._look(sync_from))) is None:
                 if self.periodic is None and time.monotonic() >= sync_from:
                     self.periodic = Periodic(self.syncer, period).start(first=0.0)
-                self._look_for_a_stop()
+                self.look_for_a_stop()
                 killed = self._kill_at_deadline(killed, time.time())
         if self.stop_asked_at is not None:
             self._until_the_group_ends(killed)
         return 128 - code if code < 0 else code
 
-    def _look_for_a_stop(self) -> None:
+    def look_for_a_stop(self) -> None:
         """A stop asked without a signal: by a daemon in another PID namespace, which cannot
         signal what it cannot see, or any stop of a shared supervisor's attempt (signals
         are the whole process's). Once stopping, the deadline is read again (moved earlier
@@ -256,7 +256,7 @@ class Supervisor:
         assert self.child is not None
         given_up_at: float | None = None
         while _group_alive(self.child.pid):
-            self._look_for_a_stop()
+            self.look_for_a_stop()
             now = time.time()
             killed = self._kill_at_deadline(killed, now)
             if killed:

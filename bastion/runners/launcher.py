@@ -166,7 +166,7 @@ def serve() -> None:
         signal.signal(signal.SIGCHLD, _reap)  # (a shared one's threads wait for their own)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if shared is not None:
-        shared.install_signals()
+        shared.install_signals(lambda: _take_no_more(sock))
     while True:
         try:
             data, fds, _flags, _addr = socket.recv_fds(sock, MAX_REQUEST, 3)
@@ -195,6 +195,13 @@ def serve() -> None:
             sock.send(json.dumps(answer).encode())
         if taken:
             shared.begin()
+
+
+def _take_no_more(sock: socket.socket) -> None:
+    """Its loop's next read finds the end (a stop signal's handler: a read it interrupted
+    is tried again, and ends)."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RD)
 
 
 def _shared_supervisor() -> Any:

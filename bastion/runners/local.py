@@ -60,6 +60,7 @@ from bastion.runners.base import (
 )
 from bastion.runners.fence import fenced
 from bastion.runners.gpus import GpuLedger, ledger_of
+from bastion.runners.launcher import LAUNCHER_ARG, SHARED_ARG
 from bastion.runners.localproc import (
     CREATE_TIME_TOLERANCE,
     being_claimed,
@@ -72,7 +73,7 @@ from bastion.runners.localproc import (
     write_json,
 )
 from bastion.runners.localremains import Remains
-from bastion.runners.localshared import SHARED_MARK
+from bastion.runners.localshared import LOOK_SIGNAL, SHARED_MARK
 from bastion.runners.localstart import Starter
 
 log = logging.getLogger(__name__)
@@ -394,9 +395,10 @@ class LocalRunner(Runner):
         return 0
 
     def _signal(self, handle: Handle, sig: int) -> None:
-        """A wrapper's own: a shared supervisor's signals are every attempt's (it is told
-        through the stop file)."""
+        """A wrapper's own. A shared supervisor's stop signals are every attempt's: it is
+        told through the stop file, and only nudged to look at it now."""
         if handle.get("shared"):
+            self._nudge(handle)
             return
         pid = self._wrapper_pid(handle)
         if pid > 0:
@@ -409,7 +411,7 @@ class LocalRunner(Runner):
         directory = self._dir(handle["name"])
         job_group = read_int(os.path.join(directory, JOB_GROUP_FILE))
         if handle.get("shared"):  # its supervisor, which others share, is never killed
-            self._kill_shared(directory, job_group)
+            self._kill_shared(handle, directory, job_group)
             return
         if self._wrapper_pid(handle) <= 0:
             if held_alive(directory):  # alive where its pids mean nothing here: its wrapper
@@ -421,13 +423,28 @@ class LocalRunner(Runner):
                 os.killpg(job_group, signal.SIGKILL)
         self._signal(handle, signal.SIGKILL)
 
-    def _kill_shared(self, directory: str, job_group: int | None) -> None:
+    def _nudge(self, handle: Handle) -> None:
+        """``LOOK_SIGNAL`` to the attempt's shared supervisor, known by its pid and creation
+        time and command line (a recycled pid is never signalled; from another PID namespace, or
+        gone, it is not sent: the supervisor looks within a second anyway)."""
+        try:
+            proc = psutil.Process(int(handle["pid"]))
+            if abs(proc.create_time() - float(handle["create_time"])) > CREATE_TIME_TOLERANCE:
+                return
+            if proc.cmdline()[-3:] != [LAUNCHER_ARG, proc.cmdline()[-2], SHARED_ARG]:
+                return  # (its default action ends a process: only ever to a supervisor)
+            os.kill(proc.pid, LOOK_SIGNAL)
+        except (psutil.Error, OSError, KeyError, TypeError, ValueError):
+            pass
+
+    def _kill_shared(self, handle: Handle, directory: str, job_group: int | None) -> None:
         """While the attempt runs (its group is the job's): SIGKILL the job's group, and
         tell its supervisor the deadline is now (it ends the attempt, syncs, lets go)."""
         if not held_alive(directory):
             return
         with contextlib.suppress(OSError):
             write_json(os.path.join(directory, STOP_FILE), {"deadline": time.time()})
+        self._nudge(handle)
         if job_group:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(job_group, signal.SIGKILL)

@@ -11,13 +11,15 @@ What the runner sees is the wrapper it knew, but shared: each attempt's ``pid`` 
 this process, and its liveness lock is held by this process until that attempt has ended,
 synced its outputs and written its ``exit``; ``shared`` in the directory says so, for a
 daemon that finds the attempt without its handle. The runner judges a shared attempt alive
-by its lock, stops it through its stop file (read within ``LOOK_SECONDS``; a signal would
-reach every attempt), and never signals this process.
+by its lock, stops it through its stop file (a stop signal would reach every attempt: it
+sends ``LOOK_SIGNAL`` for the attempts to look at their stop files now, else each looks
+within ``LOOK_SECONDS``), and never sends this process any other signal.
 
 This process outlives the daemon, as wrappers do: when the daemon's end of the socket
 closes, it takes no more attempts and ends with its last one. A SIGTERM, SIGINT or SIGHUP
 sent to it (a host shutting down) stops every attempt it runs, each as its runner's stop
-would (warned, killed at the grace's end, synced).
+would (warned, killed at the grace's end, synced), and it takes no more (the runner starts
+another supervisor for its next attempt).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import contextlib
 import os
 import signal
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from bastion.outputs.supervise import STOP_SIGNALS, Supervisor, run_to_the_end
@@ -34,6 +37,7 @@ if TYPE_CHECKING:
     from bastion.bucket.store import Store
 
 SHARED_MARK = "shared"  # in the attempt's directory: its supervisor is a shared one
+LOOK_SIGNAL = signal.SIGUSR1  # from the runner: "a stop file was written, look now"
 
 
 class SharedSupervisor:
@@ -43,11 +47,16 @@ class SharedSupervisor:
         self._lock = threading.Condition()
         self._running: dict[str, Supervisor] = {}
         self._taken: list[tuple[Supervisor, list[int]]] = []  # answered, not yet begun
+        self._take_no_more: Callable[[], None] = lambda: None
         self._stores: dict[str, Store] = {}
 
-    def install_signals(self) -> None:
+    def install_signals(self, take_no_more: Callable[[], None]) -> None:
+        """Its stop signals stop every attempt, and call ``take_no_more`` (the launcher
+        ends its loop: it ends with its last attempt, as a wrapper stopped ends)."""
+        self._take_no_more = take_no_more
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._stop_all)
+        signal.signal(LOOK_SIGNAL, self._look_all)
 
     def take(self, request: dict[str, Any], fds: list[int]) -> int:
         """Take the attempt ``request`` describes (the wrapper's argv, its environment and
@@ -112,6 +121,14 @@ class SharedSupervisor:
             running = list(self._running.values())
         for supervisor in running:
             supervisor.on_signal(signum, None)
+        self._take_no_more()
+
+    def _look_all(self, _signum: int, _frame: Any) -> None:
+        """The runner wrote a stop file: each attempt looks now, not at its next look."""
+        with self._lock:
+            running = list(self._running.values())
+        for supervisor in running:
+            supervisor.look_for_a_stop()
 
     def _store(self, root: str) -> Store:
         """One bucket client per root, for every attempt (each made its own before)."""
