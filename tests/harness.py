@@ -16,6 +16,7 @@ from typing import Any
 import psutil
 
 from bastion.bucket.store import Store
+from bastion.runners.launcher import LAUNCHER_ARG, SHARED_ARG
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -52,6 +53,18 @@ def kill_all(procs: list[psutil.Process]) -> None:
     for proc in procs:
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()
+
+
+def kill_shared_supervisors(under: Path | str) -> None:
+    """The local runner's shared supervisors (bastion/runners/localshared.py) whose log is
+    under ``under``: killed before a test's jobs are, since one still starts the attempts it
+    was handed after a look for the test's processes, and outlives the test's runner."""
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            argv = proc.cmdline()
+            shared = LAUNCHER_ARG in argv and argv[-1] == SHARED_ARG
+            if shared and os.readlink(f"/proc/{proc.pid}/fd/2").startswith(str(under)):
+                proc.kill()
 
 
 def gated(marker: Path, gate: Path) -> str:

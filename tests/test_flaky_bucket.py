@@ -31,9 +31,10 @@ from bastion.bucket.logsync import LogSync
 from bastion.bucket.store import Store
 from bastion.daemon import Daemon
 from bastion.daemon.start import build_daemon
+from bastion.runners.local import default_attempts_dir
 from launch.api import Client, new_jobspec
 from tests.flakyfs import FailurePlan, FlakyFileSystem, Simulated503
-from tests.harness import kill_all, processes_with_env, wait_for
+from tests.harness import kill_all, kill_shared_supervisors, processes_with_env, wait_for
 
 
 class ErrorLog(logging.Handler):
@@ -168,6 +169,7 @@ class Rig:
         return processes_with_env("BASTION_TEST_TAG", self.tag)
 
     def close(self) -> None:
+        kill_shared_supervisors(default_attempts_dir(self.url))  # (the daemons' runner's)
         kill_all(self.processes())
         for daemon in self.daemons:
             daemon.ctx.pool.shutdown(wait=True)

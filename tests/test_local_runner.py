@@ -28,6 +28,7 @@ from tests.harness import (
     REPO,
     PidNamespace,
     kill_all,
+    kill_shared_supervisors,
     processes_with_env,
     unshare_refused,
     wait_for,
@@ -117,6 +118,7 @@ class Rig:
         return processes_with_env("BASTION_TEST_TAG", self.tag)
 
     def close(self) -> None:
+        kill_shared_supervisors(self.tmp)
         kill_all(self.processes())
 
 
