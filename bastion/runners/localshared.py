@@ -49,6 +49,7 @@ class SharedSupervisor:
         self._taken: list[tuple[Supervisor, list[int]]] = []  # answered, not yet begun
         self._take_no_more: Callable[[], None] = lambda: None
         self._stores: dict[str, Store] = {}
+        self._stores_lock = threading.Lock()  # (a client made slowly holds up no one else)
 
     def install_signals(self, take_no_more: Callable[[], None]) -> None:
         """Its stop signals stop every attempt, and call ``take_no_more`` (the launcher
@@ -134,7 +135,7 @@ class SharedSupervisor:
         """One bucket client per root, for every attempt (each made its own before)."""
         from bastion.bucket.store import Store
 
-        with self._lock:
+        with self._stores_lock:
             store = self._stores.get(root)
             if store is None:
                 store = self._stores[root] = Store(root)
