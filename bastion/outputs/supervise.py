@@ -84,7 +84,9 @@ class Supervisor:
     thread; the shared supervisor (bastion/runners/localshared.py) runs one per attempt in a
     thread of its own and hands each its ``cwd``, its ``stdio`` (stdin and output
     descriptors: the process's own are not the attempt's) and ``store_of`` (one bucket
-    client per root for all its attempts). Asked to stop without a signal (the stop file),
+    client per root for all its attempts) and ``look_seconds``: how often it looks at the stop
+    file while no stop was asked (a shared supervisor's runner nudges it to look at once,
+    so it looks rarely). Asked to stop without a signal (the stop file),
     it reads the stop's deadline again while it stops: a cancel can move it earlier."""
 
     def __init__(
@@ -95,6 +97,7 @@ class Supervisor:
         cwd: str | None = None,
         stdio: tuple[int, int] | None = None,
         store_of: Callable[[str], Store] | None = None,
+        look_seconds: float = LOOK_SECONDS,
     ) -> None:
         self.command = command
         self.directory = directory
@@ -102,6 +105,7 @@ class Supervisor:
         self.cwd = cwd
         self.stdio = stdio
         self.store_of = store_of
+        self.look_seconds = look_seconds  # at the stop file, while no stop was asked
         self.child: subprocess.Popen[bytes] | None = None
         self.periodic: Periodic | None = None  # the syncs while the job runs
         self.stop_asked_at: float | None = None
@@ -234,7 +238,7 @@ class Supervisor:
         the job: most jobs of a burst have ended by then, and a thread started per attempt
         waits for the new thread to run (under a shared supervisor's busy GIL, a switch
         interval or more)."""
-        look = LOOK_SECONDS if self.stop_asked_at is None else STOPPING_LOOK_SECONDS
+        look = self.look_seconds if self.stop_asked_at is None else STOPPING_LOOK_SECONDS
         if self.periodic is None:
             look = min(look, max(0.0, sync_from - time.monotonic()))
         return look
