@@ -52,6 +52,7 @@ class SharedSupervisor:
         self._running: dict[str, Supervisor] = {}
         self._taken: list[tuple[Supervisor, list[int]]] = []  # answered, not yet begun
         self._take_no_more: Callable[[], None] = lambda: None
+        self._nudged = threading.Event()  # LOOK_SIGNAL came: the looker looks
         self._stores: dict[str, Store] = {}
         self._stores_lock = threading.Lock()  # (a client made slowly holds up no one else)
 
@@ -59,6 +60,7 @@ class SharedSupervisor:
         """Its stop signals stop every attempt, and call ``take_no_more`` (the launcher
         ends its loop: it ends with its last attempt, as a wrapper stopped ends)."""
         self._take_no_more = take_no_more
+        threading.Thread(target=self._looker, name="stop files", daemon=True).start()
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._stop_all)
         signal.signal(LOOK_SIGNAL, self._look_all)
@@ -135,11 +137,21 @@ class SharedSupervisor:
         self._take_no_more()
 
     def _look_all(self, _signum: int, _frame: Any) -> None:
-        """The runner wrote a stop file: each attempt looks now, not at its next look."""
-        with self._lock:
-            running = list(self._running.values())
-        for supervisor in running:
-            supervisor.look_for_a_stop()
+        """The runner wrote a stop file: the looker looks now (nudges that come while it
+        looks make one more look, not one each: a thousand stops at once are a few looks)."""
+        self._nudged.set()
+
+    def _looker(self) -> None:
+        """Each attempt not yet stopping whose stop file is there is told to stop (one stat
+        each; a stopping one reads its deadline again itself, every STOPPING_LOOK_SECONDS)."""
+        while True:
+            self._nudged.wait()
+            self._nudged.clear()
+            with self._lock:
+                running = list(self._running.values())
+            for supervisor in running:
+                if supervisor.stop_asked_at is None:
+                    supervisor.look_for_a_stop()
 
     def _store(self, root: str) -> Store:
         """One bucket client per root, for every attempt (each made its own before)."""
