@@ -99,6 +99,11 @@ read ahead while a cycle decides and writes): all PENDING 30.0-35.1 -> 22.9-25.1
 20.7-22.8 and 18.6-21.4 s), longest cycle 1.61-2.23 -> 1.39-1.51 s; as arrays 30.4-32.7 ->
 22.0-27.0 s (the launch calls 5.7-6.3 and 4.6-6.3 s). 1db2af4 (the full listing's cycle takes
 what was read ahead), 3 more: 24.3-27.4 s; arrays 26.4-32.2 s, their longest cycle 1.84-2.65 s.
+The burst with the local runner's shared supervisor (the rig on /dev/shm for both trees, this
+bench file on d4efead too), --rows burst, 3 interleaved at 1,000 jobs: all started 7.8-8.9 s
+(d4efead) -> 5.0-5.2 s (shared) and 7.9-8.5 s (--supervisor forked), every command ran at the
+same moments within 0.1 s, every start decided 2.6-2.8 s in all; at 10,000 jobs, 2 each:
+9.5-9.7 -> 5.2-5.8 s.
 """
 
 from __future__ import annotations
