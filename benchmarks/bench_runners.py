@@ -18,11 +18,11 @@ Everything it started is killed (processes) or removed (containers) at the end.
 Figures on the 2-core VM, 1,000 local jobs, 3 runs (2026-11-27): (a) all RUNNING after 9.2-15.2 s
 (23.1-38.8 s before the wrappers waited on a pidfd and local polls left the I/O pool); (b) a
 steady cycle 0.096-0.099 s (0.44-1.07 s), the wrappers 0-16% of a core in all, 1 wake-up a
-second each (136.7%, 45.6 wake-ups). The shared supervisor (2026-11-28, on /dev/shm, 3 runs of
-each --supervisor interleaved): (a) 3.7-4.0 s (forked 9.7-12.9 s); (b) a steady cycle
+second each (136.7%, 45.6 wake-ups). The shared supervisor (2026-11-28, on /dev/shm, 5 runs of
+each --supervisor, interleaved): (a) 3.7-4.0 s (forked 9.7-12.9 s); (b) a steady cycle
 0.039-0.045 s (0.106-0.115 s: a shared attempt is judged by its lock, not through psutil), the
 supervisor 4.3-5.5% of a core for the 1,000 jobs, 1.4-1.5 wake-ups a second each (the forked
-wrappers 2.9-3.1%, 1.3).
+wrappers 2.9-4.1%, 1.3).
 
     .venv/bin/python benchmarks/bench_runners.py [--jobs 1000] [--cycles 5] [--idle_seconds 10]
     eval "$(bash scripts/docker_setup.sh)"; .venv/bin/python benchmarks/bench_runners.py \\
