@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import json
 import os
@@ -516,22 +515,6 @@ def test_a_shared_supervisor_told_to_stop_stops_every_attempt_it_runs(rig: Rig) 
     after = runner.start(rig.attempt("c", "exit 5"))  # with another supervisor
     assert after["pid"] != handles[0]["pid"]
     assert finished(runner, after) == (AttemptPhase.FAILED, 5)
-
-
-def test_attempts_started_from_many_threads_at_once_each_get_their_own_answer(rig: Rig) -> None:
-    """The launcher is sent the requests waiting together and answers them in turn: each
-    start's handle is its own attempt's (its output, its status), and each ran once."""
-    runner = rig.runner()
-    jobs = [f"t{i}" for i in range(24)]
-    with concurrent.futures.ThreadPoolExecutor(12) as pool:
-        handles = list(
-            pool.map(lambda j: runner.start(rig.attempt(j, f"echo {j}; exit {len(j)}")), jobs)
-        )
-    for job, handle in zip(jobs, handles, strict=True):
-        assert handle["name"] == name_of(job)
-        assert int((rig.dir(job) / "pid").read_text()) == handle["pid"]
-        assert finished(runner, handle) == (AttemptPhase.FAILED, len(job))
-        assert runner.read_output(handle, 0, 100) == f"{job}\n".encode()
 
 
 @pytest.mark.parametrize("rig", [True], ids=["shared"], indirect=True)

@@ -12,8 +12,8 @@ before the launcher answers, the attempt's liveness lock held for as long as it 
 outliving the daemon and the launcher. Its command line is the launcher's, so the runner
 knows it by the lock it holds (``localproc.is_wrapper``), not by its argv.
 
-Requests on a Unix socket pair, each answered in turn: a JSON object ``{argv, env, cwd}``
-sent with three descriptors (stdin, output, liveness lock), answered ``{"pid": N}`` or
+One request at a time on a Unix socket pair: a JSON object ``{argv, env, cwd}`` sent with
+three descriptors (stdin, output, liveness lock), answered ``{"pid": N}`` or
 ``{"error": "..."}``. The launcher ends when the daemon does (its end of the socket closes).
 
 In its supervising mode (``shared`` last in its argv; the local runner's default) it forks
@@ -35,7 +35,6 @@ import subprocess
 import sys
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from bastion.outputs.supervise import stop_signals_held
@@ -43,7 +42,6 @@ from bastion.outputs.supervise import stop_signals_held
 LAUNCHER_ARG = "bastion-launcher"  # in the argv of the launcher and of the wrappers it forks
 SHARED_ARG = "shared"  # last in a launcher's argv: it supervises attempts (localshared.py)
 MAX_REQUEST = 128 << 10  # the wrapper's argv and environment (more: exec'd by the runner)
-BATCH = 16  # requests sent before their answers are read (each carries its environment)
 ANSWER_SECONDS = 30.0  # a fork and a small write: far less, unless the launcher hangs
 _CODE = "from bastion.runners.launcher import serve; serve()"
 
@@ -52,21 +50,9 @@ class LauncherLost(Exception):
     """The launcher ended after it was sent a request: whether it forked is unknown."""
 
 
-@dataclass
-class _Request:
-    data: bytes
-    fds: list[int]
-    answer: bytes | None = None
-    error: BaseException | None = None
-
-    @property
-    def done(self) -> bool:
-        return self.answer is not None or self.error is not None
-
-
 class Launcher:
     """The daemon's end: starts the launcher on first use, again if it ended before a
-    request reached it; ``spawn`` is safe from the effects pool's threads.
+    request reached it; ``spawn`` is safe from the effects pool's threads (one at a time).
     ``shared``: the launcher supervises the attempts itself (bastion/runners/localshared.py)
     rather than fork a wrapper for each; it is let go, never killed, once it has attempts:
     it ends with its last one."""
@@ -74,82 +60,40 @@ class Launcher:
     def __init__(self, log_path: str, shared: bool = False) -> None:
         self.log_path = log_path
         self.shared = shared
-        self._lock = threading.Lock()  # held by the thread talking to the launcher
-        self._waiting_lock = threading.Lock()
-        self._waiting: list[_Request] = []  # sent by whichever thread talks to it next
+        self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
         self._let_go: list[subprocess.Popen[bytes]] = []  # shared ones that run on: reaped
         self.answered = 0  # answers received, from every launcher this one started
 
     def spawn(self, argv: Sequence[str], env: dict[str, str], cwd: str, fds: Sequence[int]) -> int:
-        """Start ``argv``'s supervisor (its last argument is the attempt's directory): a
-        wrapper forked, or the attempt taken by a shared launcher; the pid. OSError when no
-        launcher runs here (the caller execs the wrapper itself); LauncherLost when the
-        request went out and no answer came back.
-
-        Requests from many threads go out together: whichever thread talks to the launcher
-        sends every request waiting then (up to ``BATCH``) before it reads their answers, in
-        order, so the launcher works through them back to back rather than wait, each time,
-        for the next thread to be scheduled and send its own."""
-        data = json.dumps({"argv": list(argv), "env": env, "cwd": cwd}).encode()
-        if len(data) > MAX_REQUEST:  # (one message: a socket's buffer bounds it)
+        """Fork a wrapper running ``argv``'s supervisor (its last argument is the attempt's
+        directory); its pid. OSError when no launcher runs here (the caller execs the
+        wrapper itself); LauncherLost when the request went out and no answer came back."""
+        request = json.dumps({"argv": list(argv), "env": env, "cwd": cwd}).encode()
+        if len(request) > MAX_REQUEST:  # (one message: a socket's buffer bounds it)
             raise OSError(errno.EMSGSIZE, "the wrapper's request is too large for the launcher")
-        request = _Request(data, list(fds))
-        with self._waiting_lock:
-            self._waiting.append(request)
-        while not request.done:
-            with self._lock:
-                if request.done:  # (answered in the batch of the thread before)
-                    break
-                with self._waiting_lock:
-                    batch, self._waiting = self._waiting[:BATCH], self._waiting[BATCH:]
-                try:
-                    self._exchange(batch)
-                finally:  # (every request taken ends, even when its thread raised)
-                    for unanswered in batch:
-                        if not unanswered.done:
-                            unanswered.error = OSError("the launcher could not be asked")
-        if request.error is not None:
-            raise request.error
-        reply = json.loads(request.answer or b"{}")
-        if "pid" not in reply:
-            raise OSError(reply.get("error") or "the launcher could not fork")
-        return int(reply["pid"])
-
-    def _exchange(self, batch: list[_Request]) -> None:
-        """Send ``batch``, then read its answers; each request ends with its answer or its
-        error (under ``_lock``)."""
-        sent = 0
-        try:
+        with self._lock:
             sock = self._running()
-            for request in batch:
-                try:
-                    socket.send_fds(sock, [request.data], request.fds)
-                except (BrokenPipeError, ConnectionError):
-                    if sent:
-                        raise  # it ended within the batch: see below
-                    self._stop()  # it had ended: nothing was forked, so a new one may
-                    sock = self._running()
-                    socket.send_fds(sock, [request.data], request.fds)
-                sent += 1
-        except OSError as e:  # those never sent: the caller execs a wrapper itself
-            for request in batch[sent:]:
-                request.error = OSError(e.errno, f"the launcher could not be sent it: {e}")
-        for i, request in enumerate(batch[:sent]):
+            try:
+                socket.send_fds(sock, [request], list(fds))
+            except (BrokenPipeError, ConnectionError):  # it had ended: nothing was forked,
+                self._stop()  # so a new one may
+                sock = self._running()
+                socket.send_fds(sock, [request], list(fds))
             try:
                 answer = sock.recv(1 << 16)
             except OSError as e:
-                answer, why = b"", f"the launcher did not answer: {e}"
-            else:
-                why = "the launcher ended before it answered"
+                self._stop()
+                raise LauncherLost(f"the launcher did not answer: {e}") from e
             if not answer:
                 self._stop()
-                for lost in batch[i:sent]:
-                    lost.error = LauncherLost(why)
-                return
+                raise LauncherLost("the launcher ended before it answered")
             self.answered += 1
-            request.answer = answer
+        reply = json.loads(answer)
+        if "pid" not in reply:
+            raise OSError(reply.get("error") or "the launcher could not fork")
+        return int(reply["pid"])
 
     def close(self) -> None:
         with self._lock:
