@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -515,6 +516,39 @@ def test_a_shared_supervisor_told_to_stop_stops_every_attempt_it_runs(rig: Rig) 
     after = runner.start(rig.attempt("c", "exit 5"))  # with another supervisor
     assert after["pid"] != handles[0]["pid"]
     assert finished(runner, after) == (AttemptPhase.FAILED, 5)
+
+
+def test_attempts_started_from_many_threads_at_once_each_get_their_own_answer(rig: Rig) -> None:
+    """The effects pool starts a burst from many threads: each start's handle is its own
+    attempt's (its output, its status), and each ran once."""
+    runner = rig.runner()
+    jobs = [f"t{i}" for i in range(24)]
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        handles = list(
+            pool.map(lambda j: runner.start(rig.attempt(j, f"echo {j}; exit {len(j)}")), jobs)
+        )
+    for job, handle in zip(jobs, handles, strict=True):
+        assert handle["name"] == name_of(job)
+        assert int((rig.dir(job) / "pid").read_text()) == handle["pid"]
+        assert finished(runner, handle) == (AttemptPhase.FAILED, len(job))
+        assert runner.read_output(handle, 0, 100) == f"{job}\n".encode()
+
+
+@pytest.mark.parametrize("rig", [True], ids=["shared"], indirect=True)
+def test_a_storm_of_stop_nudges_leaves_the_shared_supervisor_answering(rig: Rig) -> None:
+    """A thousand stops at once nudge it a thousand times, each nudge's handler run in its
+    main thread: one that took a lock was run again while it held it, and the supervisor hung
+    for good (no answer, no stop seen, never ended)."""
+    runner = rig.runner()
+    first = runner.start(rig.attempt("a", rig.wait_go("a")))
+    rig.command_started("a")
+    for _ in range(5000):
+        os.kill(first["pid"], signal.SIGUSR1)
+    second = runner.start(rig.attempt("b", "exit 3"))  # answered: its loop runs on
+    assert second["pid"] == first["pid"]
+    assert finished(runner, second) == (AttemptPhase.FAILED, 3)
+    runner.stop(first, time.time() + 0.5)  # and its looker still sees a stop file
+    assert finished(runner, first) == (AttemptPhase.FAILED, 143)
 
 
 @pytest.mark.parametrize("rig", [True], ids=["shared"], indirect=True)

@@ -52,7 +52,8 @@ class SharedSupervisor:
         self._running: dict[str, Supervisor] = {}
         self._taken: list[tuple[Supervisor, list[int]]] = []  # answered, not yet begun
         self._take_no_more: Callable[[], None] = lambda: None
-        self._nudged = threading.Event()  # LOOK_SIGNAL came: the looker looks
+        self._nudges = os.pipe()  # a byte per LOOK_SIGNAL: the looker looks
+        os.set_blocking(self._nudges[1], False)
         self._stores: dict[str, Store] = {}
         self._stores_lock = threading.Lock()  # (a client made slowly holds up no one else)
 
@@ -138,15 +139,17 @@ class SharedSupervisor:
 
     def _look_all(self, _signum: int, _frame: Any) -> None:
         """The runner wrote a stop file: the looker looks now (nudges that come while it
-        looks make one more look, not one each: a thousand stops at once are a few looks)."""
-        self._nudged.set()
+        looks make one more look, not one each: a thousand stops at once are a few looks).
+        A byte down a pipe, no lock: a handler that took one (``Event.set``) was run again,
+        by the next of a thousand nudges, while it held it, and waited for itself forever."""
+        with contextlib.suppress(OSError):  # (full: a look is due anyway)
+            os.write(self._nudges[1], b"\0")
 
     def _looker(self) -> None:
         """Each attempt not yet stopping whose stop file is there is told to stop (one stat
         each; a stopping one reads its deadline again itself, every STOPPING_LOOK_SECONDS)."""
         while True:
-            self._nudged.wait()
-            self._nudged.clear()
+            os.read(self._nudges[0], 4096)  # (every nudge so far: one look)
             with self._lock:
                 running = list(self._running.values())
             for supervisor in running:
