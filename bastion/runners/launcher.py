@@ -162,10 +162,10 @@ def serve() -> None:
     gc.freeze()
     shared = _shared_supervisor() if sys.argv[-1] == SHARED_ARG else None
     sock = socket.socket(fileno=int(sys.argv[-2] if shared else sys.argv[-1]))
-    if shared is None:
-        signal.signal(signal.SIGCHLD, _reap)  # (a shared one's threads wait for their own)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if shared is not None:
+    if shared is None:
+        signal.signal(signal.SIGCHLD, _reap)
+    else:  # (its threads wait for their own children)
         shared.install_signals(lambda: _take_no_more(sock))
     while True:
         try:
